@@ -1,0 +1,109 @@
+import asyncio
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from server import runs
+from server.api.deps import DB, ReadSession, WriteSession
+from server.models import Event
+from server.schemas import (
+    DryRunPublic,
+    LogsPublic,
+    MetricsPublic,
+    RestartRequest,
+    RunCreate,
+    RunPage,
+    RunPublic,
+)
+from server.states import TERMINAL, RunStatus
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def submit_run(body: RunCreate, session: WriteSession, response: Response,
+               idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> RunPublic:
+    run, created = runs.submit_run(session, body, idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return runs.run_public(session, run)
+
+
+@router.get("")
+def list_runs(session: ReadSession, status: RunStatus | None = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: str | None = None) -> RunPage:
+    items, next_cursor = runs.list_runs(session, status, limit, cursor)
+    return RunPage(items=[runs.run_public(session, r) for r in items], next_cursor=next_cursor)
+
+
+@router.get("/{run_id}")
+def get_run(run_id: str, session: ReadSession) -> RunPublic:
+    return runs.run_public(session, runs.get_run(session, run_id))
+
+
+@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
+def cancel_run(run_id: str, session: WriteSession) -> RunPublic:
+    return runs.run_public(session, runs.request_cancel(session, run_id))
+
+
+@router.post("/{run_id}/restart", status_code=status.HTTP_202_ACCEPTED,
+             responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"}})
+def restart_run(run_id: str, session: WriteSession, response: Response, body: RestartRequest | None = None,
+                dry_run: bool = False) -> RunPublic | DryRunPublic:
+    body = body or RestartRequest()
+    if dry_run:
+        response.status_code = status.HTTP_200_OK
+        return runs.dry_run_restart(session, run_id, body)
+    return runs.run_public(session, runs.request_restart(session, run_id, body))
+
+
+@router.get("/{run_id}/metrics")
+def get_metrics(run_id: str, session: ReadSession, names: str | None = None, attempt: int | None = None,
+                since_step: int | None = None, limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> MetricsPublic:
+    wanted = [n for n in names.split(",") if n] if names else None
+    return MetricsPublic(series=runs.metric_series(session, run_id, wanted, attempt, since_step, limit))
+
+
+@router.get("/{run_id}/logs")
+def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
+             attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
+             node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
+    number, path, lines, end = runs.log_lines(session, run_id, attempt, tail, since_offset, node)
+    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end)
+
+
+@router.get("/{run_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def run_events(run_id: str, request: Request, db: DB,
+                     last_event_id: Annotated[int | None, Header()] = None) -> StreamingResponse:
+    """Server-Sent Events: `status` and `metrics` events as they are stored; resumable with Last-Event-ID."""
+
+    def fetch(after: int) -> tuple[list[Event], str]:
+        with db.reading() as s:
+            run = runs.get_run(s, run_id)
+            events = list(s.scalars(select(Event).where(Event.run_id == run_id, Event.id > after)
+                                    .order_by(Event.id).limit(500)))
+            return events, run.status
+
+    await run_in_threadpool(fetch, 0)  # 404 before the stream starts
+
+    async def stream():
+        after = last_event_id or 0
+        while not await request.is_disconnected():
+            events, state = await run_in_threadpool(fetch, after)
+            for e in events:
+                after = e.id
+                payload = {"time": e.time.isoformat(), **e.data}
+                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(payload)}\n\n"
+            if not events:
+                if state in TERMINAL:
+                    return
+                yield ": keep-alive\n\n"
+                await asyncio.sleep(0.5)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

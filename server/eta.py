@@ -1,0 +1,92 @@
+"""Progress, ETA and the restart dry run: plain arithmetic over measured step times."""
+
+from dataclasses import dataclass
+from typing import Any
+
+# the smoothing weight of the newest step-time sample
+EMA_WEIGHT = 0.1
+# fixed work per optimiser step (verifier targets, feature fusion, optimiser) in units of one TTT step
+TTT_FIXED_COST = 1.0
+
+
+def update_step_rate(sec_per_step: float | None, last_step: int | None, last_time: float | None,
+                     step: int, time: float) -> float | None:
+    """Fold one (step, time) observation into the smoothed seconds per step."""
+    if last_step is None or last_time is None or step <= last_step or time <= last_time:
+        return sec_per_step
+    sample = (time - last_time) / (step - last_step)
+    return sample if sec_per_step is None else EMA_WEIGHT * sample + (1 - EMA_WEIGHT) * sec_per_step
+
+
+def remaining_seconds(total_steps: int | None, step: int | None, sec_per_step: float | None,
+                      seconds_since_last: float = 0.0) -> float | None:
+    if total_steps is None or step is None or sec_per_step is None:
+        return None
+    return max(0.0, (total_steps - step) * sec_per_step - max(0.0, seconds_since_last))
+
+
+def ttt_of(spec: dict[str, Any]) -> int | None:
+    trainer = spec.get("trainer")
+    return trainer.get("ttt_steps") if trainer else None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One earlier attempt's measured pace."""
+
+    spec: dict[str, Any]
+    sec_per_step: float
+    total_steps: int
+
+
+def step_cost_model(measured: list[Measured]) -> tuple[float, float, str]:
+    """Seconds per step as a + b*T. Two attempts at different TTT depths fit it; one is scaled."""
+    by_ttt: dict[int, float] = {}
+    for m in measured:
+        t = ttt_of(m.spec)
+        if t is not None:
+            by_ttt.setdefault(t, m.sec_per_step)
+    if len(by_ttt) >= 2:
+        (t1, s1), (t2, s2) = sorted(by_ttt.items())[-2:]
+        b = (s2 - s1) / (t2 - t1)
+        if b > 0:
+            return s1 - b * t1, b, f"fitted from measured steps at TTT={t1} and TTT={t2}"
+    m = measured[0]
+    t = ttt_of(m.spec) or 1
+    b = m.sec_per_step / (t + TTT_FIXED_COST)
+    return b * TTT_FIXED_COST, b, (f"measured {m.sec_per_step:.3f} s/step at TTT={t}, each TTT step taken "
+                                   f"as one more draft forward+backward ({TTT_FIXED_COST:g} step of fixed work)")
+
+
+def predict_duration(measured: list[Measured], new_spec: dict[str, Any]) -> tuple[float | None, str]:
+    """Predicted seconds for a fresh attempt with `new_spec`, from the newest measured attempts."""
+    if not measured:
+        return None, "no step has been measured yet for this run or a similar one on this host"
+    latest = measured[0]
+    old_ttt, new_ttt = ttt_of(latest.spec), ttt_of(new_spec)
+    notes = []
+    if old_ttt is not None and new_ttt is not None:
+        a, b, how = step_cost_model(measured)
+        sec = a + b * new_ttt
+        notes.append(how)
+    else:
+        sec = latest.sec_per_step
+        notes.append(f"measured {sec:.3f} s/step")
+    steps = float(latest.total_steps)
+    # data parallel: the same samples over more processes make proportionally fewer steps
+    old_n, new_n = latest.spec.get("nproc_per_node", 1), new_spec.get("nproc_per_node", 1)
+    old_nodes, new_nodes = len(latest.spec.get("hosts") or [0]), len(new_spec.get("hosts") or [0])
+    if old_n * old_nodes != new_n * new_nodes:
+        steps *= (old_n * old_nodes) / (new_n * new_nodes)
+        notes.append(f"steps scaled for {new_n * new_nodes} processes instead of {old_n * old_nodes}")
+    old_tr, new_tr = latest.spec.get("trainer") or {}, new_spec.get("trainer") or {}
+    if old_tr.get("epochs") and new_tr.get("epochs") and old_tr["epochs"] != new_tr["epochs"]:
+        steps *= new_tr["epochs"] / old_tr["epochs"]
+        notes.append(f"steps scaled for {new_tr['epochs']} epochs instead of {old_tr['epochs']}")
+    if old_tr.get("max_steps") != new_tr.get("max_steps") and new_tr.get("max_steps"):
+        steps = min(steps, new_tr["max_steps"]) if old_tr.get("max_steps") else float(new_tr["max_steps"])
+    seq_old, seq_new = old_tr.get("max_seq_len"), new_tr.get("max_seq_len")
+    if seq_old and seq_new and seq_old != seq_new:
+        sec *= seq_new / seq_old
+        notes.append(f"step time scaled for max_seq_len {seq_new} instead of {seq_old}")
+    return steps * sec, f"{round(steps)} steps x {sec:.3f} s/step; " + "; ".join(notes)

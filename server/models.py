@@ -1,0 +1,176 @@
+"""Tables. The schema is changed only by migrations in migrations/versions/."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Stores UTC; SQLite drops the zone, so put it back on the way out."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    address: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer, default=22)
+    username: Mapped[str | None] = mapped_column(String(64))
+    key_path: Mapped[str | None] = mapped_column(String(1024))
+    host_key: Mapped[str | None] = mapped_column(Text)
+    workspace: Mapped[str] = mapped_column(String(1024))
+    python: Mapped[str] = mapped_column(String(1024), default="python3")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    reachable: Mapped[bool | None] = mapped_column(Boolean)
+    last_seen_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    gpu_snapshot: Mapped[dict[str, Any] | None]
+    gpu_snapshot_at: Mapped[datetime | None]
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]]
+    hosts: Mapped[list[Any]]
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    retries_used: Mapped[int] = mapped_column(Integer, default=0)
+    clean_pending: Mapped[bool] = mapped_column(Boolean, default=False)
+    message: Mapped[str | None] = mapped_column(Text)
+    host_reachable: Mapped[bool] = mapped_column(Boolean, default=True)
+    unreachable_since: Mapped[datetime | None]
+    latest: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+
+    attempts: Mapped[list["Attempt"]] = relationship(
+        back_populates="run", order_by="Attempt.number", cascade="all, delete-orphan"
+    )
+
+    @property
+    def current(self) -> "Attempt":
+        return next(a for a in self.attempts if a.number == self.attempt)
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text)
+    # per node: {"host", "dir", "pid", "metrics_offset", "log_offset", "exit_code", "state"}
+    nodes: Mapped[list[Any]] = mapped_column(default=list)
+    metrics_lines: Mapped[int] = mapped_column(Integer, default=0)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    total_steps: Mapped[int | None] = mapped_column(Integer)
+    sec_per_step: Mapped[float | None] = mapped_column(Float)
+    last_metric_at: Mapped[datetime | None]
+    first_step_at: Mapped[datetime | None]
+    predicted_duration_seconds: Mapped[float | None] = mapped_column(Float)
+    prediction_basis: Mapped[str | None] = mapped_column(Text)
+    evaluation: Mapped[dict[str, Any] | None]
+
+    run: Mapped[Run] = relationship(back_populates="attempts")
+
+    @property
+    def dir(self) -> str | None:
+        return self.nodes[0]["dir"] if self.nodes else None
+
+    @property
+    def log_path(self) -> str | None:
+        return f"{self.dir}/output.log" if self.dir else None
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+    # a metrics.jsonl line is stored once: (attempt, line) is its identity
+    __table_args__ = (
+        UniqueConstraint("run_id", "attempt", "line", "name"),
+        Index("ix_metric_points_series", "run_id", "name", "attempt", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    line: Mapped[int | None] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[datetime]
+
+
+class LogChunk(Base):
+    __tablename__ = "log_chunks"
+    __table_args__ = (UniqueConstraint("run_id", "attempt", "node", "offset"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    node: Mapped[int] = mapped_column(Integer, default=0)
+    offset: Mapped[int] = mapped_column(Integer)
+    end: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -1,0 +1,219 @@
+"""Pydantic schemas: what clients send (`*Create`, `RestartRequest`) and what they get back (`*Public`)."""
+
+import posixpath
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    _no_nul(value)
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path (starting with /), got {value!r}")
+    if ".." in value.split("/"):
+        raise ValueError("must not contain '..' components")
+    return posixpath.normpath(value)
+
+
+def _name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return value
+
+
+def _env(value: dict[str, str]) -> dict[str, str]:
+    for key, val in value.items():
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if key.startswith("LONGRUN_"):
+            raise ValueError(f"{key!r}: LONGRUN_* variables are set by longrun itself")
+        _no_nul(val)
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+Name = Annotated[str, AfterValidator(_name)]
+SafeStr = Annotated[str, AfterValidator(_no_nul)]
+Env = Annotated[dict[str, str], AfterValidator(_env)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HostCreate(Strict):
+    name: Name
+    address: SafeStr = Field(description="hostname or IP; `local` for this machine")
+    port: int = Field(22, ge=1, le=65535)
+    username: SafeStr | None = None
+    key_path: AbsPath | None = None
+    workspace: AbsPath = Field(description="absolute directory on the host that longrun may write and clean under")
+    host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; else known_hosts")
+    python: SafeStr = Field("python3", description="python on the host that has torch (and the trainer)")
+
+    @model_validator(mode="after")
+    def _workspace_not_root(self) -> "HostCreate":
+        if self.workspace == "/":
+            raise ValueError("workspace must not be /")
+        return self
+
+
+class HostPublic(BaseModel):
+    name: str
+    address: str
+    port: int
+    username: str | None
+    workspace: str
+    python: str
+    reachable: bool | None
+    last_seen_at: datetime | None
+    last_error: str | None
+    gpus: dict[str, Any] | None = None
+    gpus_sampled_at: datetime | None = None
+
+
+class TrainerSpec(Strict):
+    """The bundled trainer's flags (python -m trainer.train --help)."""
+
+    verifier_path: AbsPath
+    data_dir: AbsPath
+    vocab_mapping_dir: AbsPath
+    output_dir: AbsPath
+    epochs: int = Field(1, gt=0)
+    lr: float = Field(3e-5, gt=0)
+    max_seq_len: int = Field(2048, gt=0)
+    num_workers: int = Field(2, ge=0)
+    ttt_steps: int = Field(3, gt=0, le=64)
+    noise_std: float = Field(0.0, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    val_ratio: float = Field(0.0, ge=0, lt=1)
+    ttt_step_decay: float | None = Field(None, gt=0, le=1)
+    batch_size: int | None = Field(None, gt=0)
+    save_every: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    seed: int | None = None
+    init_from: AbsPath | None = None
+    eval_corpus: AbsPath | None = None
+
+
+class RunCreate(Strict):
+    name: SafeStr = Field("run", min_length=1, max_length=255)
+    host: str | None = None
+    hosts: list[str] | None = Field(None, min_length=1, max_length=64)
+    nproc_per_node: int = Field(1, gt=0, le=256)
+    trainer: TrainerSpec | None = None
+    entrypoint: AbsPath | None = None
+    args: list[SafeStr] = Field(default_factory=list)
+    env: Env = Field(default_factory=dict)
+    cwd: AbsPath | None = None
+    output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
+    max_retries: int = Field(0, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "RunCreate":
+        if (self.host is None) == (self.hosts is None):
+            raise ValueError("give exactly one of `host` or `hosts`")
+        if (self.trainer is None) == (self.entrypoint is None):
+            raise ValueError("give exactly one of `trainer` or `entrypoint`")
+        if self.trainer is not None and self.args:
+            raise ValueError("`args` goes with `entrypoint`; trainer runs take their flags in `trainer`")
+        return self
+
+    @property
+    def host_names(self) -> list[str]:
+        return list(self.hosts) if self.hosts is not None else [self.host]  # type: ignore[list-item]
+
+    @property
+    def clean_dir(self) -> str | None:
+        return self.trainer.output_dir if self.trainer else self.output_dir
+
+
+# top-level fields a restart may override; any trainer field may be overridden too
+RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd"})
+TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
+
+
+class RestartRequest(Strict):
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    clean: bool = False
+    init_from_last: bool = Field(False, description="warm start: trainer runs start from the last attempt's draft (--init-from)")
+
+
+class AttemptPublic(BaseModel):
+    number: int
+    spec: dict[str, Any]
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    message: str | None
+    log_path: str | None
+    nodes: list[dict[str, Any]]
+    last_step: int | None
+    total_steps: int | None
+    seconds_per_step: float | None
+    predicted_duration_seconds: float | None
+    actual_duration_seconds: float | None
+    prediction_error: float | None = Field(None, description="(actual - predicted) / predicted, once the attempt finished")
+
+
+class RunPublic(BaseModel):
+    id: str
+    name: str
+    status: str
+    message: str | None
+    attempt: int
+    hosts: list[str]
+    spec: dict[str, Any]
+    progress: float | None
+    eta_seconds: float | None
+    host_reachable: bool
+    latest: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attempts: list[AttemptPublic]
+
+
+class RunPage(BaseModel):
+    items: list[RunPublic]
+    next_cursor: str | None = Field(None, description="pass as `cursor` for the next page")
+
+
+class DryRunPublic(BaseModel):
+    dry_run: Literal[True] = True
+    new_spec: dict[str, Any]
+    predicted_duration_seconds: float | None
+    predicted_finish: datetime | None
+    basis: str
+
+
+class MetricPointPublic(BaseModel):
+    attempt: int
+    step: int | None
+    value: float
+    time: datetime
+
+
+class MetricsPublic(BaseModel):
+    series: dict[str, list[MetricPointPublic]]
+
+
+class LogsPublic(BaseModel):
+    attempt: int
+    log_path: str | None
+    lines: list[str]
+    next_offset: int = Field(description="pass as since_offset to follow the log")

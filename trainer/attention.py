@@ -1,0 +1,171 @@
+"""Attention of one TTT step: causal over step-0 keys, plus one diagonal key per later TTT step.
+
+At TTT step k a query at position t sees the step-0 keys at positions <= t and, from every step
+1..k, only the key that step produced at position t. Those diagonal keys are one per position, so
+their scores are per-position dot products: no (positions x positions x steps) tensor exists.
+
+The causal block runs in a fused kernel that also returns its log-sum-exp; the block and the
+diagonal scores are merged in log space. The backward pass hands the kernel the *merged* output
+and log-sum-exp (as ring attention does for its blocks), which yields exact gradients without
+differentiating through the kernel's log-sum-exp.
+
+Layout: q is [B, Q, heads, d]; keys and values are [B, S, kv_heads, d]; each diagonal entry is
+[B, Q, kv_heads, d]. Either Q == S (every position, causal) or Q == 1 (the newest position
+only, which sees every key: the draft's chain at inference).
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def ttt_attention(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    diag_keys: Sequence[Tensor],
+    diag_values: Sequence[Tensor],
+    scale: float,
+) -> Tensor:
+    """Attention output [B, Q, heads, d] of one TTT step (see the module docstring)."""
+    if q.shape[1] not in (1, keys.shape[1]):
+        raise ValueError(f"queries must cover every key position or only the last one, got {q.shape[1]} of {keys.shape[1]}")
+    return _TTTAttention.apply(scale, q, keys, values, *diag_keys, *diag_values)
+
+
+def _causal_backend(q: Tensor) -> str:
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
+        return "cuda_flash"
+    if q.device.type == "cpu":
+        return "cpu_flash"
+    return "math"
+
+
+def _expand_kv(x: Tensor, groups: int) -> Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _fold_kv_grad(g: Tensor, groups: int) -> Tensor:
+    if groups == 1:
+        return g
+    b, h, s, d = g.shape
+    return g.view(b, h // groups, groups, s, d).sum(2)
+
+
+def _causal_forward(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool):
+    """Inputs [B, heads, S, d]; returns (out [B, heads, Q, d], lse [B, heads, Q] fp32, kernel state)."""
+    groups = q.shape[1] // k.shape[1]
+    if backend == "cuda_flash":
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, _expand_kv(k, groups), _expand_kv(v, groups), 0.0, causal, False, scale=scale
+        )
+        return out, lse[..., : q.shape[2]], (cum_q, cum_k, max_q, max_k, seed, offset)
+    if backend == "cpu_flash":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse, None
+    scores = _math_scores(q, _expand_kv(k, groups), scale, causal)
+    lse = scores.logsumexp(-1)
+    out = (scores - lse[..., None]).exp() @ _expand_kv(v, groups).float()
+    return out.to(q.dtype), lse, None
+
+
+def _causal_backward(backend: str, grad, q, k, v, out, lse, scale: float, causal: bool, state):
+    """Gradients of the causal block given the merged `out` and `lse` of the whole step."""
+    groups = q.shape[1] // k.shape[1]
+    if backend == "cuda_flash":
+        cum_q, cum_k, max_q, max_k, seed, offset = state
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, _expand_kv(k, groups), _expand_kv(v, groups), out, lse.contiguous(),
+            cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset, scale=scale,
+        )
+        return dq, _fold_kv_grad(dk, groups), _fold_kv_grad(dv, groups)
+    if backend == "cpu_flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse.contiguous(), 0.0, causal, scale=scale
+        )
+    ke, ve = _expand_kv(k, groups).float(), _expand_kv(v, groups).float()
+    probs = (_math_scores(q, ke, scale, causal) - lse[..., None]).exp()
+    grad = grad.float()
+    dv = probs.transpose(-1, -2) @ grad
+    ds = probs * (grad @ ve.transpose(-1, -2) - (grad * out.float()).sum(-1, keepdim=True))
+    dq = (ds @ ke) * scale
+    dk = (ds.transpose(-1, -2) @ q.float()) * scale
+    return dq.to(q.dtype), _fold_kv_grad(dk, groups).to(k.dtype), _fold_kv_grad(dv, groups).to(v.dtype)
+
+
+def _math_scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if causal:
+        s = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return scores
+
+
+class _TTTAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scale: float, q: Tensor, keys: Tensor, values: Tensor, *diag: Tensor) -> Tensor:
+        n = len(diag) // 2
+        b, nq, heads, d = q.shape
+        kv_heads = keys.shape[2]
+        causal = nq > 1
+        backend = _causal_backend(q)
+        with torch.autocast(q.device.type, enabled=False):
+            out_c, lse_c, state = _causal_forward(
+                backend, q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale, causal
+            )
+            if n == 0:
+                out, lse = out_c.transpose(1, 2), lse_c
+            else:
+                shape = (b, nq, kv_heads, heads // kv_heads)
+                scores = _diag_scores(q, diag[:n], scale)
+                lse_c_g = lse_c.transpose(1, 2).reshape(shape)
+                lse_g = torch.logaddexp(lse_c_g, scores.logsumexp(-1))
+                weights = (scores - lse_g[..., None]).exp()
+                out = (lse_c_g - lse_g).exp()[..., None] * out_c.transpose(1, 2).reshape(*shape, d).float()
+                out = out + torch.einsum("bqkgn,bqknd->bqkgd", weights, torch.stack(diag[n:], dim=3).float())
+                out = out.reshape(b, nq, heads, d).to(q.dtype)
+                lse = lse_g.reshape(b, nq, heads).transpose(1, 2)
+        ctx.scale, ctx.causal, ctx.backend, ctx.state = scale, causal, backend, state
+        ctx.save_for_backward(q, keys, values, out, lse, *diag)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, keys, values, out, lse, *diag = ctx.saved_tensors
+        n = len(diag) // 2
+        b, nq, heads, d = q.shape
+        kv_heads = keys.shape[2]
+        scale = ctx.scale
+        with torch.autocast(q.device.type, enabled=False):
+            grad = grad.to(out.dtype)
+            dq, dk, dv = _causal_backward(
+                ctx.backend, grad.transpose(1, 2), q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                out.transpose(1, 2), lse, scale, ctx.causal, ctx.state,
+            )
+            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+            if n == 0:
+                return None, dq, dk, dv
+            shape = (b, nq, kv_heads, heads // kv_heads)
+            diag_k, diag_v = torch.stack(diag[:n], dim=3).float(), torch.stack(diag[n:], dim=3).float()
+            scores = _diag_scores(q, diag[:n], scale)
+            weights = (scores - lse.transpose(1, 2).reshape(shape)[..., None]).exp()
+            g = grad.reshape(*shape, d).float()
+            g_dot_out = (g * out.reshape(*shape, d).float()).sum(-1, keepdim=True)
+            dscores = weights * (torch.einsum("bqkgd,bqknd->bqkgn", g, diag_v) - g_dot_out)
+            qg = q.reshape(*shape, d).float()
+            dq = dq.float() + scale * torch.einsum("bqkgn,bqknd->bqkgd", dscores, diag_k).reshape(b, nq, heads, d)
+            d_diag_k = scale * torch.einsum("bqkgn,bqkgd->bqknd", dscores, qg)
+            d_diag_v = torch.einsum("bqkgn,bqkgd->bqknd", weights, g)
+        return (
+            None, dq.to(q.dtype), dk, dv,
+            *(x.to(q.dtype) for x in d_diag_k.unbind(3)), *(x.to(q.dtype) for x in d_diag_v.unbind(3)),
+        )
+
+
+def _diag_scores(q: Tensor, diag_keys: Sequence[Tensor], scale: float) -> Tensor:
+    """Scores [B, Q, kv_heads, groups, n] of each query against its own position's diagonal keys."""
+    b, nq, heads, d = q.shape
+    kv_heads = diag_keys[0].shape[2]
+    qg = q.reshape(b, nq, kv_heads, heads // kv_heads, d).float()
+    return torch.einsum("bqkgd,bqknd->bqkgn", qg, torch.stack(list(diag_keys), dim=3).float()) * scale

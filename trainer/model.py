@@ -1,0 +1,307 @@
+"""The EAGLE-3 draft model: one Llama-style decoder layer over fused verifier features.
+
+Read top to bottom: the config, the building blocks (RMSNorm, RoPE, MLP), the attention of one
+TTT step, the decoder layer, the draft itself, and saving/loading in the format that inference
+engines (vLLM, SGLang: `LlamaForCausalLMEagle3`) load.
+
+The attention input is `[norm(embedding of the token), norm(hidden)]` (2H wide). Its q/k/v
+projection is kept as two halves, `qkv_token` and `qkv_hidden`, whose sum equals the projection
+of the concatenation; the token half at TTT step k and position t is the one step 0 computed at
+position t+k, so training computes it once per batch. The engine format (`q_proj`, `k_proj`,
+`v_proj` over the concatenation) is produced on save and read back on load.
+"""
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from trainer.attention import ttt_attention
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int  # the verifier's (target) vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int  # width of one captured verifier feature; fc takes three of them
+    aux_hidden_state_layer_ids: list[int]
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 8192
+    ttt_steps: int = 1
+
+    @classmethod
+    def from_verifier(cls, verifier: dict, draft_vocab_size: int, ttt_steps: int) -> "DraftConfig":
+        """Draft shapes from a verifier's config.json (already unwrapped from any `text_config`)."""
+        hidden = verifier["hidden_size"]
+        heads = verifier["num_attention_heads"]
+        layers = verifier["num_hidden_layers"]
+        rope = verifier.get("rope_parameters") or {}
+        scaling = verifier.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling and scaling.get("rope_type", scaling.get("type")) not in ("linear", "llama3"):
+            scaling = None  # the draft has its own RoPE; unknown scalings fall back to plain RoPE
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=verifier["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=verifier.get("num_key_value_heads") or heads,
+            head_dim=verifier.get("head_dim") or hidden // heads,
+            rms_norm_eps=verifier.get("rms_norm_eps", 1e-6),
+            rope_theta=verifier.get("rope_theta") or rope.get("rope_theta", 10000.0),
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position_embeddings=verifier.get("max_position_embeddings", 8192),
+            vocab_size=verifier["vocab_size"],
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=hidden,
+            aux_hidden_state_layer_ids=[2, layers // 2, layers - 3],
+            ttt_steps=ttt_steps,
+        )
+
+    def to_engine_config(self) -> dict:
+        """config.json that vLLM / SGLang load as an EAGLE-3 draft, plus this class's own fields."""
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            **asdict(self),
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": list(self.aux_hidden_state_layer_ids),
+                "use_aux_hidden_state": True,
+            },
+        }
+
+    @classmethod
+    def from_engine_config(cls, config: dict) -> "DraftConfig":
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in config.items() if k in names})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_context = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq.float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, Q, heads, d]; cos/sin [Q, d] for the positions of those Q rows."""
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class TTTCache:
+    """What a TTT chain has produced so far: step 0's keys/values at every position, then one
+    diagonal key/value per later step (each at the same positions as the queries)."""
+
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    diag_keys: list[Tensor] = field(default_factory=list)
+    diag_values: list[Tensor] = field(default_factory=list)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.qkv_sizes = [self.heads * d, self.kv_heads * d, self.kv_heads * d]
+        self.qkv_token = nn.Linear(h, sum(self.qkv_sizes), bias=False)
+        self.qkv_hidden = nn.Linear(h, sum(self.qkv_sizes), bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.scale = d**-0.5
+
+    def forward(self, qkv: Tensor, cos: Tensor, sin: Tensor, cache: TTTCache) -> Tensor:
+        """qkv [B, Q, n_qkv] is the summed projection of this step's input; the step's keys join `cache`."""
+        b, nq, _ = qkv.shape
+        q, k, v = qkv.split(self.qkv_sizes, dim=-1)
+        q = apply_rotary(q.view(b, nq, self.heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(b, nq, self.kv_heads, self.head_dim), cos, sin)
+        v = v.view(b, nq, self.kv_heads, self.head_dim)
+        if cache.keys is None:
+            cache.keys, cache.values = k, v
+        else:
+            cache.diag_keys.append(k)
+            cache.diag_values.append(v)
+        out = ttt_attention(q, cache.keys, cache.values, cache.diag_keys, cache.diag_values, self.scale)
+        return self.o_proj(out.reshape(b, nq, self.heads * self.head_dim))
+
+
+class DraftDecoderLayer(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)  # normalises the token embedding
+        self.hidden_norm = RMSNorm(config.hidden_size, eps)  # normalises the hidden input
+        self.self_attn = DraftAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.mlp = DraftMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor, cache: TTTCache) -> Tensor:
+        qkv = token_qkv + self.self_attn.qkv_hidden(self.hidden_norm(hidden))
+        hidden = hidden + self.self_attn(qkv, cos, sin, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class EagleDraft(nn.Module):
+    """fc (3H -> H), one decoder layer, final norm, lm_head (H -> draft vocab).
+
+    The token embedding is the verifier's, frozen, and kept out of the state dict; `d2t`
+    (draft id -> target id offsets) and `t2d` (target ids present in the draft vocab) travel with it.
+    """
+
+    def __init__(self, config: DraftConfig, embed_weight: Tensor | None = None):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        self.midlayer = DraftDecoderLayer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        if embed_weight is None:
+            embed_weight = torch.zeros(config.vocab_size, h)
+        self.register_buffer("embed_weight", embed_weight, persistent=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    def set_vocab_mapping(self, d2t: Tensor, t2d: Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def fuse(self, hidden_states: Tensor) -> Tensor:
+        """The three captured verifier features [B, S, 3H] fused to the draft's width."""
+        return self.fc(hidden_states)
+
+    def token_qkv(self, token_ids: Tensor) -> Tensor:
+        """The token half of the q/k/v projection for token ids [B, L]."""
+        layer = self.midlayer
+        embedded = F.embedding(token_ids, self.embed_weight)
+        return layer.self_attn.qkv_token(layer.input_layernorm(embedded))
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def step(self, cache: TTTCache, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """One TTT step. `hidden` [B, Q, H] is the fused verifier features at step 0 and the previous
+        step's output after that; `token_qkv` [B, Q, n_qkv] the token half for the tokens these
+        positions read; cos/sin the RoPE of their positions. Returns the step's output hidden state."""
+        return self.midlayer(hidden, token_qkv, cos, sin, cache)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def engine_state_dict(draft: EagleDraft) -> dict[str, Tensor]:
+    """The draft's weights under the names inference engines load (q/k/v over the 2H input)."""
+    attn = draft.midlayer.self_attn
+    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("midlayer.self_attn.qkv_")}
+    token = attn.qkv_token.weight.detach().split(attn.qkv_sizes, dim=0)
+    hidden = attn.qkv_hidden.weight.detach().split(attn.qkv_sizes, dim=0)
+    for name, t, h in zip(_QKV, token, hidden, strict=True):
+        state[f"midlayer.self_attn.{name}.weight"] = torch.cat((t, h), dim=1)
+    return state
+
+
+def _from_engine_state_dict(state: dict[str, Tensor], hidden_size: int) -> dict[str, Tensor]:
+    state = dict(state)
+    weights = [state.pop(f"midlayer.self_attn.{name}.weight") for name in _QKV]
+    state["midlayer.self_attn.qkv_token.weight"] = torch.cat([w[:, :hidden_size] for w in weights])
+    state["midlayer.self_attn.qkv_hidden.weight"] = torch.cat([w[:, hidden_size:] for w in weights])
+    return state
+
+
+def save_draft(draft: EagleDraft, directory: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write model.safetensors + config.json (engine-loadable). `dtype` casts floating tensors."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in engine_state_dict(draft).items():
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.contiguous().cpu()
+    config = draft.config.to_engine_config()
+    if dtype is not None:
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def read_draft_config(directory: str | Path) -> DraftConfig:
+    return DraftConfig.from_engine_config(json.loads((Path(directory) / "config.json").read_text()))
+
+
+def load_draft_weights(draft: EagleDraft, directory: str | Path) -> None:
+    """Load weights (and the vocab mapping) saved by `save_draft` into an existing draft."""
+    state = load_file(str(Path(directory) / "model.safetensors"))
+    state = _from_engine_state_dict(state, draft.config.hidden_size)
+    state.pop("embed_tokens.weight", None)  # some published drafts carry a copy of the embedding
+    own = draft.state_dict()
+    unexpected = sorted(set(state) - set(own))
+    missing = sorted(set(own) - set(state))
+    if missing or unexpected:
+        raise ValueError(f"{directory}: weights do not match the draft (missing {missing}, unexpected {unexpected})")
+    for name, tensor in state.items():
+        if own[name].shape != tensor.shape:
+            raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, this draft needs {tuple(own[name].shape)}")
+    draft.load_state_dict({name: tensor.to(own[name].dtype) for name, tensor in state.items()})
+
+
+def load_draft(directory: str | Path, embed_weight: Tensor | None = None) -> EagleDraft:
+    """A draft rebuilt from a directory written by `save_draft`; the embedding comes from the verifier."""
+    draft = EagleDraft(read_draft_config(directory), embed_weight)
+    load_draft_weights(draft, directory)
+    return draft

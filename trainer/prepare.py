@@ -1,0 +1,425 @@
+"""Tokenise a corpus, run the verifier once, and store what draft training needs, one file per sample.
+
+    python -m trainer.prepare --verifier-path V --corpus FILE --output-dir D [--max-seq-len N]
+        [--draft-vocab-size K] [--max-samples M] [--batch-size B] [--layer-ids 2,16,29]
+
+Corpus formats (a `.jsonl` / `.json` file is JSONL, anything else plain text):
+- plain text: one token stream cut into chunks of max-seq-len tokens; every token is a target.
+- JSONL `{"text": ...}`: each record on its own, EOS appended, cut into chunks; every token is a target.
+- JSONL `{"messages": [{"role", "content"}, ...]}` (or ShareGPT `{"conversations": [{"from", "value"}]}`):
+  one sample per record, truncated to max-seq-len; only assistant turns are targets (loss_mask 1), from the
+  first token of the reply through its end-of-turn marker. Rendered with the tokenizer's chat template, or
+  FALLBACK_CHAT_TEMPLATE (ChatML) when it has none.
+
+Output under D:
+- hidden_states/sample_000000.safetensors ...: `input_ids` int64 [S], `loss_mask` uint8 [S],
+  `hidden_states` bf16 [S, 3H] (inputs of the three captured layers, concatenated in --layer-ids order),
+  `last_hidden_state` bf16 [S, H] (output of the last decoder layer, before the final norm, so that
+  `lm_head(norm(last_hidden_state))` are the verifier's logits);
+- vocab_mapping/vocab_mapping.safetensors: the K most frequent tokens at loss-masked positions (trainer.vocab);
+- prepare.json: metadata, written last.
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from trainer.vocab import build_vocab_mapping, save_vocab_mapping
+
+SAMPLE_PATTERN = "sample_*.safetensors"
+PREPARE_FORMAT = 1
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+MIN_CHUNK_TOKENS = 8  # a shorter tail of a text stream is dropped: too little context to train on
+TEXT_PIECE_CHARS = 1 << 20  # plain text is tokenised in pieces of about this size, cut at line ends
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """Inputs of layers 2, N//2 and N-3: low, middle and high features, as in EAGLE-3."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def _adds_bos(tokenizer) -> bool:
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a").input_ids[:1] == [bos]
+
+
+def _chunks(ids: list[int], max_seq_len: int, bos: int | None, final: bool) -> tuple[list[list[int]], list[int]]:
+    """Cut full chunks off `ids` (each led by `bos` when given); returns (chunks, rest)."""
+    body = max_seq_len - (bos is not None)
+    prefix = [bos] if bos is not None else []
+    chunks = []
+    start = 0
+    while len(ids) - start >= body:
+        chunks.append(prefix + ids[start : start + body])
+        start += body
+    rest = ids[start:]
+    if final and len(prefix) + len(rest) >= MIN_CHUNK_TOKENS:
+        chunks.append(prefix + rest)
+        rest = []
+    return chunks, rest
+
+
+def _text_pieces(path: Path) -> Iterator[str]:
+    piece: list[str] = []
+    size = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            piece.append(line)
+            size += len(line)
+            if size >= TEXT_PIECE_CHARS:
+                yield "".join(piece)
+                piece, size = [], 0
+    if piece:
+        yield "".join(piece)
+
+
+def tokenize_text_stream(
+    tokenizer, path: Path, max_seq_len: int, bos: int | None
+) -> Iterator[tuple[list[int], list[int]]]:
+    """Plain text file -> chunks of max_seq_len tokens (led by `bos` if given), memory bounded by one piece."""
+    buffer: list[int] = []
+    for piece in _text_pieces(path):
+        buffer.extend(tokenizer(piece, add_special_tokens=False).input_ids)
+        chunks, buffer = _chunks(buffer, max_seq_len, bos, final=False)
+        for chunk in chunks:
+            yield chunk, [1] * len(chunk)
+    chunks, _ = _chunks(buffer, max_seq_len, bos, final=True)
+    for chunk in chunks:
+        yield chunk, [1] * len(chunk)
+
+
+def tokenize_text_record(
+    tokenizer, text: str, max_seq_len: int, bos: int | None
+) -> list[tuple[list[int], list[int]]]:
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    chunks, _ = _chunks(ids, max_seq_len, bos, final=True)
+    return [(chunk, [1] * len(chunk)) for chunk in chunks]
+
+
+def _render(tokenizer, messages: list[dict], template: str | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """Render a conversation; return the text and the character spans of the assistant replies.
+
+    A reply's span runs from the end of the prompt rendered up to it (with the generation prompt) to the
+    end of the conversation rendered through it, so it includes the end-of-turn marker. Templates for which
+    those renderings are not prefixes of the whole (some drop earlier reasoning) fall back to the reply text.
+    """
+    template = None if tokenizer.chat_template else FALLBACK_CHAT_TEMPLATE
+    text = _render(tokenizer, messages, template, add_generation_prompt=False)
+    spans = []
+    cursor = 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], template, add_generation_prompt=True) if i else ""
+        through = _render(tokenizer, messages[: i + 1], template, add_generation_prompt=False)
+        if text.startswith(before) and text.startswith(through) and len(before) < len(through):
+            start, end = len(before), len(through)
+        else:
+            content = str(message.get("content") or "")
+            start = text.find(content, cursor)
+            if not content or start < 0:
+                continue
+            end = start + len(content)
+        spans.append((start, end))
+        cursor = end
+    return text, spans
+
+
+def tokenize_chat(tokenizer, messages: list[dict], max_seq_len: int) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 on assistant-reply tokens) of one conversation, truncated."""
+    text, spans = assistant_spans(tokenizer, messages)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    char_mask = bytearray(len(text) + 1)
+    for start, end in spans:
+        char_mask[start:end] = b"\x01" * (end - start)
+    mask = [int(end > start and any(char_mask[start:end])) for start, end in encoding["offset_mapping"]]
+    return encoding["input_ids"][:max_seq_len], mask[:max_seq_len]
+
+
+def _normalise_messages(record: dict) -> list[dict] | None:
+    if "messages" in record:
+        return record["messages"]
+    if "conversations" in record:
+        return [
+            {"role": SHAREGPT_ROLES.get(turn["from"], turn["from"]), "content": turn["value"]}
+            for turn in record["conversations"]
+        ]
+    return None
+
+
+def iter_samples(tokenizer, corpus: Path, max_seq_len: int) -> Iterator[tuple[list[int], list[int]]]:
+    """(input_ids, loss_mask) of every sample in the corpus, in file order; samples without targets skipped."""
+    # Chunks of plain text start with BOS exactly when the tokenizer would add one to a document.
+    bos = tokenizer.bos_token_id if _adds_bos(tokenizer) else None
+    if corpus.suffix not in (".jsonl", ".json"):
+        yield from tokenize_text_stream(tokenizer, corpus, max_seq_len, bos)
+        return
+    with open(corpus, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{corpus}:{line_number}: not valid JSON ({error})") from None
+            messages = _normalise_messages(record)
+            if messages is not None:
+                ids, mask = tokenize_chat(tokenizer, messages, max_seq_len)
+                if any(mask):
+                    yield ids, mask
+            elif "text" in record:
+                yield from tokenize_text_record(tokenizer, record["text"], max_seq_len, bos)
+            else:
+                raise ValueError(
+                    f"{corpus}:{line_number}: a record needs a 'text', 'messages' or 'conversations' field; "
+                    f"found {sorted(record)}"
+                )
+
+
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The stack of decoder layers of a causal LM (`model.model.layers` for Llama and most others)."""
+    num_layers = model.config.num_hidden_layers
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) == num_layers:
+        return layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
+
+
+@contextmanager
+def _capture(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[dict]:
+    captured: dict = {}
+
+    def save_input(index: int):
+        def hook(module, args, kwargs):
+            captured[index] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def save_output(module, args, output):
+        captured["last"] = output[0] if isinstance(output, tuple) else output
+
+    handles = [layers[i].register_forward_pre_hook(save_input(i), with_kwargs=True) for i in set(layer_ids)]
+    handles.append(layers[-1].register_forward_hook(save_output))
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def capture_hidden_states(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the verifier's decoder once: (inputs of `layer_ids` concatenated [B, S, 3H], last layer output [B, S, H]).
+
+    The last layer output is taken before the final norm; HF's `hidden_states[-1]` is after it in
+    transformers 5, so it is read with a hook rather than from `output_hidden_states`.
+    """
+    layers = decoder_layers(model)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    with _capture(layers, layer_ids) as captured:
+        decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return torch.cat([captured[i] for i in layer_ids], dim=-1), captured["last"]
+
+
+def load_verifier(path: str | Path, device: torch.device, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
+    major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    dtype_arg = "dtype" if major_minor >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_arg: dtype}).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return model, tokenizer
+
+
+def _save_sample(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    # Renamed into place so that a reader never sees a half-written sample.
+    tmp.replace(path)
+
+
+def prepare(
+    verifier_path: str | Path,
+    corpus: str | Path,
+    output_dir: str | Path,
+    max_seq_len: int = 2048,
+    draft_vocab_size: int = 32000,
+    max_samples: int | None = None,
+    batch_size: int = 8,
+    layer_ids: Sequence[int] | None = None,
+    device: str | None = None,
+) -> dict:
+    """Write D/hidden_states/, D/vocab_mapping/ and D/prepare.json; returns the metadata written."""
+    started = time.monotonic()
+    corpus, output_dir = Path(corpus), Path(output_dir)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"corpus {corpus} does not exist")
+    run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # bf16 on GPU as in serving; fp32 on CPU, where bf16 matmuls are slow and the features are cast anyway.
+    model_dtype = torch.bfloat16 if run_device.type == "cuda" else torch.float32
+    model, tokenizer = load_verifier(verifier_path, run_device, model_dtype)
+    config = model.config
+    num_layers, hidden_size, vocab_size = config.num_hidden_layers, config.hidden_size, config.vocab_size
+    layer_ids = list(layer_ids) if layer_ids is not None else default_layer_ids(num_layers)
+    if len(layer_ids) != 3 or not all(0 <= i < num_layers for i in layer_ids):
+        raise ValueError(f"--layer-ids needs three layer indices in [0, {num_layers}), got {layer_ids}")
+    if draft_vocab_size > vocab_size:
+        print(f"prepare: draft vocab size {draft_vocab_size} > verifier vocab {vocab_size}; using {vocab_size}")
+        draft_vocab_size = vocab_size
+
+    sample_dir = output_dir / "hidden_states"
+    sample_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "prepare.json").unlink(missing_ok=True)
+    for stale in sample_dir.glob(SAMPLE_PATTERN):
+        stale.unlink()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    stats = {"samples": 0, "tokens": 0, "loss_tokens": 0}
+    pending: deque[Future] = deque()
+    last_report = time.monotonic()
+
+    def run_batch(batch: list[tuple[list[int], list[int]]], writer: ThreadPoolExecutor) -> None:
+        lengths = [len(ids) for ids, _ in batch]
+        longest = max(lengths)
+        input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, (ids, _) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        if int(input_ids.max()) >= vocab_size:
+            raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab size {vocab_size}")
+        aux, last = capture_hidden_states(model, input_ids.to(run_device), attention_mask.to(run_device), layer_ids)
+        aux, last = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu()
+        for row, ((ids, mask), length) in enumerate(zip(batch, lengths, strict=True)):
+            ids_tensor = torch.tensor(ids, dtype=torch.long)
+            mask_tensor = torch.tensor(mask, dtype=torch.uint8)
+            counts.add_(torch.bincount(ids_tensor[mask_tensor.bool()], minlength=vocab_size))
+            tensors = {
+                "input_ids": ids_tensor,
+                "loss_mask": mask_tensor,
+                "hidden_states": aux[row, :length].clone(),
+                "last_hidden_state": last[row, :length].clone(),
+            }
+            path = sample_dir / f"sample_{stats['samples']:06d}.safetensors"
+            pending.append(writer.submit(_save_sample, path, tensors))
+            stats["samples"] += 1
+            stats["tokens"] += length
+            stats["loss_tokens"] += int(mask_tensor.sum())
+        # Bounded queue of writes: the GPU keeps working while the disk catches up, memory stays flat.
+        while len(pending) > 4 * batch_size:
+            pending.popleft().result()
+
+    with ThreadPoolExecutor(max_workers=4) as writer:
+        batch: list[tuple[list[int], list[int]]] = []
+        for sample in iter_samples(tokenizer, corpus, max_seq_len):
+            if max_samples is not None and stats["samples"] + len(batch) >= max_samples:
+                break
+            batch.append(sample)
+            if len(batch) == batch_size:
+                run_batch(batch, writer)
+                batch = []
+                if time.monotonic() - last_report > 30:
+                    last_report = time.monotonic()
+                    rate = stats["tokens"] / (last_report - started)
+                    print(f"prepare: {stats['samples']} samples, {stats['tokens']} tokens, {rate:.0f} tokens/s", flush=True)
+        if batch:
+            run_batch(batch, writer)
+        while pending:
+            pending.popleft().result()
+    if stats["samples"] == 0:
+        raise ValueError(f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on")
+
+    d2t, t2d = build_vocab_mapping(
+        {int(i): int(counts[i]) for i in counts.nonzero().flatten()}, vocab_size, draft_vocab_size
+    )
+    save_vocab_mapping(output_dir / "vocab_mapping", d2t, t2d)
+    covered = int(counts[t2d].sum())
+    metadata = {
+        "format": PREPARE_FORMAT,
+        "verifier_path": str(Path(verifier_path).resolve()),
+        "corpus": str(corpus.resolve()),
+        "layer_ids": layer_ids,
+        "num_hidden_layers": num_layers,
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+        "draft_vocab_size": draft_vocab_size,
+        "draft_vocab_coverage": round(covered / max(1, stats["loss_tokens"]), 6),
+        "max_seq_len": max_seq_len,
+        "num_samples": stats["samples"],
+        "num_tokens": stats["tokens"],
+        "num_loss_tokens": stats["loss_tokens"],
+        "chat_template": "tokenizer" if tokenizer.chat_template else "fallback",
+        "dtype": "bfloat16",
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    tmp = output_dir / "prepare.json.tmp"
+    tmp.write_text(json.dumps(metadata, indent=2) + "\n")
+    tmp.replace(output_dir / "prepare.json")
+    return metadata
+
+
+def _layer_ids(value: str) -> list[int]:
+    return [int(part) for part in value.split(",") if part.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verifier-path", required=True, help="Hugging Face causal LM directory")
+    parser.add_argument("--corpus", required=True, type=Path, help="plain text, or JSONL with text/messages")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--draft-vocab-size", type=int, default=32000)
+    parser.add_argument("--max-samples", type=int)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--layer-ids", type=_layer_ids, help="three comma-separated layer indices (default 2,N//2,N-3)")
+    parser.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
+    args = parser.parse_args(argv)
+    metadata = prepare(
+        args.verifier_path,
+        args.corpus,
+        args.output_dir,
+        max_seq_len=args.max_seq_len,
+        draft_vocab_size=args.draft_vocab_size,
+        max_samples=args.max_samples,
+        batch_size=args.batch_size,
+        layer_ids=args.layer_ids,
+        device=args.device,
+    )
+    print(
+        f"prepare: {metadata['num_samples']} samples, {metadata['num_tokens']} tokens "
+        f"({metadata['num_loss_tokens']} with loss), layers {metadata['layer_ids']}, draft vocab "
+        f"{metadata['draft_vocab_size']} covering {metadata['draft_vocab_coverage']:.1%}, "
+        f"{metadata['seconds']:.0f}s -> {args.output_dir}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

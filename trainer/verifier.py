@@ -1,0 +1,327 @@
+"""A demo verifier that needs no download: a small Llama trained briefly on the Python standard library.
+
+    python -m trainer.verifier --output-dir DIR [--size tiny|small|base] [--corpus-dir DIR] [--steps N]
+
+Writes a standard Hugging Face directory (config.json, model.safetensors, generation_config.json,
+tokenizer.json + tokenizer_config.json with a ChatML chat template) plus `corpus/train.jsonl` and
+`corpus/heldout.txt` (disjoint source files) for the demo. `verifier_build.json` is written last; when
+it matches the requested settings the build is skipped.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+STAMP_FILE = "verifier_build.json"
+STAMP_FORMAT = 1
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS_PATTERNS = ("*.py", "*.txt", "*.md")
+# Skipped in the stdlib tree: installed third-party packages and the (large, odd) test suites.
+EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class VerifierPreset:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    recursive: bool  # whole stdlib tree instead of its top-level modules
+
+
+PRESETS: dict[str, VerifierPreset] = {
+    "tiny": VerifierPreset(4096, 128, 352, 8, 4, 2, 128, 16, 300, 3e-3, recursive=False),
+    "small": VerifierPreset(8192, 384, 1024, 12, 6, 2, 512, 16, 2000, 1e-3, recursive=False),
+    "base": VerifierPreset(32000, 1024, 2816, 16, 16, 4, 1024, 32, 4000, 6e-4, recursive=True),
+}
+
+
+def find_source_files(root: Path, recursive: bool, patterns: Sequence[str] = ("*.py",)) -> list[Path]:
+    """Source files under `root` in a deterministic order (sorted relative paths)."""
+    found: set[Path] = set()
+    for pattern in patterns:
+        for path in root.rglob(pattern) if recursive else root.glob(pattern):
+            if path.is_file() and not EXCLUDED_DIRS & set(path.relative_to(root).parts[:-1]):
+                found.add(path)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def stdlib_root() -> Path:
+    return Path(os.__file__).resolve().parent
+
+
+def split_heldout(files: Sequence[Path], root: Path, every: int = 20) -> tuple[list[Path], list[Path]]:
+    """About 1 file in `every` is held out, chosen by a hash of its relative path (stable across machines)."""
+    heldout = [f for f in files if zlib.crc32(f.relative_to(root).as_posix().encode()) % every == 0]
+    if not heldout and len(files) >= 2:
+        heldout = [files[-1]]
+    train = [f for f in files if f not in set(heldout)]
+    return train, heldout
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE (GPT-2 style, no BOS added) with end-of-text, pad and ChatML special tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN, *CHAT_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: Path, max_length: int) -> None:
+    """tokenizer.json plus a tokenizer_config.json that transformers 4.x and 5.x both load."""
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "unk_token": None,
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _fingerprint(files: Sequence[Path], root: Path) -> dict:
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.relative_to(root).as_posix()}\0{f.stat().st_size}\n".encode())
+    return {"root": str(root), "files": len(files), "sha256": digest.hexdigest()}
+
+
+def _encode_files(tokenizer: Tokenizer, files: Sequence[Path], eos_id: int) -> torch.Tensor:
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch([read_text(f) for f in files]):
+        ids.extend(encoding.ids)
+        ids.append(eos_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _lr_at(step: int, total: int, peak: float) -> float:
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def _evaluate(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int, windows: int, device: torch.device) -> dict:
+    """Next-token loss, greedy top-1 accuracy and the number of distinct greedy predictions."""
+    count = min(windows, (tokens.numel() - 1) // seq_len)
+    if count == 0:
+        return {}
+    batch = tokens[: count * seq_len + 1]
+    inputs = batch[:-1].view(count, seq_len).to(device)
+    targets = batch[1:].view(count, seq_len).to(device)
+    model.eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(input_ids=inputs).logits.float()
+    model.train()
+    predictions = logits.argmax(-1)
+    return {
+        "heldout_loss": round(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(), 4),
+        "heldout_top1": round((predictions == targets).float().mean().item(), 4),
+        "distinct_predictions": int(predictions.unique().numel()),
+    }
+
+
+def _train(
+    model: LlamaForCausalLM, tokens: torch.Tensor, preset: VerifierPreset, seed: int, device: torch.device
+) -> list[float]:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    span = preset.seq_len + 1
+    if tokens.numel() <= span:
+        raise ValueError(f"training text has {tokens.numel()} tokens, fewer than one window of {span}")
+    losses = []
+    model.train()
+    for step in range(preset.steps):
+        starts = torch.randint(0, tokens.numel() - span + 1, (preset.batch_size,), generator=generator)
+        batch = torch.stack([tokens[s : s + span] for s in starts.tolist()]).to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, preset.steps, preset.lr)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _read_stamp(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_verifier(
+    output_dir: str | Path,
+    preset: str | VerifierPreset = "tiny",
+    source_files: Sequence[str | Path] | None = None,
+    corpus_dir: str | Path | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    device: str | None = None,
+) -> dict:
+    """Build (or find already built) the demo verifier in `output_dir`; returns the build summary.
+
+    Text comes from `source_files` if given, else from `corpus_dir` (*.py, *.txt, *.md, recursive),
+    else from the standard library's sources.
+    """
+    output_dir = Path(output_dir)
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown size {preset!r}; choose one of {sorted(PRESETS)}")
+        preset = PRESETS[preset]
+    if steps is not None:
+        preset = replace(preset, steps=steps)
+    if source_files is not None:
+        files = [Path(f).resolve() for f in source_files]
+        root = Path(os.path.commonpath([str(f.parent) for f in files]))
+    elif corpus_dir is not None:
+        root = Path(corpus_dir).resolve()
+        files = find_source_files(root, recursive=True, patterns=CORPUS_PATTERNS)
+    else:
+        root = stdlib_root()
+        files = find_source_files(root, recursive=preset.recursive)
+    if not files:
+        raise FileNotFoundError(f"no source text found under {root}; pass --corpus-dir with *.py/*.txt/*.md files")
+
+    settings = {"format": STAMP_FORMAT, "preset": asdict(preset), "seed": seed, "sources": _fingerprint(files, root)}
+    stamp = _read_stamp(output_dir)
+    if stamp is not None and stamp.get("settings") == settings:
+        return {**stamp["summary"], "cached": True}
+
+    started = time.monotonic()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / STAMP_FILE).unlink(missing_ok=True)
+    train_files, heldout_files = split_heldout(files, root)
+
+    tokenizer = train_tokenizer((read_text(f) for f in train_files), preset.vocab_size)
+    save_tokenizer(tokenizer, output_dir, max_length=preset.seq_len * 4)
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    pad_id = tokenizer.token_to_id(PAD_TOKEN)
+    train_tokens = _encode_files(tokenizer, train_files, eos_id)
+    heldout_tokens = _encode_files(tokenizer, heldout_files, eos_id) if heldout_files else torch.empty(0)
+
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        max_position_embeddings=preset.seq_len * 4,
+        rms_norm_eps=1e-5,
+        # Untied so that model.safetensors holds lm_head.weight, which the draft borrows by name.
+        tie_word_embeddings=False,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    model = LlamaForCausalLM(config).to(run_device)
+    losses = _train(model, train_tokens, preset, seed, run_device)
+    evaluation = _evaluate(model, heldout_tokens, preset.seq_len, windows=16, device=run_device)
+
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
+    )
+    model.to("cpu").save_pretrained(output_dir)
+    corpus_dir_out = output_dir / "corpus"
+    corpus_dir_out.mkdir(exist_ok=True)
+    with open(corpus_dir_out / "train.jsonl", "w") as out:
+        for f in train_files:
+            out.write(json.dumps({"text": read_text(f), "source": f.relative_to(root).as_posix()}) + "\n")
+    (corpus_dir_out / "heldout.txt").write_text("\n\n".join(read_text(f) for f in heldout_files))
+
+    tail = losses[-max(1, len(losses) // 20) :]
+    summary = {
+        "path": str(output_dir),
+        "params": sum(p.numel() for p in model.parameters()),
+        "layers": preset.num_layers,
+        "hidden_size": preset.hidden_size,
+        "vocab_size": config.vocab_size,
+        "steps": preset.steps,
+        "train_tokens": train_tokens.numel(),
+        "initial_loss": round(losses[0], 4),
+        "final_loss": round(sum(tail) / len(tail), 4),
+        **evaluation,
+        "seconds": round(time.monotonic() - started, 1),
+        "device": str(run_device),
+    }
+    stamp_tmp = output_dir / (STAMP_FILE + ".tmp")
+    stamp_tmp.write_text(json.dumps({"settings": settings, "summary": summary}, indent=2) + "\n")
+    stamp_tmp.replace(output_dir / STAMP_FILE)
+    return {**summary, "cached": False}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.verifier", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--size", choices=sorted(PRESETS), default="tiny")
+    parser.add_argument("--corpus-dir", type=Path, help="train on *.py/*.txt/*.md under this dir instead of the stdlib")
+    parser.add_argument("--steps", type=int, help="override the preset's number of training steps")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    summary = build_verifier(args.output_dir, args.size, corpus_dir=args.corpus_dir, steps=args.steps, seed=args.seed)
+    if summary["cached"]:
+        print(f"verifier already built at {summary['path']} (same settings); nothing to do")
+    else:
+        print(
+            f"verifier {args.size}: {summary['params'] / 1e6:.2f}M params, {summary['layers']} layers, "
+            f"vocab {summary['vocab_size']}, loss {summary['initial_loss']:.2f} -> {summary['final_loss']:.2f}, "
+            f"heldout loss {summary.get('heldout_loss', float('nan')):.2f} top-1 {summary.get('heldout_top1', 0):.2f}, "
+            f"{summary['seconds']:.0f}s on {summary['device']} -> {summary['path']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The worker's view of a host: each method is one call of worker/hostside.py over a transport.
+
+The agent script installs itself on first use (content-addressed under <workspace>/.longrun/bin),
+inside the same single command, so every action stays one round trip.
+"""
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from worker.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD
+from worker.transport import Transport, TransportError
+
+HOSTSIDE_SOURCE = (Path(__file__).parent / "hostside.py").read_bytes()
+HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_SOURCE).hexdigest()[:12]}.py"
+
+
+class AgentError(Exception):
+    """The host answered, but the action was refused or failed there."""
+
+
+class HostAgent:
+    def __init__(self, transport: Transport, workspace: str, python: str = "python3",
+                 timeout: float = 120.0):
+        self.transport = transport
+        self.workspace = workspace.rstrip("/") or "/"
+        self.python = python
+        self.timeout = timeout
+        self.script = f"{self.workspace}/.longrun/bin/{HOSTSIDE_NAME}"
+
+    def attempt_dir(self, run_id: str, attempt: int, node: int = 0) -> str:
+        base = f"{self.workspace}/.longrun/{run_id}/{attempt}"
+        return base if node == 0 else f"{base}/node{node}"
+
+    def call(self, verb: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        script, bindir = shlex.quote(self.script), shlex.quote(str(Path(self.script).parent))
+        run = shlex.join([self.python, self.script, verb, json.dumps(payload)])
+        command = (f"[ -f {script} ] || {{ mkdir -p {bindir} && cat > {script}.$$ && mv {script}.$$ {script}; }}"
+                   f" && exec {run}")
+        result = self.transport.exec(command, stdin=HOSTSIDE_SOURCE, timeout=timeout or self.timeout)
+        try:
+            answer = json.loads(result.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            if result.returncode == 255:
+                raise TransportError(result.stderr.strip() or "connection lost") from None
+            raise AgentError(f"{verb} failed on the host (exit {result.returncode}): "
+                             f"{(result.stderr or result.stdout).strip()[-2000:]}") from None
+        if "error" in answer:
+            raise AgentError(answer["error"])
+        return answer
+
+    def launch(self, directory: str, token: str, argv: list[str], env: dict[str, str],
+               cwd: str | None = None) -> dict[str, Any]:
+        return self.call("launch", {"dir": directory, "token": token, "argv": argv, "env": env, "cwd": cwd})
+
+    def probe(self, directory: str, metrics_offset: int, log_offset: int) -> dict[str, Any]:
+        return self.call("probe", {"dir": directory, "metrics_offset": metrics_offset, "log_offset": log_offset})
+
+    def cancel(self, directory: str, grace: float) -> dict[str, Any]:
+        return self.call("cancel", {"dir": directory, "grace": grace}, timeout=grace + self.timeout)
+
+    def clean(self, path: str) -> dict[str, Any]:
+        return self.call("clean", {"workspace": self.workspace, "path": path})
+
+    def pids(self, token: str) -> list[int]:
+        return self.call("pids", {"token": token})["pids"]
+
+    def gpus(self, tokens: list[str]) -> dict[str, Any]:
+        return self.call("gpus", {"query_gpu": QUERY_GPU_CMD, "query_apps": QUERY_APPS_CMD, "tokens": tokens})

@@ -1,0 +1,291 @@
+"""The host-side agent: the only code longrun runs on a host, stdlib only, Python >= 3.8.
+
+Each call is one command, `python3 hostside.py VERB 'JSON'`, answering one JSON line on stdout,
+so every action is a single round trip over the transport and needs no state on the host
+beyond the files in the attempt directory:
+
+    <workspace>/.longrun/<run_id>/<attempt>/[node<i>/]
+        token       the attempt token, also in every process's environment (LONGRUN_ATTEMPT_TOKEN)
+        pid         the wrapper's pid (= its process group and session id)
+        exit_code   written by the wrapper when the job ends
+        output.log  the job's stdout and stderr
+        metrics.jsonl
+
+Verbs: launch, wrap (internal: the detached wrapper), probe, cancel, clean, gpus.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
+
+
+def _write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _pids_with_token(token):
+    """Every live process whose environment carries the attempt token (never match by name)."""
+    needle = (f"{TOKEN_VAR}={token}").encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _carries_token(pid, token):
+    return pid in _pids_with_token(token) if pid else False
+
+
+def launch(req):
+    """Start the detached wrapper and return at once; a second call for the same dir is a no-op."""
+    d = req["dir"]
+    os.makedirs(d, exist_ok=True)
+    existing = _read(os.path.join(d, "pid"))
+    if existing:
+        return {"pid": int(existing), "already": True}
+    _write_atomic(os.path.join(d, "token"), req["token"])
+    _write_atomic(os.path.join(d, "job.json"), json.dumps(req))
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    env[TOKEN_VAR] = req["token"]
+    env["LONGRUN_METRICS_FILE"] = os.path.join(d, "metrics.jsonl")
+    env["LONGRUN_ATTEMPT_DIR"] = d
+    devnull = open(os.devnull, "r+b")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "wrap", d],
+        env=env, cwd=req.get("cwd") or d, stdin=devnull, stdout=devnull, stderr=devnull,
+        start_new_session=True, close_fds=True,
+    )
+    _write_atomic(os.path.join(d, "pid"), str(proc.pid))
+    return {"pid": proc.pid, "already": False}
+
+
+def _default_signals():
+    # ignored signals survive exec: give the job the default handlers back
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def wrap(d):
+    """Runs detached: start the job in this process group, wait, record its exit code."""
+    job = json.loads(_read(os.path.join(d, "job.json")))
+    # the group gets SIGTERM on cancel; the wrapper must outlive the job to record its exit
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with open(os.path.join(d, "output.log"), "ab", buffering=0) as log:
+        try:
+            child = subprocess.Popen(job["argv"], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=job.get("cwd") or d,
+                                     preexec_fn=_default_signals)
+        except OSError as exc:
+            log.write(f"longrun: could not start {job['argv'][0]!r}: {exc}\n".encode())
+            _write_atomic(os.path.join(d, "exit_code"), "127")
+            return
+        rc = child.wait()
+    _write_atomic(os.path.join(d, "exit_code"), str(128 - rc if rc < 0 else rc))
+
+
+def _status(d):
+    code = _read(os.path.join(d, "exit_code"))
+    pid = _read(os.path.join(d, "pid"))
+    token = _read(os.path.join(d, "token"))
+    if code is not None:
+        return {"state": "exited", "exit_code": int(code), "pid": int(pid) if pid else None}
+    if pid is None:
+        return {"state": "missing", "exit_code": None, "pid": None}
+    pid = int(pid)
+    if _carries_token(pid, token):
+        return {"state": "running", "exit_code": None, "pid": pid}
+    # re-read: the wrapper may have written its exit code between the two reads
+    code = _read(os.path.join(d, "exit_code"))
+    if code is not None:
+        return {"state": "exited", "exit_code": int(code), "pid": pid}
+    return {"state": "lost", "exit_code": None, "pid": pid}
+
+
+def _read_from(path, offset, limit, whole_lines=True):
+    """Text from byte offset on, at most `limit` bytes, ending at a line end unless told otherwise.
+
+    Returns (text, new_offset, more): `more` says the limit cut the read short."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(limit)
+    except FileNotFoundError:
+        return "", offset, False
+    more = len(data) == limit
+    if whole_lines:
+        cut = data.rfind(b"\n")
+        # one line longer than the limit goes through in pieces rather than blocking the stream
+        data = data[: cut + 1] if cut >= 0 or not more else data
+    return data.decode("utf-8", "replace"), offset + len(data), more
+
+
+def probe(req):
+    d = req["dir"]
+    out = _status(d)
+    limit = int(req.get("limit", 4 << 20))
+    metrics, m_off, m_more = _read_from(os.path.join(d, "metrics.jsonl"), int(req.get("metrics_offset", 0)), limit)
+    # once the job is over its last, unterminated log line is final: hand it back too
+    log, l_off, l_more = _read_from(os.path.join(d, "output.log"), int(req.get("log_offset", 0)), limit,
+                                    whole_lines=out["state"] == "running")
+    out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
+    return out
+
+
+def _signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _signal_group(group, token, sig):
+    # the pid file may be stale: only signal the group while its leader still carries our token
+    if group and _carries_token(group, token):
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_gone(token, seconds):
+    deadline = time.time() + seconds
+    while _pids_with_token(token):
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def cancel(req):
+    """SIGTERM the group and every token carrier, wait `grace`, SIGKILL what is left, verify."""
+    d = req["dir"]
+    token = _read(os.path.join(d, "token"))
+    if token is None:
+        return {"remaining": [], "signalled": [], "exit_code": None}
+    pid = _read(os.path.join(d, "pid"))
+    group = int(pid) if pid else None
+    signalled = _pids_with_token(token)
+    _signal_group(group, token, signal.SIGTERM)
+    # torchrun workers may run in sessions of their own: reach them by token
+    _signal_all(signalled, signal.SIGTERM)
+    if not _wait_gone(token, float(req.get("grace", 10))):
+        _signal_group(group, token, signal.SIGKILL)
+        _signal_all(_pids_with_token(token), signal.SIGKILL)
+        _wait_gone(token, 5)
+    if _read(os.path.join(d, "exit_code")) is None:
+        _write_atomic(os.path.join(d, "exit_code"), "137")
+    return {"remaining": _pids_with_token(token), "signalled": signalled,
+            "exit_code": int(_read(os.path.join(d, "exit_code")))}
+
+
+def clean(req):
+    """Empty a directory strictly inside the workspace (resolved: symlinks cannot lead out)."""
+    workspace = os.path.realpath(req["workspace"])
+    target = req["path"]
+    if not os.path.isabs(target):
+        return {"error": f"refusing to clean {target!r}: not an absolute path"}
+    real = os.path.realpath(target)
+    inside = os.path.commonpath([workspace, real]) == workspace and real != workspace
+    if not inside:
+        return {"error": f"refusing to clean {target}: it resolves to {real}, outside the host workspace {workspace}"}
+    if real == os.path.join(workspace, ".longrun") or real.startswith(os.path.join(workspace, ".longrun") + os.sep):
+        return {"error": f"refusing to clean {target}: it holds longrun's own records"}
+    if not os.path.exists(real):
+        return {"removed": 0}
+    if not os.path.isdir(real):
+        return {"error": f"refusing to clean {target}: not a directory"}
+    removed = 0
+    for name in os.listdir(real):
+        path = os.path.join(real, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        removed += 1
+    return {"removed": removed}
+
+
+def _user_of(pid):
+    try:
+        import pwd
+
+        uid = os.stat(f"/proc/{pid}").st_uid
+        return pwd.getpwuid(uid).pw_name
+    except (OSError, KeyError, ImportError):
+        return None
+
+
+def gpus(req):
+    """Raw nvidia-smi answers (parsed by the worker), plus who owns each GPU process."""
+    out = {}
+    for key, cmd in (("gpu", req["query_gpu"]), ("apps", req["query_apps"])):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            out[key] = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+        except FileNotFoundError as exc:
+            out[key] = {"rc": 127, "stdout": "", "stderr": str(exc)}
+        except subprocess.TimeoutExpired:
+            out[key] = {"rc": 124, "stdout": "", "stderr": "nvidia-smi timed out"}
+    owners = {}
+    tokens = {t: set(_pids_with_token(t)) for t in req.get("tokens", [])}
+    for line in out["apps"]["stdout"].splitlines():
+        first = line.split(",")[0].strip()
+        if first.isdigit():
+            pid = int(first)
+            owners[pid] = {"user": _user_of(pid),
+                           "token": next((t for t, pids in tokens.items() if pid in pids), None)}
+    out["owners"] = owners
+    return out
+
+
+def pids(req):
+    return {"pids": _pids_with_token(req["token"])}
+
+
+VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus, "pids": pids}
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "wrap":
+        wrap(argv[1])
+        return 0
+    if len(argv) != 2 or argv[0] not in VERBS:
+        sys.stdout.write(json.dumps({"error": f"usage: hostside.py {'|'.join(VERBS)} JSON"}) + "\n")
+        return 2
+    result = VERBS[argv[0]](json.loads(argv[1]))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 2 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

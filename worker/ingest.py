@@ -1,0 +1,103 @@
+"""Storing what a host reported: metric lines and log text, each exactly once.
+
+A metric line's identity is (run, attempt, line number); offsets and counters advance in the
+same transaction as the inserts, so a crash between reading and storing re-reads the same
+bytes and the unique key turns the replay into a no-op.
+"""
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from server.eta import update_step_rate
+from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
+
+# progress fields, not series
+NOT_SERIES = frozenset({"step", "total_steps", "time"})
+
+
+def parse_metric_lines(text: str) -> list[dict[str, Any]]:
+    """One dict per complete line; a line that is not a JSON object becomes {} so numbering holds."""
+    out = []
+    for raw in text.splitlines():
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            obj = {}
+        out.append(obj if isinstance(obj, dict) else {})
+    return out
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        stmt = sqlite_insert(table).on_conflict_do_nothing()
+    elif dialect == "postgresql":
+        stmt = pg_insert(table).on_conflict_do_nothing()
+    else:
+        stmt = insert(table)
+    session.execute(stmt, rows)
+
+
+def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> int:
+    """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines stored."""
+    lines = parse_metric_lines(text)
+    if not lines:
+        return 0
+    now = utcnow()
+    rows: list[dict[str, Any]] = []
+    latest = dict(run.latest or {})
+    sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
+    last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
+    for i, obj in enumerate(lines, start=attempt.metrics_lines):
+        step = obj.get("step") if isinstance(obj.get("step"), int) else None
+        t = _as_number(obj.get("time"))
+        when = datetime.fromtimestamp(t, UTC) if t is not None else now
+        for name, value in obj.items():
+            v = _as_number(value)
+            if v is None or name in NOT_SERIES:
+                continue
+            rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,
+                         "step": step, "value": v, "time": when})
+            latest[name] = v
+        if isinstance(obj.get("total_steps"), int):
+            attempt.total_steps = obj["total_steps"]
+        if step is not None:
+            ts = when.timestamp()
+            if attempt.first_step_at is None:
+                attempt.first_step_at = when
+            sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
+            last_step, last_time = step, ts
+            latest["step"] = step
+    _insert_ignore(session, MetricPoint.__table__, rows)
+    attempt.metrics_lines += len(lines)
+    attempt.sec_per_step, attempt.last_step = sec_per_step, last_step
+    if last_time is not None:
+        attempt.last_metric_at = datetime.fromtimestamp(last_time, UTC)
+    if attempt.total_steps is not None:
+        latest["total_steps"] = attempt.total_steps
+    run.latest = latest
+    session.add(Event(run_id=run.id, kind="metrics",
+                      data={"attempt": attempt.number, "lines": len(lines), "step": last_step,
+                            "latest": {k: latest[k] for k in latest}}))
+    return len(lines)
+
+
+def store_log(session: Session, run_id: str, attempt: int, node: int, offset: int, end: int, text: str) -> None:
+    if end > offset:
+        _insert_ignore(session, LogChunk.__table__, [{"run_id": run_id, "attempt": attempt, "node": node,
+                                                      "offset": offset, "end": end, "text": text}])

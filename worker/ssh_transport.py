@@ -1,0 +1,294 @@
+"""The `ssh` transport: one persistent paramiko connection per host, shared by every operation.
+
+Each `exec` opens one channel on that connection, so concurrent callers (several worker threads)
+share it. The connection is made on first use and again after any failure. Host keys are
+verified, never learned: the key given at registration, else the user's known_hosts.
+
+Errors:
+- `TransportError`: the host did not answer (refused, timed out, connection dropped). The run is
+  kept and the call retried later: unreachable is not dead.
+- `HostKeyError`: the host presented a key nobody trusted. Nothing was run there.
+- `AuthError`: the host refused our key. Like `HostKeyError`, retrying will not help: the worker
+  fails the run with the message.
+"""
+
+import base64
+import binascii
+import getpass
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import paramiko
+
+from worker.transport import CommandResult, HostKeyError, Transport, TransportError
+
+# OpenSSH allows 10 sessions per connection by default (MaxSessions): queue beyond that
+MAX_CHANNELS = 8
+READ_SIZE = 1 << 16
+
+
+class AuthError(Exception):
+    """The host refused to let us log in with the configured user and key: a person must fix it."""
+
+
+def parse_public_key(line: str) -> paramiko.PKey:
+    """An OpenSSH public key line, "ssh-ed25519 AAAA... [comment]", as a paramiko key."""
+    parts = line.split()
+    if len(parts) < 2:
+        raise ValueError(f"not an OpenSSH public key line (expected 'TYPE BASE64 [comment]'): {line!r}")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
+    except (binascii.Error, paramiko.SSHException, ValueError) as exc:
+        raise ValueError(f"not a usable {parts[0]} public key: {exc}") from exc
+
+
+def describe_key(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class _RejectUnknownKey(paramiko.RejectPolicy):
+    def __init__(self, advice: Callable[[paramiko.PKey], str]):
+        self.advice = advice
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise HostKeyError(f"host {hostname} presented an unknown host key ({describe_key(key)}); "
+                           f"refusing to connect. {self.advice(key)}")
+
+
+class SSHTransport(Transport):
+    def __init__(self, address: str, port: int = 22, username: str | None = None,
+                 key_path: str | None = None, host_key: str | None = None,
+                 known_hosts: str | None = None, connect_timeout: float = 10,
+                 command_timeout: float = 120, keepalive: int = 15):
+        self.address = address
+        self.port = port
+        self.username = username or getpass.getuser()
+        self.key_path = os.path.expanduser(key_path) if key_path else None
+        self.host_key = parse_public_key(host_key) if host_key else None
+        self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.keepalive = keepalive
+        self.round_trips = 0
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
+        # (monotonic time it ended, error) of the last failed connect: shared by callers that waited on it
+        self._last_failure: tuple[float, Exception] | None = None
+
+    @property
+    def host_name(self) -> str:
+        """The name known_hosts files use for this host."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self.username}@{self.address}:{self.port})"
+
+    # connection
+
+    def _trust_advice(self, key: paramiko.PKey) -> str:
+        return (f"If you trust it (compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` "
+                f"run on the host), register the host with host_key=\"{key.get_name()} {key.get_base64()}\", "
+                f"or run: ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}")
+
+    def _new_client(self) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(_RejectUnknownKey(self._trust_advice))
+        if self.host_key is not None:
+            client.get_host_keys().add(self.host_name, self.host_key.get_name(), self.host_key)
+        elif os.path.exists(self.known_hosts):
+            try:
+                client.load_host_keys(self.known_hosts)
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostKeyError(f"cannot read known_hosts file {self.known_hosts}: {exc}") from exc
+        return client
+
+    def _load_key(self) -> paramiko.PKey | None:
+        if self.key_path is None:
+            return None
+        try:
+            return paramiko.PKey.from_path(self.key_path)
+        except paramiko.PasswordRequiredException as exc:
+            raise AuthError(f"the SSH key {self.key_path} is protected by a passphrase; give the host "
+                            "a key without one (longrun cannot prompt)") from exc
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise AuthError(f"cannot load the SSH key {self.key_path}: {exc}") from exc
+
+    def _open_socket(self, timeout: float) -> socket.socket:
+        sock = socket.create_connection((self.address, self.port), timeout=timeout)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # paramiko's keepalive only sends; the kernel is what notices a peer that stopped answering
+        if self.keepalive and hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, self.keepalive)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, self.keepalive)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.keepalive * 4 * 1000)
+        return sock
+
+    def _connect_once(self, deadline: float) -> paramiko.SSHClient:
+        pkey = self._load_key()
+        client = self._new_client()
+        sock = None
+        try:
+            sock = self._open_socket(max(0.1, deadline - time.monotonic()))
+            remaining = max(0.1, deadline - time.monotonic())
+            client.connect(self.address, self.port, username=self.username, pkey=pkey, sock=sock,
+                           timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
+                           channel_timeout=self.connect_timeout,
+                           allow_agent=pkey is None, look_for_keys=pkey is None)
+        except BaseException:
+            client.close()
+            if sock is not None:
+                sock.close()
+            raise
+        client.get_transport().set_keepalive(self.keepalive)
+        return client
+
+    def _connect(self) -> paramiko.SSHClient:
+        """Connect, retrying with exponential backoff until connect_timeout has passed."""
+        deadline = time.monotonic() + self.connect_timeout
+        delay = 0.1
+        while True:
+            try:
+                return self._connect_once(deadline)
+            except HostKeyError:
+                raise
+            except paramiko.BadHostKeyException as exc:
+                raise HostKeyError(
+                    f"host {self.host_name} presented the host key {describe_key(exc.key)}, but "
+                    f"{describe_key(exc.expected_key)} is the one trusted for it; refusing to connect "
+                    f"(the host was reinstalled, or someone is in between). {self._trust_advice(exc.key)} "
+                    f"after removing the old entry (ssh-keygen -R '{self.host_name}' -f {self.known_hosts})"
+                ) from exc
+            except paramiko.AuthenticationException as exc:
+                key = self.key_path or "the default keys in ~/.ssh and the SSH agent"
+                raise AuthError(f"{self.username}@{self.host_name} refused the SSH key ({key}): {exc}. "
+                                f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
+                                "or register the host with the right username and key_path") from exc
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise TransportError(f"cannot connect to {self.username}@{self.address}:{self.port}: "
+                                         f"{exc or type(exc).__name__}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _connection(self) -> paramiko.SSHClient:
+        asked = time.monotonic()
+        with self._lock:
+            client = self._client
+            if client is not None and client.get_transport() is not None and client.get_transport().is_active():
+                return client
+            self._client = None
+            if client is not None:
+                client.close()
+            if self._last_failure is not None and self._last_failure[0] >= asked:
+                # an attempt made while we waited for the lock just failed: do not queue another one
+                error = self._last_failure[1]
+                raise type(error)(str(error))
+            try:
+                self._client = self._connect()
+            except (TransportError, HostKeyError, AuthError) as exc:
+                self._last_failure = (time.monotonic(), exc)
+                raise
+            self._last_failure = None
+            return self._client
+
+    def _drop(self, client: paramiko.SSHClient) -> None:
+        with self._lock:
+            if self._client is client:
+                self._client = None
+        client.close()
+
+    def transport_object(self) -> paramiko.Transport | None:
+        """The live paramiko connection, if any (tests check that it is reused)."""
+        client = self._client
+        return client.get_transport() if client is not None else None
+
+    # commands
+
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        with self._count_lock:
+            self.round_trips += 1
+        timeout = self.command_timeout if timeout is None else timeout
+        with self._channels:
+            client = self._connection()
+            try:
+                channel = client.get_transport().open_session(timeout=self.connect_timeout)
+            except paramiko.ChannelException as exc:
+                # the connection answered but refused a channel: it is still good for others
+                raise TransportError(f"{self.host_name} refused a new SSH channel: {exc}") from exc
+            except (OSError, EOFError, paramiko.SSHException, AttributeError) as exc:
+                self._drop(client)
+                raise TransportError(f"connection to {self.host_name} lost: {exc or type(exc).__name__}") from exc
+            try:
+                return self._run(client, channel, command, stdin or b"", timeout)
+            finally:
+                channel.close()
+
+    def _run(self, client: paramiko.SSHClient, channel: paramiko.Channel, command: str, stdin: bytes,
+             timeout: float) -> CommandResult:
+        deadline = time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        try:
+            channel.exec_command(command)
+            pending = memoryview(stdin)
+            if not pending:
+                channel.shutdown_write()
+            with selectors.DefaultSelector() as selector:
+                selector.register(channel.fileno(), selectors.EVENT_READ)
+                # stdin is sent in step with reading, so a command that writes before it reads cannot stall us
+                while True:
+                    if pending and channel.send_ready():
+                        pending = pending[channel.send(pending[:READ_SIZE]):]
+                        if not pending:
+                            channel.shutdown_write()
+                    while channel.recv_ready():
+                        out += channel.recv(READ_SIZE)
+                    while channel.recv_stderr_ready():
+                        err += channel.recv_stderr(READ_SIZE)
+                    if channel.eof_received or channel.closed:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    if not client.get_transport().is_active():
+                        raise EOFError("connection closed")
+                    selector.select(min(left, 0.02 if pending else 1.0))
+            while not channel.status_event.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
+                if not client.get_transport().is_active():
+                    raise EOFError("connection closed")
+        except TimeoutError:
+            if not self._alive(client):
+                self._drop(client)
+            raise TransportError(f"command on {self.host_name} did not finish within {timeout:g}s") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            self._drop(client)
+            raise TransportError(f"connection to {self.host_name} lost during a command: "
+                                 f"{exc or type(exc).__name__}") from exc
+        if not channel.exit_status_ready():
+            if not client.get_transport().is_active():
+                self._drop(client)
+                raise TransportError(f"connection to {self.host_name} lost during a command")
+        # -1: the command ended without an exit status (killed by a signal on the host)
+        return CommandResult(channel.exit_status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def _alive(self, client: paramiko.SSHClient) -> bool:
+        """Whether the connection still answers: a command may time out on a healthy one."""
+        try:
+            client.get_transport().open_session(timeout=min(self.connect_timeout, 5.0)).close()
+            return True
+        except (OSError, EOFError, paramiko.SSHException, AttributeError):
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()

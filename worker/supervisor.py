@@ -1,0 +1,328 @@
+"""The supervisor loop: claims runs through short database leases and moves each one along.
+
+Every step reads the run, talks to its hosts (one agent call per node and action), then applies
+what it learned in one short write transaction that re-checks the run's state, so an API call
+that changed the run meanwhile always wins and nothing is applied twice.
+"""
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+
+from server.config import Settings
+from server.db import Database
+from server.models import Attempt, Host, Run, utcnow
+from server.runs import ENDED_ATTEMPT, get_run, open_attempt
+from server.states import ACTIVE, RunStatus, transition
+from worker.host_agent import AgentError, HostAgent
+from worker.ingest import store_log, store_metrics
+from worker.jobs import job_argv
+from worker.transport import HostKeyError, TransportError
+from worker.transports import TransportPool
+
+log = logging.getLogger("longrun.worker")
+
+
+@dataclass
+class NodeProbe:
+    index: int
+    request: dict[str, Any]
+    answer: dict[str, Any]
+
+
+class Supervisor:
+    def __init__(self, db: Database, settings: Settings, worker_id: str | None = None,
+                 transports: TransportPool | None = None, max_parallel: int = 16):
+        self.db = db
+        self.settings = settings
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.transports = transports or TransportPool(
+            connect_timeout=settings.ssh_connect_timeout, command_timeout=settings.ssh_command_timeout)
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
+        self._inflight: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._handlers = {
+            RunStatus.QUEUED: self._queue,
+            RunStatus.LAUNCHING: self._launch,
+            RunStatus.RUNNING: self._poll,
+            RunStatus.CANCELLING: self._cancel,
+            RunStatus.RESTARTING: self._restart,
+        }
+
+    # the loop
+
+    def serve(self) -> None:
+        log.info("worker %s started", self.worker_id)
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("worker tick failed")
+            self._stop.wait(self.settings.poll_interval)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.transports.close_all()
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve, name="longrun-worker", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def tick(self) -> None:
+        for run_id in self.claim():
+            with self._lock:
+                if run_id in self._inflight:
+                    continue
+                self._inflight.add(run_id)
+            self._pool.submit(self._drive, run_id)
+
+    def claim(self) -> list[str]:
+        """Take (or renew) the lease of every active run that no other live worker holds."""
+        now = utcnow()
+        with self.db.writing() as s:
+            free = or_(Run.lease_owner.is_(None), Run.lease_owner == self.worker_id, Run.lease_until < now)
+            ids = list(s.scalars(select(Run.id).where(Run.status.in_([str(x) for x in ACTIVE]), free)))
+            if ids:
+                s.execute(update(Run).where(Run.id.in_(ids)).values(
+                    lease_owner=self.worker_id, lease_until=now + timedelta(seconds=self.settings.lease_seconds)))
+        return ids
+
+    def _drive(self, run_id: str) -> None:
+        try:
+            self.step(run_id)
+        except Exception:
+            log.exception("run %s: step failed", run_id)
+        finally:
+            with self._lock:
+                self._inflight.discard(run_id)
+
+    def step(self, run_id: str) -> None:
+        """Move one run along by one step, whatever state it is in."""
+        with self.db.reading() as s:
+            run = get_run(s, run_id)
+            hosts = {h.name: h for h in s.scalars(select(Host).where(Host.name.in_(run.hosts)))}
+        handler = self._handlers.get(RunStatus(run.status))
+        if handler is None or run.lease_owner != self.worker_id:
+            return
+        try:
+            handler(run, hosts)
+        except TransportError as exc:
+            self._unreachable(run_id, str(exc))
+            return
+        except (HostKeyError, AgentError) as exc:
+            self._fail(run_id, str(exc))
+            return
+        if not run.host_reachable:
+            with self.db.writing() as s:
+                fresh = s.get(Run, run_id)
+                fresh.host_reachable, fresh.unreachable_since = True, None
+
+    # helpers
+
+    def agent(self, host: Host) -> HostAgent:
+        return HostAgent(self.transports.get(host), host.workspace, host.python,
+                         timeout=self.settings.ssh_command_timeout)
+
+    def _unreachable(self, run_id: str, error: str) -> None:
+        now = utcnow()
+        with self.db.writing() as s:
+            run = get_run(s, run_id)
+            if run.unreachable_since is None:
+                run.unreachable_since = now
+            run.host_reachable = False
+            waited = (now - run.unreachable_since).total_seconds()
+            if waited > self.settings.unreachable_deadline:
+                self._end_attempt(run.current, "failed", None,
+                                  f"host unreachable for {waited:.0f}s (deadline "
+                                  f"{self.settings.unreachable_deadline:.0f}s): {error}")
+                transition(s, run, RunStatus.FAILED, f"host unreachable for more than "
+                           f"{self.settings.unreachable_deadline:.0f}s: {error}")
+            else:
+                run.message = f"host not answering since {run.unreachable_since:%H:%M:%S} UTC: {error}"
+        log.warning("run %s: host unreachable: %s", run_id, error)
+
+    def _fail(self, run_id: str, message: str) -> None:
+        with self.db.writing() as s:
+            run = get_run(s, run_id)
+            if run.status in ACTIVE:
+                self._end_attempt(run.current, "failed", None, message)
+                transition(s, run, RunStatus.FAILED, message)
+        log.warning("run %s failed: %s", run_id, message)
+
+    @staticmethod
+    def _end_attempt(attempt: Attempt, status: str, exit_code: int | None, message: str | None) -> None:
+        if attempt.status in ENDED_ATTEMPT:
+            return
+        attempt.status, attempt.exit_code, attempt.message, attempt.ended_at = status, exit_code, message, utcnow()
+
+    def _probe(self, run: Run, attempt: Attempt, hosts: dict[str, Host]) -> list[NodeProbe]:
+        out = []
+        for i, node in enumerate(attempt.nodes):
+            req = {"metrics_offset": node.get("metrics_offset", 0), "log_offset": node.get("log_offset", 0)}
+            out.append(NodeProbe(i, req, self.agent(hosts[node["host"]]).probe(node["dir"], **req)))
+        return out
+
+    @staticmethod
+    def _apply_probes(s: Any, run: Run, attempt: Attempt, probes: list[NodeProbe]) -> None:
+        """Store what the probes read; skipped for a node whose offsets moved since (already stored)."""
+        nodes = [dict(n) for n in attempt.nodes]
+        for p in probes:
+            node, a = nodes[p.index], p.answer
+            if (node.get("metrics_offset", 0), node.get("log_offset", 0)) != (
+                    p.request["metrics_offset"], p.request["log_offset"]):
+                continue
+            if p.index == 0 and a["metrics"]:
+                store_metrics(s, run, attempt, a["metrics"])
+            store_log(s, run.id, attempt.number, p.index, node.get("log_offset", 0), a["log_offset"], a["log"])
+            node.update(metrics_offset=a["metrics_offset"], log_offset=a["log_offset"], state=a["state"],
+                        exit_code=a["exit_code"])
+        attempt.nodes = nodes
+
+    def _stop_attempt(self, run: Run, attempt: Attempt, hosts: dict[str, Host]) -> list[int]:
+        """Cancel every node of the attempt and drain what it wrote; returns pids still alive."""
+        remaining: list[int] = []
+        for node in attempt.nodes:
+            answer = self.agent(hosts[node["host"]]).cancel(node["dir"], self.settings.cancel_grace)
+            remaining += answer["remaining"]
+        return remaining
+
+    # one handler per state
+
+    def _queue(self, run: Run, hosts: dict[str, Host]) -> None:
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            if fresh.status == RunStatus.QUEUED:
+                transition(s, fresh, RunStatus.LAUNCHING, "launching")
+
+    def _launch(self, run: Run, hosts: dict[str, Host]) -> None:
+        attempt = run.current
+        if not attempt.nodes:
+            # record where the attempt lives before anything starts, so a crash cannot orphan it
+            attempt.nodes = [{"host": name, "dir": self.agent(hosts[name]).attempt_dir(run.id, attempt.number, i),
+                              "metrics_offset": 0, "log_offset": 0, "state": "pending"}
+                             for i, name in enumerate(run.hosts)]
+            with self.db.writing() as s:
+                fresh = get_run(s, run.id)
+                if fresh.status != RunStatus.LAUNCHING or fresh.attempt != attempt.number:
+                    return
+                fresh.current.nodes = attempt.nodes
+        master = hosts[run.hosts[0]].address
+        master = "127.0.0.1" if master == "local" else master
+        pids = []
+        for i, node in enumerate(attempt.nodes):
+            host = hosts[node["host"]]
+            argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master)
+            env = dict(attempt.spec.get("env", {}))
+            answer = self.agent(host).launch(node["dir"], attempt.token, argv, env, attempt.spec.get("cwd"))
+            pids.append(answer["pid"])
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            current = fresh.current
+            current.nodes = [{**n, "pid": pid, "state": "running"} for n, pid in zip(current.nodes, pids, strict=True)]
+            if fresh.status != RunStatus.LAUNCHING or fresh.attempt != attempt.number:
+                return  # cancelled or restarted meanwhile: that handler stops what we started
+            current.status, current.started_at = "running", current.started_at or utcnow()
+            transition(s, fresh, RunStatus.RUNNING, f"attempt {attempt.number} running",)
+
+    def _poll(self, run: Run, hosts: dict[str, Host]) -> None:
+        attempt = run.current
+        probes = self._probe(run, attempt, hosts)
+        states = [p.answer["state"] for p in probes]
+        failed = [p for p in probes if p.answer["state"] in ("lost", "missing") or
+                  (p.answer["state"] == "exited" and p.answer["exit_code"] != 0)]
+        if failed and "running" in states:
+            # one node's failure fails the attempt: stop the others, and look again next tick
+            for p in probes:
+                if p.answer["state"] == "running":
+                    node = attempt.nodes[p.index]
+                    self.agent(hosts[node["host"]]).cancel(node["dir"], self.settings.cancel_grace)
+        drained = not any(p.answer["more"] for p in probes)
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            current = next(a for a in fresh.attempts if a.number == attempt.number)
+            self._apply_probes(s, fresh, current, probes)
+            if fresh.status != RunStatus.RUNNING or fresh.attempt != attempt.number:
+                return
+            if "running" in states or not drained:
+                return
+            if not failed:
+                self._end_attempt(current, "succeeded", 0, None)
+                transition(s, fresh, RunStatus.SUCCEEDED, f"attempt {current.number} finished")
+                return
+            bad = failed[0]
+            host = attempt.nodes[bad.index]["host"]
+            if bad.answer["state"] == "exited":
+                code = bad.answer["exit_code"]
+                why = f"exited with code {code} on {host}; see its log"
+            else:
+                code = None
+                why = f"its processes on {host} vanished without an exit code (host restarted, or killed)"
+            self._end_attempt(current, "failed", code, f"attempt {current.number} {why}")
+            if fresh.retries_used < fresh.max_retries:
+                fresh.retries_used += 1
+                open_attempt(s, fresh, current.spec, current.number + 1)
+                transition(s, fresh, RunStatus.LAUNCHING,
+                           f"retry {fresh.retries_used} of {fresh.max_retries}: attempt {current.number} {why}")
+            else:
+                transition(s, fresh, RunStatus.FAILED, f"attempt {current.number} {why}", exit_code=code)
+
+    def _stop_and_drain(self, run: Run, attempts: list[Attempt], hosts: dict[str, Host],
+                        status: str, message: str) -> list[int]:
+        """Stop these attempts, store their last output, and mark them ended when nothing is left."""
+        remaining: list[int] = []
+        finished = []
+        for attempt in attempts:
+            left = self._stop_attempt(run, attempt, hosts) if attempt.nodes else []
+            probes = self._probe(run, attempt, hosts) if attempt.nodes else []
+            remaining += left
+            finished.append((attempt.number, probes, left))
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            for number, probes, left in finished:
+                current = next(a for a in fresh.attempts if a.number == number)
+                self._apply_probes(s, fresh, current, probes)
+                if not left:
+                    codes = [p.answer["exit_code"] for p in probes if p.answer["exit_code"] is not None]
+                    self._end_attempt(current, status, codes[0] if codes else None, message)
+        return remaining
+
+    def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:
+        active = [a for a in run.attempts if a.status not in ENDED_ATTEMPT]
+        remaining = self._stop_and_drain(run, active, hosts, "cancelled", "cancelled on request")
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            if fresh.status != RunStatus.CANCELLING:
+                return
+            if remaining:
+                fresh.message = f"cancelling: processes {remaining} still alive; trying again"
+                return
+            transition(s, fresh, RunStatus.CANCELLED, "cancelled; no process of the run remains")
+
+    def _restart(self, run: Run, hosts: dict[str, Host]) -> None:
+        old = [a for a in run.attempts if a.number < run.attempt and a.status not in ENDED_ATTEMPT]
+        remaining = self._stop_and_drain(run, old, hosts, "cancelled", f"superseded by attempt {run.attempt}")
+        if remaining:
+            with self.db.writing() as s:
+                get_run(s, run.id).message = f"restarting: processes {remaining} still alive; trying again"
+            return
+        if run.clean_pending:
+            target = run.spec.get("trainer", {}).get("output_dir") or run.spec.get("output_dir")
+            for name in run.hosts:
+                self.agent(hosts[name]).clean(target)
+        with self.db.writing() as s:
+            fresh = get_run(s, run.id)
+            if fresh.status != RunStatus.RESTARTING or fresh.attempt != run.attempt:
+                return
+            fresh.clean_pending = False
+            transition(s, fresh, RunStatus.LAUNCHING, f"previous attempts stopped; launching attempt {fresh.attempt}")

@@ -1,0 +1,48 @@
+"""How the worker reaches a host: one interface, a `local` and an `ssh` implementation.
+
+A transport runs one shell command on the host and returns its result. Commands are built
+with `shlex.join`/`shlex.quote` by the caller, so the same quoting is exercised locally and
+over SSH.
+"""
+
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class TransportError(Exception):
+    """The host could not be reached, or the command did not complete: the host may come back."""
+
+
+class HostKeyError(Exception):
+    """The host's key is unknown or changed: nothing is run there until a person trusts it."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Transport(ABC):
+    round_trips: int = 0
+
+    @abstractmethod
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        """Run `command` with /bin/sh on the host; raise TransportError if the host did not answer."""
+
+    def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
+        """Release the connection, if any."""
+
+
+class LocalTransport(Transport):
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        self.round_trips += 1
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"command timed out after {timeout}s") from exc
+        return CommandResult(proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                             proc.stderr.decode("utf-8", "replace"))

@@ -1,0 +1,69 @@
+"""Which transport reaches a host, and one cached transport (one connection) per host."""
+
+import threading
+from typing import Any, Protocol
+
+from worker.ssh_transport import SSHTransport
+from worker.transport import LocalTransport, Transport
+
+LOCAL_ADDRESS = "local"
+
+
+class HostSettings(Protocol):
+    """What a registered host says about reaching it (the server's Host row fits)."""
+
+    name: str
+    address: str
+    port: int | None
+    username: str | None
+    key_path: str | None
+    host_key: str | None
+
+
+def _settings(host: Any) -> tuple:
+    return tuple(getattr(host, field, None) for field in ("address", "port", "username", "key_path", "host_key"))
+
+
+def transport_for(host: Any, **options: Any) -> Transport:
+    """A new transport for `host`; `options` (timeouts, keepalive, known_hosts) go to SSHTransport."""
+    address, port, username, key_path, host_key = _settings(host)
+    if address == LOCAL_ADDRESS:
+        return LocalTransport()
+    return SSHTransport(address, port or 22, username=username, key_path=key_path, host_key=host_key,
+                        **options)
+
+
+class TransportPool:
+    """One transport per host name, made on first use and re-made when the host's settings change."""
+
+    def __init__(self, **options: Any):
+        self.options = options
+        self._lock = threading.Lock()
+        self._transports: dict[str, tuple[tuple, Transport]] = {}
+
+    def get(self, host: Any) -> Transport:
+        settings = _settings(host)
+        stale = None
+        with self._lock:
+            cached = self._transports.get(host.name)
+            if cached is not None and cached[0] == settings:
+                return cached[1]
+            transport = transport_for(host, **self.options)
+            self._transports[host.name] = (settings, transport)
+            if cached is not None:
+                stale = cached[1]
+        if stale is not None:
+            stale.close()
+        return transport
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            cached = self._transports.pop(name, None)
+        if cached is not None:
+            cached[1].close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            cached, self._transports = list(self._transports.values()), {}
+        for _, transport in cached:
+            transport.close()
