@@ -70,7 +70,8 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
 
 
 def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) -> Attempt:
-    attempt = Attempt(run_id=run.id, number=number, spec=spec, token=secrets.token_hex(16), nodes=[])
+    attempt = Attempt(run_id=run.id, number=number, spec=spec, token=secrets.token_hex(16), nodes=[],
+                      status="pending", created_at=utcnow(), metrics_lines=0)
     run.attempts.append(attempt)
     run.attempt = number
     run.spec = spec

@@ -94,7 +94,7 @@ def tokenize_text_stream(
     """Plain text file -> chunks of max_seq_len tokens (led by `bos` if given), memory bounded by one piece."""
     buffer: list[int] = []
     for piece in _text_pieces(path):
-        buffer.extend(tokenizer(piece, add_special_tokens=False).input_ids)
+        buffer.extend(tokenizer(piece, add_special_tokens=False, verbose=False).input_ids)
         chunks, buffer = _chunks(buffer, max_seq_len, bos, final=False)
         for chunk in chunks:
             yield chunk, [1] * len(chunk)
@@ -106,7 +106,7 @@ def tokenize_text_stream(
 def tokenize_text_record(
     tokenizer, text: str, max_seq_len: int, bos: int | None
 ) -> list[tuple[list[int], list[int]]]:
-    ids = tokenizer(text, add_special_tokens=False).input_ids
+    ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     chunks, _ = _chunks(ids, max_seq_len, bos, final=True)
@@ -151,7 +151,7 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
 def tokenize_chat(tokenizer, messages: list[dict], max_seq_len: int) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 on assistant-reply tokens) of one conversation, truncated."""
     text, spans = assistant_spans(tokenizer, messages)
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     char_mask = bytearray(len(text) + 1)
     for start, end in spans:
         char_mask[start:end] = b"\x01" * (end - start)

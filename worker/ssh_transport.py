@@ -1,8 +1,13 @@
 """The `ssh` transport: one persistent paramiko connection per host, shared by every operation.
 
 Each `exec` opens one channel on that connection, so concurrent callers (several worker threads)
-share it. The connection is made on first use and again after any failure. Host keys are
-verified, never learned: the key given at registration, else the user's known_hosts.
+share it. The connection is made on first use and again after any failure: a failed connect is
+retried with exponential backoff for at most `connect_timeout`, and callers that queued behind it
+get its error at once instead of each waiting their own turn. Host keys are verified, never
+learned: the key given at registration, else the user's known_hosts.
+
+Commands run under /bin/sh whatever the user's login shell, as with LocalTransport. A command
+killed by a signal on the host reports returncode -1 (SSH carries no number for it).
 
 Errors:
 - `TransportError`: the host did not answer (refused, timed out, connection dropped). The run is
@@ -17,6 +22,7 @@ import binascii
 import getpass
 import os
 import selectors
+import shlex
 import socket
 import threading
 import time
@@ -68,7 +74,10 @@ class SSHTransport(Transport):
         self.port = port
         self.username = username or getpass.getuser()
         self.key_path = os.path.expanduser(key_path) if key_path else None
-        self.host_key = parse_public_key(host_key) if host_key else None
+        try:
+            self.host_key = parse_public_key(host_key) if host_key else None
+        except ValueError as exc:
+            raise HostKeyError(f"the host_key registered for {address}:{port} is unusable: {exc}") from exc
         self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
@@ -91,10 +100,17 @@ class SSHTransport(Transport):
 
     # connection
 
-    def _trust_advice(self, key: paramiko.PKey) -> str:
-        return (f"If you trust it (compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` "
-                f"run on the host), register the host with host_key=\"{key.get_name()} {key.get_base64()}\", "
-                f"or run: ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}")
+    def _trust_advice(self, key: paramiko.PKey, changed: bool = False) -> str:
+        kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key.get_name(), "ecdsa")
+        check = ("If you trust it (compare with the fingerprint printed by "
+                 f"`ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` on the host), ")
+        line = f'host_key="{key.get_name()} {key.get_base64()}"'
+        if self.host_key is not None:
+            return f"{check}register the host again with {line}"
+        keyscan = f"ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}"
+        if changed:
+            keyscan = f"ssh-keygen -R '{self.host_name}' -f {self.known_hosts} && {keyscan}"
+        return f"{check}register the host with {line}, or run: {keyscan}"
 
     def _new_client(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -113,7 +129,8 @@ class SSHTransport(Transport):
             return None
         try:
             return paramiko.PKey.from_path(self.key_path)
-        except paramiko.PasswordRequiredException as exc:
+        # cryptography raises TypeError for an encrypted key opened without a passphrase
+        except (paramiko.PasswordRequiredException, TypeError) as exc:
             raise AuthError(f"the SSH key {self.key_path} is protected by a passphrase; give the host "
                             "a key without one (longrun cannot prompt)") from exc
         except (OSError, paramiko.SSHException, ValueError) as exc:
@@ -121,6 +138,8 @@ class SSHTransport(Transport):
 
     def _open_socket(self, timeout: float) -> socket.socket:
         sock = socket.create_connection((self.address, self.port), timeout=timeout)
+        # commands are a few small packets each: Nagle plus delayed ACKs would add ~40 ms to each
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         # paramiko's keepalive only sends; the kernel is what notices a peer that stopped answering
         if self.keepalive and hasattr(socket, "TCP_USER_TIMEOUT"):
@@ -162,12 +181,13 @@ class SSHTransport(Transport):
                 raise HostKeyError(
                     f"host {self.host_name} presented the host key {describe_key(exc.key)}, but "
                     f"{describe_key(exc.expected_key)} is the one trusted for it; refusing to connect "
-                    f"(the host was reinstalled, or someone is in between). {self._trust_advice(exc.key)} "
-                    f"after removing the old entry (ssh-keygen -R '{self.host_name}' -f {self.known_hosts})"
+                    f"(the host was reinstalled, or someone is in between). "
+                    f"{self._trust_advice(exc.key, changed=True)}"
                 ) from exc
             except paramiko.AuthenticationException as exc:
                 key = self.key_path or "the default keys in ~/.ssh and the SSH agent"
-                raise AuthError(f"{self.username}@{self.host_name} refused the SSH key ({key}): {exc}. "
+                raise AuthError(f"{self.username}@{self.host_name} refused the SSH key ({key}): "
+                                f"{str(exc).rstrip('.')}. "
                                 f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
                                 "or register the host with the right username and key_path") from exc
             except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -233,9 +253,11 @@ class SSHTransport(Transport):
     def _run(self, client: paramiko.SSHClient, channel: paramiko.Channel, command: str, stdin: bytes,
              timeout: float) -> CommandResult:
         deadline = time.monotonic() + timeout
+        connection = channel.get_transport()
         out, err = bytearray(), bytearray()
         try:
-            channel.exec_command(command)
+            # the login shell may be fish or csh: hand the command to /bin/sh, as LocalTransport does
+            channel.exec_command(f"exec /bin/sh -c {shlex.quote(command)}")
             pending = memoryview(stdin)
             if not pending:
                 channel.shutdown_write()
@@ -252,17 +274,22 @@ class SSHTransport(Transport):
                     while channel.recv_stderr_ready():
                         err += channel.recv_stderr(READ_SIZE)
                     if channel.eof_received or channel.closed:
+                        # what arrived between the reads above and the end of the stream
+                        while channel.recv_ready():
+                            out += channel.recv(READ_SIZE)
+                        while channel.recv_stderr_ready():
+                            err += channel.recv_stderr(READ_SIZE)
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError
-                    if not client.get_transport().is_active():
+                    if not connection.is_active():
                         raise EOFError("connection closed")
                     selector.select(min(left, 0.02 if pending else 1.0))
             while not channel.status_event.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
                     raise TimeoutError
-                if not client.get_transport().is_active():
+                if not connection.is_active():
                     raise EOFError("connection closed")
         except TimeoutError:
             if not self._alive(client):
@@ -273,7 +300,7 @@ class SSHTransport(Transport):
             raise TransportError(f"connection to {self.host_name} lost during a command: "
                                  f"{exc or type(exc).__name__}") from exc
         if not channel.exit_status_ready():
-            if not client.get_transport().is_active():
+            if not connection.is_active():
                 self._drop(client)
                 raise TransportError(f"connection to {self.host_name} lost during a command")
         # -1: the command ended without an exit status (killed by a signal on the host)

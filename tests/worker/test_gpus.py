@@ -1,5 +1,7 @@
 import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -305,3 +307,8 @@ def test_pick_free_gpus_prefers_lowest_indices_and_rejects_zero():
 
 def test_holders_message_of_nobody_is_empty():
     assert holders_message([]) == ""
+
+
+def test_gpu_parsing_needs_no_torch():
+    code = "import sys, worker.gpus; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0

@@ -1,0 +1,40 @@
+# longrun: `make test` and `make demo` work from a fresh clone (they set up .venv first).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: setup test lint demo system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned, when none is present: a loose range would pull a multi-GB CUDA build
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# the SSH and network tests need OpenSSH's server and iproute2
+system-deps:
+	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null; \
+	else \
+		echo "The SSH tests need OpenSSH's server and iproute2: run 'sudo apt-get install openssh-server iproute2', then 'make test' again." >&2; exit 1; \
+	fi
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup system-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+clean:
+	rm -rf .demo .pytest_cache

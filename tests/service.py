@@ -1,0 +1,132 @@
+"""A real `longrun serve` process for tests: its own LONGRUN_HOME (SQLite file, local workspace) and port."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = str(ROOT / "examples" / "toy_train.py")
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    def __init__(self, home: Path, token: str | None = None, **settings: Any):
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "LONGRUN_HOME": str(home), "LONGRUN_PORT": str(self.port),
+                    "LONGRUN_POLL_INTERVAL": "0.2", "LONGRUN_CANCEL_GRACE": "5", "LONGRUN_LEASE_SECONDS": "3"}
+        self.env.pop("LONGRUN_DATABASE_URL", None)
+        self.env.pop("LONGRUN_API_TOKEN", None)
+        if token:
+            self.env["LONGRUN_API_TOKEN"] = token
+        self.env.update({f"LONGRUN_{k.upper()}": str(v) for k, v in settings.items()})
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def workspace(self) -> Path:
+        return self.home / "workspace"
+
+    def start(self) -> "Service":
+        log = open(self.home / "server.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=self.env, cwd=ROOT,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.home / 'server.log').read_text()[-3000:]}")
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs, as in a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def submit(self, spec: dict[str, Any], expect: int = 201, **kwargs: Any) -> dict[str, Any]:
+        r = self.client.post("/v1/runs", json=spec, **kwargs)
+        assert r.status_code == expect, r.text
+        return r.json()
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/v1/runs/{run_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait(self, run_id: str, until: Callable[[dict[str, Any]], bool], timeout: float = 120,
+             what: str = "condition") -> dict[str, Any]:
+        deadline = time.time() + timeout
+        run = self.run(run_id)
+        while time.time() < deadline:
+            run = self.run(run_id)
+            if until(run):
+                return run
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; run is {run['status']}: {run.get('message')}\n"
+                             f"server log tail:\n{(self.home / 'server.log').read_text()[-3000:]}")
+
+    def wait_status(self, run_id: str, *statuses: str, timeout: float = 120) -> dict[str, Any]:
+        return self.wait(run_id, lambda r: r["status"] in statuses, timeout, f"status in {statuses}")
+
+    def series(self, run_id: str, name: str, **params: Any) -> list[dict[str, Any]]:
+        r = self.client.get(f"/v1/runs/{run_id}/metrics", params={"names": name, **params})
+        assert r.status_code == 200, r.text
+        return r.json()["series"].get(name, [])
+
+    def logs(self, run_id: str, **params: Any) -> list[str]:
+        r = self.client.get(f"/v1/runs/{run_id}/logs", params=params)
+        assert r.status_code == 200, r.text
+        return r.json()["lines"]
+
+
+def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any) -> dict[str, Any]:
+    args = ["--steps", str(steps), "--sleep", str(sleep)] + extra.pop("args", [])
+    return {"name": "toy", "host": "local", "nproc_per_node": nproc, "entrypoint": TOY, "args": args, **extra}
+
+
+def processes_with_env(needle: str) -> list[int]:
+    """Pids of live processes whose environment contains `needle` (e.g. LONGRUN_ATTEMPT_DIR=...)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle.encode() in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def attempt_processes(run: dict[str, Any], number: int) -> list[int]:
+    attempt = next(a for a in run["attempts"] if a["number"] == number)
+    return [p for node in attempt["nodes"] for p in processes_with_env(f"LONGRUN_ATTEMPT_DIR={node['dir']}")]

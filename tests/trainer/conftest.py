@@ -1,0 +1,62 @@
+"""Session fixtures for trainer tests: a tiny verifier, a tiny corpus and its prepared features."""
+
+from pathlib import Path
+
+import pytest
+
+from trainer.prepare import prepare
+from trainer.verifier import VerifierPreset, build_verifier, stdlib_root
+
+# Small stdlib modules present in every CPython 3.11+; a few kilobytes to a few tens each.
+TOKENIZER_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py")
+CORPUS_SOURCES = ("glob.py", "colorsys.py", "keyword.py", "copy.py")
+
+TINY_VERIFIER_PRESET = VerifierPreset(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=8,
+    num_heads=4,
+    num_kv_heads=2,
+    seq_len=64,
+    batch_size=8,
+    steps=30,
+    lr=3e-3,
+    recursive=False,
+)
+PREPARED_MAX_SEQ_LEN = 64
+PREPARED_DRAFT_VOCAB = 128
+PREPARED_MAX_SAMPLES = 24
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF directory of a LlamaForCausalLM (hidden 64, 8 layers, 4 heads / 2 kv heads), briefly trained."""
+    directory = tmp_path_factory.mktemp("tiny_verifier")
+    build_verifier(directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES])
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain text file of stdlib sources (not those the tiny verifier was trained on)."""
+    path = tmp_path_factory.mktemp("tiny_corpus") / "corpus.txt"
+    path.write_text("\n\n".join((stdlib_root() / name).read_text(encoding="utf-8") for name in CORPUS_SOURCES))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Output dir of `prepare` on the tiny verifier and corpus: hidden_states/, vocab_mapping/, prepare.json."""
+    directory = tmp_path_factory.mktemp("prepared")
+    prepare(
+        tiny_verifier,
+        tiny_corpus,
+        directory,
+        max_seq_len=PREPARED_MAX_SEQ_LEN,
+        draft_vocab_size=PREPARED_DRAFT_VOCAB,
+        max_samples=PREPARED_MAX_SAMPLES,
+        batch_size=8,
+        device="cpu",
+    )
+    return directory

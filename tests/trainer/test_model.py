@@ -1,0 +1,210 @@
+"""The draft model: the TTT attention against a dense-mask reference, the whole TTT chain against a
+step-by-step implementation of TRAINER.md, and the engine format on disk."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trainer.attention as attention
+from trainer.attention import ttt_attention
+from trainer.model import DraftConfig, EagleDraft, engine_state_dict, load_draft, save_draft
+from trainer.ttt import TTTObjective, VerifierTargets
+
+
+def dense_ttt_attention(q, keys, values, diag_keys, diag_values, scale):
+    """Reference: every step's keys side by side and the full [S, S * (n + 1)] mask."""
+    b, s, heads, d = q.shape
+    groups = heads // keys.shape[2]
+    n = len(diag_keys)
+    all_keys = torch.cat([keys, *diag_keys], dim=1).repeat_interleave(groups, dim=2)
+    all_values = torch.cat([values, *diag_values], dim=1).repeat_interleave(groups, dim=2)
+    mask = torch.zeros(s, s * (n + 1), dtype=torch.bool)
+    mask[:, :s] = torch.ones(s, s, dtype=torch.bool).tril()
+    for j in range(1, n + 1):
+        mask[:, s * j : s * (j + 1)] = torch.eye(s, dtype=torch.bool)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, all_keys) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), all_values)
+
+
+def random_attention_inputs(n_diag, heads, kv_heads, s=13, d=8, b=2, dtype=torch.float32):
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=dtype, requires_grad=True)
+
+    q = leaf(b, s, heads, d)
+    keys, values = leaf(b, s, kv_heads, d), leaf(b, s, kv_heads, d)
+    diag_keys = [leaf(b, s, kv_heads, d) for _ in range(n_diag)]
+    diag_values = [leaf(b, s, kv_heads, d) for _ in range(n_diag)]
+    return q, keys, values, diag_keys, diag_values
+
+
+@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+@pytest.mark.parametrize("n_diag", [0, 1, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
+def test_ttt_attention_matches_dense_mask_forward_and_gradients(monkeypatch, backend, n_diag, heads, kv_heads):
+    monkeypatch.setattr(attention, "_causal_backend", lambda q: backend)
+    torch.manual_seed(n_diag * 10 + heads + kv_heads)
+    q, keys, values, diag_keys, diag_values = random_attention_inputs(n_diag, heads, kv_heads)
+    inputs = [q, keys, values, *diag_keys, *diag_values]
+    grad_out = torch.randn_like(q)
+
+    fast = ttt_attention(q, keys, values, diag_keys, diag_values, 0.35)
+    fast_grads = torch.autograd.grad(fast, inputs, grad_out)
+    dense = dense_ttt_attention(q, keys, values, diag_keys, diag_values, 0.35)
+    dense_grads = torch.autograd.grad(dense, inputs, grad_out)
+
+    torch.testing.assert_close(fast, dense, atol=2e-5, rtol=1e-4)
+    for got, want in zip(fast_grads, dense_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_ttt_attention_is_stable_when_diagonal_scores_dominate():
+    torch.manual_seed(0)
+    q, keys, values, diag_keys, diag_values = random_attention_inputs(2, 2, 2)
+    with torch.no_grad():
+        diag_keys[0].copy_(q * 40)  # scores in the thousands: a naive exp would overflow
+    out = ttt_attention(q, keys, values, diag_keys, diag_values, 1.0)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    torch.testing.assert_close(out, diag_values[0].detach(), atol=1e-5, rtol=0)
+
+
+def test_last_position_query_sees_every_key():
+    torch.manual_seed(1)
+    q, keys, values, diag_keys, diag_values = random_attention_inputs(2, 4, 2)
+    full = ttt_attention(q, keys, values, diag_keys, diag_values, 0.5)
+    last = ttt_attention(q[:, -1:], keys, values, [k[:, -1:] for k in diag_keys], [v[:, -1:] for v in diag_values], 0.5)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-5)
+
+
+def tiny_config(**overrides) -> DraftConfig:
+    fields = dict(
+        hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=64, draft_vocab_size=24, target_hidden_size=32,
+        aux_hidden_state_layer_ids=[2, 4, 5], ttt_steps=3,
+    )
+    fields.update(overrides)
+    return DraftConfig(**fields)
+
+
+def tiny_draft(config: DraftConfig, seed: int = 0) -> EagleDraft:
+    torch.manual_seed(seed)
+    draft = EagleDraft(config, torch.randn(config.vocab_size, config.hidden_size))
+    draft_ids = torch.randperm(config.vocab_size)[: config.draft_vocab_size].sort().values
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    draft.set_vocab_mapping(draft_ids - torch.arange(config.draft_vocab_size), t2d)
+    with torch.no_grad():  # non-trivial norms so that a mixed-up norm shows
+        for module in draft.modules():
+            if hasattr(module, "eps"):
+                module.weight.uniform_(0.5, 1.5)
+    return draft
+
+
+def random_targets(b, s, k, seed=0) -> VerifierTargets:
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.randn(b, s, k, generator=g).mul(2).softmax(-1)
+    top = probs.argmax(-1)
+    valid = torch.rand(b, s, generator=g) < 0.8
+    valid[:, -1] = False
+    return VerifierTargets(probs, top, valid)
+
+
+def rope_reference(x, positions, theta):
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def naive_ttt_loss(draft: EagleDraft, hidden_states, input_ids, targets, steps, decay):
+    """TRAINER.md read literally: each step rebuilds its full 2H input from the shifted tokens, keeps every
+    step's keys, and attends through a dense mask; targets are picked position by position."""
+    cfg, layer = draft.config, draft.midlayer
+    attn = layer.self_attn
+    b, s = input_ids.shape
+    q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    weight = torch.cat([attn.qkv_token.weight, attn.qkv_hidden.weight], dim=1)  # q/k/v over [emb, hidden]
+    hidden = draft.fc(hidden_states)
+    keys, values, losses = [], [], []
+    total = 0.0
+    for k in range(steps):
+        tokens = torch.zeros_like(input_ids)
+        tokens[:, : s - 1 - k] = input_ids[:, 1 + k :]
+        x = torch.cat([layer.input_layernorm(draft.embed_weight[tokens]), layer.hidden_norm(hidden)], dim=-1)
+        q, key, value = (x @ weight.T).split([q_size, kv_size, kv_size], dim=-1)
+        positions = torch.arange(s) + k
+        q = rope_reference(q.view(b, s, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
+        keys.append(rope_reference(key.view(b, s, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta))
+        values.append(value.view(b, s, cfg.num_key_value_heads, cfg.head_dim))
+        out = dense_ttt_attention(q, keys[0], values[0], keys[1:], values[1:], cfg.head_dim**-0.5)
+        hidden = hidden + attn.o_proj(out.reshape(b, s, -1))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        logits = draft.logits(hidden)
+        terms = []
+        for row in range(b):
+            for t in range(s):
+                j = t + 1 + k
+                if j < s and targets.valid[row, j]:
+                    terms.append(-(targets.probs[row, j] * F.log_softmax(logits[row, t], -1)).sum())
+        losses.append(torch.stack(terms).mean())
+        total = total + decay**k * losses[-1]
+    return total, losses
+
+
+def test_ttt_chain_matches_step_by_step_reference_loss_and_gradients():
+    cfg = tiny_config()
+    draft = tiny_draft(cfg)
+    b, s, steps = 2, 11, 4
+    torch.manual_seed(3)
+    hidden_states = torch.randn(b, s, 3 * cfg.hidden_size)
+    input_ids = torch.randint(0, cfg.vocab_size, (b, s))
+    targets = random_targets(b, s, cfg.draft_vocab_size)
+    params = [p for p in draft.parameters() if p.requires_grad]
+
+    loss, stats = TTTObjective(draft, steps, 0.8)(hidden_states, input_ids, targets)
+    grads = torch.autograd.grad(loss, params)
+    ref_loss, ref_losses = naive_ttt_loss(draft, hidden_states, input_ids, targets, steps, 0.8)
+    ref_grads = torch.autograd.grad(ref_loss, params)
+
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats[:, 0], torch.stack(ref_losses).detach(), atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_engine_format_round_trip(tmp_path):
+    cfg = tiny_config()
+    draft = tiny_draft(cfg)
+    save_draft(draft, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 24 and config["vocab_size"] == 64
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)  # q over [embedding, hidden]
+    assert tensors["midlayer.self_attn.k_proj.weight"].shape == (16, 64)
+    assert {"d2t", "t2d", "fc.weight", "lm_head.weight", "norm.weight"} <= tensors.keys()
+    assert not any("embed" in name for name in tensors)
+
+    loaded = load_draft(tmp_path, draft.embed_weight)
+    for name, tensor in engine_state_dict(draft).items():
+        torch.testing.assert_close(engine_state_dict(loaded)[name], tensor, atol=0, rtol=0)
+
+
+def test_llama3_rope_scaling_changes_only_low_frequencies():
+    plain = EagleDraft(tiny_config(head_dim=64, hidden_size=64, num_attention_heads=1, num_key_value_heads=1))
+    scaled = EagleDraft(tiny_config(
+        head_dim=64, hidden_size=64, num_attention_heads=1, num_key_value_heads=1,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    ))
+    assert torch.equal(plain.inv_freq[:4], scaled.inv_freq[:4])
+    torch.testing.assert_close(scaled.inv_freq[-1], plain.inv_freq[-1] / 8)

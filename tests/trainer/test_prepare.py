@@ -1,0 +1,168 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.trainer.conftest import PREPARED_DRAFT_VOCAB, PREPARED_MAX_SAMPLES, PREPARED_MAX_SEQ_LEN
+from trainer.prepare import (
+    capture_hidden_states,
+    default_layer_ids,
+    iter_samples,
+    prepare,
+    tokenize_chat,
+)
+from trainer.vocab import draft_to_target_ids, load_vocab_mapping
+
+CONVERSATION = [
+    {"role": "system", "content": "You write Python."},
+    {"role": "user", "content": "Sort a list."},
+    {"role": "assistant", "content": "sorted(items)"},
+    {"role": "user", "content": "In place?"},
+    {"role": "assistant", "content": "items.sort()"},
+]
+LLAMA3_STYLE_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>[{{ message['role'] }}]: {{ message['content'] }}<|endoftext|>"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>[assistant]: {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def verifier(tiny_verifier: Path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_verifier, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_verifier)
+
+
+def _samples(prepared: Path) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(path)) for path in sorted((prepared / "hidden_states").glob("sample_*.safetensors"))]
+
+
+def test_files_shapes_and_metadata(prepared_data: Path, tiny_verifier: Path) -> None:
+    metadata = json.loads((prepared_data / "prepare.json").read_text())
+    hidden = metadata["hidden_size"]
+    assert hidden == 64 and metadata["num_samples"] == PREPARED_MAX_SAMPLES
+    assert metadata["verifier_path"] == str(tiny_verifier.resolve())
+    samples = _samples(prepared_data)
+    assert len(samples) == PREPARED_MAX_SAMPLES
+    for sample in samples:
+        length = sample["input_ids"].shape[0]
+        assert 0 < length <= PREPARED_MAX_SEQ_LEN
+        assert sample["input_ids"].dtype == torch.int64
+        assert sample["loss_mask"].dtype == torch.uint8 and sample["loss_mask"].shape == (length,)
+        assert sample["hidden_states"].dtype == torch.bfloat16 and sample["hidden_states"].shape == (length, 3 * hidden)
+        assert sample["last_hidden_state"].dtype == torch.bfloat16 and sample["last_hidden_state"].shape == (length, hidden)
+    assert sum(s["input_ids"].numel() for s in samples) == metadata["num_tokens"]
+    d2t, t2d = load_vocab_mapping(prepared_data / "vocab_mapping")
+    assert d2t.shape == (PREPARED_DRAFT_VOCAB,) and t2d.shape == (metadata["vocab_size"],)
+    assert metadata["draft_vocab_size"] == PREPARED_DRAFT_VOCAB
+    # The most frequent token of the data is in the draft vocabulary.
+    all_ids = torch.cat([s["input_ids"] for s in samples])
+    assert bool(t2d[all_ids.bincount().argmax()])
+
+
+def test_default_layer_ids_are_inputs_of_layers_2_mid_and_n_minus_3(prepared_data: Path, verifier) -> None:
+    model, _ = verifier
+    assert default_layer_ids(8) == [2, 4, 5] and default_layer_ids(32) == [2, 16, 29]
+    assert json.loads((prepared_data / "prepare.json").read_text())["layer_ids"] == [2, 4, 5]
+    sample = _samples(prepared_data)[0]
+    with torch.no_grad():
+        # HF hidden_states[i] is the input of layer i (hidden_states[0] = embeddings).
+        reference = model(sample["input_ids"][None], output_hidden_states=True).hidden_states
+    expected = torch.cat([reference[2], reference[4], reference[5]], dim=-1)[0]
+    torch.testing.assert_close(sample["hidden_states"].float(), expected, atol=0.05, rtol=0.02)
+
+
+def test_last_hidden_state_is_before_final_norm_and_gives_the_logits(verifier, prepared_data: Path) -> None:
+    model, _ = verifier
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    _, last = capture_hidden_states(model, input_ids, torch.ones_like(input_ids), [2, 4, 5])
+    with torch.no_grad():
+        output = model(input_ids, output_hidden_states=True)
+        logits = model.lm_head(model.model.norm(last))
+    torch.testing.assert_close(logits, output.logits, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(last, model.model.norm(last), atol=1e-2)
+
+    sample = _samples(prepared_data)[0]
+    with torch.no_grad():
+        stored = model.lm_head(model.model.norm(sample["last_hidden_state"].float()))
+        reference = model(sample["input_ids"][None]).logits[0]
+    torch.testing.assert_close(stored, reference, atol=0.1, rtol=0.05)
+    assert (stored.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+def _assistant_text(tokenizer, ids: list[int], mask: list[int]) -> str:
+    return tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+
+
+def test_chat_loss_mask_covers_only_assistant_turns(verifier) -> None:
+    _, tokenizer = verifier
+    assert tokenizer.chat_template
+    ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=512)
+    assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
+    assert _assistant_text(tokenizer, ids, mask) == "sorted(items)<|im_end|>\nitems.sort()<|im_end|>\n"
+    assert tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if not m]).count("Sort a list.") == 1
+
+
+def test_chat_loss_mask_with_fallback_and_other_templates(verifier) -> None:
+    _, tokenizer = verifier
+    original = tokenizer.chat_template
+    try:
+        tokenizer.chat_template = None
+        ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=512)
+        assert _assistant_text(tokenizer, ids, mask) == "sorted(items)<|im_end|>\nitems.sort()<|im_end|>\n"
+        tokenizer.chat_template = LLAMA3_STYLE_TEMPLATE
+        ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=512)
+        assert _assistant_text(tokenizer, ids, mask) == "sorted(items)<|endoftext|>items.sort()<|endoftext|>"
+    finally:
+        tokenizer.chat_template = original
+    ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=10)
+    assert len(ids) == len(mask) == 10
+
+
+def test_jsonl_corpus_chat_sharegpt_and_text(verifier, tmp_path: Path) -> None:
+    _, tokenizer = verifier
+    corpus = tmp_path / "mixed.jsonl"
+    sharegpt = [{"from": "human", "value": "Sort a list."}, {"from": "gpt", "value": "sorted(items)"}]
+    records = [
+        {"messages": CONVERSATION},
+        {"conversations": sharegpt},
+        {"messages": [{"role": "user", "content": "no reply, so no target"}]},
+        {"text": "def f(x):\n    return x + 1\n" * 20},
+    ]
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in records))
+    samples = list(iter_samples(tokenizer, corpus, max_seq_len=64))
+    assert _assistant_text(tokenizer, *samples[1]) == "sorted(items)<|im_end|>\n"
+    text_chunks = samples[2:]
+    assert len(text_chunks) >= 2 and all(len(ids) <= 64 and all(mask) for ids, mask in text_chunks)
+    assert text_chunks[-1][0][-1] == tokenizer.eos_token_id
+
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(iter_samples(tokenizer, tmp_path / "bad.jsonl", max_seq_len=64))
+
+
+def test_plain_text_is_chunked_without_losing_tokens(verifier, tiny_corpus: Path) -> None:
+    _, tokenizer = verifier
+    samples = list(iter_samples(tokenizer, tiny_corpus, max_seq_len=64))
+    assert all(len(ids) == 64 for ids, _ in samples[:-1]) and len(samples[-1][0]) <= 64
+    whole = tokenizer(tiny_corpus.read_text(), add_special_tokens=False).input_ids
+    joined = [token for ids, _ in samples for token in ids]
+    assert joined == whole[: len(joined)] and len(whole) - len(joined) < 8
+
+
+def test_chat_corpus_vocab_mapping_counts_only_masked_tokens(tiny_verifier: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "chat.jsonl"
+    corpus.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    metadata = prepare(tiny_verifier, corpus, tmp_path / "out", max_seq_len=128, draft_vocab_size=4, device="cpu")
+    sample = load_file(str(tmp_path / "out" / "hidden_states" / "sample_000000.safetensors"))
+    masked = set(sample["input_ids"][sample["loss_mask"].bool()].tolist())
+    d2t, _ = load_vocab_mapping(tmp_path / "out" / "vocab_mapping")
+    assert len(masked) >= 4 and set(draft_to_target_ids(d2t).tolist()) <= masked
+    assert metadata["num_samples"] == 1 and metadata["num_loss_tokens"] == int(sample["loss_mask"].sum())
+
+
+def test_bad_layer_ids_are_refused(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="layer-ids"):
+        prepare(tiny_verifier, tiny_corpus, tmp_path, layer_ids=[2, 4, 8], device="cpu")

@@ -1,0 +1,119 @@
+"""The TTT objective: per-step target shifts, verifier targets, the soft cross-entropy, the metrics."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.ttt import (
+    STAT_FIELDS,
+    TTTObjective,
+    VerifierTargets,
+    soft_cross_entropy,
+    summarize_stats,
+    verifier_targets,
+)
+from trainer.verifier_head import VerifierHead
+
+
+class PositionEcho(nn.Module):
+    """A stand-in draft whose step-k output at position t is its RoPE position (t + k) and whose
+    logits are a sharp one-hot on draft id (position + 1) mod K: it predicts the verifier's target for
+    position t+1+k exactly when the objective shifts targets (and RoPE positions) by k at step k."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+        self.bias = nn.Parameter(torch.zeros(()))
+
+    def fuse(self, hidden_states):
+        return hidden_states[..., :1] * 0 + self.bias
+
+    def token_qkv(self, token_ids):
+        return torch.zeros(*token_ids.shape, 1)
+
+    def rope(self, positions):
+        return positions.float(), positions.float()
+
+    def step(self, cache, hidden, token_qkv, cos, sin):
+        return hidden * 0 + cos[None, :, None]
+
+    def logits(self, hidden):
+        ids = (hidden.squeeze(-1).round().long() + 1) % self.vocab
+        return F.one_hot(ids, self.vocab).float() * 50 + self.bias
+
+
+def one_hot_targets(b, s, vocab) -> VerifierTargets:
+    ids = (torch.arange(s) % vocab).expand(b, s)
+    return VerifierTargets(F.one_hot(ids, vocab).float(), ids.clone(), torch.ones(b, s, dtype=torch.bool))
+
+
+def test_step_k_is_trained_on_targets_shifted_by_k():
+    vocab, b, s, steps = 7, 2, 12, 4
+    objective = TTTObjective(PositionEcho(vocab), steps, 0.8)
+    targets = one_hot_targets(b, s, vocab)
+    loss, stats = objective(torch.zeros(b, s, 3), torch.zeros(b, s, dtype=torch.long), targets)
+    assert loss.item() < 1e-6
+    positions, correct = stats[:, STAT_FIELDS.index("positions")], stats[:, STAT_FIELDS.index("correct")]
+    # step k has targets for positions t with t + 1 + k < s, and the last target has no next token
+    assert positions.tolist() == [b * (s - 1 - k) for k in range(steps)]
+    assert torch.equal(correct, positions)
+
+
+def test_unshifted_targets_would_fail_the_echo_check():
+    """Guard for the test above: with targets off by one step the echo draft is wrong everywhere."""
+    vocab, b, s = 7, 1, 12
+    targets = one_hot_targets(b, s, vocab)
+    shifted = VerifierTargets(targets.probs.roll(1, dims=1), targets.top.roll(1, dims=1), targets.valid)
+    loss, stats = TTTObjective(PositionEcho(vocab), 3, 0.8)(torch.zeros(b, s, 3), torch.zeros(b, s, dtype=torch.long), shifted)
+    assert loss.item() > 10
+    assert stats[:, STAT_FIELDS.index("correct")].sum() == 0
+
+
+def test_masked_positions_and_out_of_vocab_tops_are_not_trained():
+    vocab, b, s = 5, 1, 8
+    targets = one_hot_targets(b, s, vocab)
+    targets.valid[0, 3] = False
+    loss, stats = TTTObjective(PositionEcho(vocab), 2, 0.8)(torch.zeros(b, s, 3), torch.zeros(b, s, dtype=torch.long), targets)
+    # row 3 is the target of position 2 at step 0 and of position 1 at step 1
+    assert stats[:, STAT_FIELDS.index("positions")].tolist() == [s - 2, s - 3]
+
+
+def test_verifier_targets_restrict_to_draft_vocab_and_renormalise():
+    torch.manual_seed(0)
+    vocab, hidden, s = 10, 6, 5
+    draft_ids = torch.tensor([1, 4, 7])
+    target_to_draft = torch.full((vocab,), -1)
+    target_to_draft[draft_ids] = torch.arange(3)
+    head = VerifierHead(torch.ones(hidden), 1e-6, torch.randn(vocab, hidden), draft_ids, target_to_draft)
+    last = torch.randn(1, s, hidden)
+    loss_mask = torch.tensor([[0, 1, 1, 0, 1]])
+    targets = verifier_targets(head, last, loss_mask, chunk_rows=2)
+
+    logits = head.logits(last)
+    torch.testing.assert_close(targets.probs, logits[..., draft_ids].softmax(-1))
+    top = logits.argmax(-1)
+    assert torch.equal(targets.top, target_to_draft[top])
+    in_vocab = target_to_draft[top] >= 0
+    # position j is about token j+1: its loss mask is loss_mask[j+1], and the last position has none
+    expected = torch.tensor([[1, 1, 0, 1, 0]], dtype=torch.bool) & in_vocab
+    assert torch.equal(targets.valid, expected)
+
+
+def test_soft_cross_entropy_matches_reference_and_gradients():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    probs = torch.randn(10, 9, dtype=torch.float64).softmax(-1)
+    rows = torch.tensor([0, 3, 3, 9, 5, 1])
+    got = soft_cross_entropy(logits, probs, rows)
+    want = -(probs[rows] * F.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda z: soft_cross_entropy(z, probs, rows), (logits,))
+
+
+@pytest.mark.parametrize("steps", [1, 3, 5])
+def test_metrics_have_one_entry_per_ttt_step(steps):
+    stats = torch.tensor([[1.0, 10, 5, 10, 5]] * steps)
+    metrics = summarize_stats(stats)
+    assert sorted(metrics) == sorted(f"{name}_{k}" for k in range(steps) for name in ("loss", "acc", "cond_acc"))
+    assert metrics["acc_0"] == 0.5

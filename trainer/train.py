@@ -1,0 +1,331 @@
+"""Train an EAGLE-3 draft with test-time-training steps.
+
+    torchrun --nproc_per_node=N -m trainer.train --verifier-path V --data-dir D/hidden_states \
+        --vocab-mapping-dir D/vocab_mapping --output-dir O --epochs 5 --lr 3e-5 --max-seq-len 4096 \
+        --num-workers 4 --ttt-steps 5 --noise-std 0.05 --scheduler cosine --warmup-ratio 0.01 --val-ratio 0.05
+
+Plain `python -m trainer.train ...` is one process. A relaunch into an output dir that has
+checkpoints resumes from the latest complete one; SIGTERM stops after the current step with exit
+code 143.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.data import HiddenStatesDataset, make_loader, split_files
+from trainer.metrics import MetricsReporter, metrics_path
+from trainer.model import DraftConfig, EagleDraft, load_draft_weights
+from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
+from trainer.ttt import STAT_FIELDS, TTTObjective, add_feature_noise, summarize_stats, verifier_targets
+from trainer.verifier_head import VerifierHead, load_verifier_head, read_verifier_config
+from trainer.vocab import load_vocab_mapping
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
+    p.add_argument("--data-dir", required=True, help="per-sample safetensors written by trainer.prepare")
+    p.add_argument("--vocab-mapping-dir", required=True, help="directory with vocab_mapping.safetensors")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--num-workers", type=int, default=2, help="data loader processes per rank")
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--ttt-step-decay", type=float, default=0.8, help="loss weight w^k of TTT step k")
+    p.add_argument("--noise-std", type=float, default=0.05, help="uniform noise in [-s, s] on the captured features")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="cosine")
+    p.add_argument("--warmup-ratio", type=float, default=0.01)
+    p.add_argument("--val-ratio", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=1, help="samples per rank per optimizer step")
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps too (0: epoch ends only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--no-resume", action="store_true", help="refuse to start when the output dir has checkpoints")
+    p.add_argument("--init-from", default=None, help="draft weights to start from (a checkpoint or output dir)")
+    args = p.parse_args(argv)
+    if args.ttt_steps < 1 or args.epochs < 1 or args.batch_size < 1 or args.max_seq_len < 2:
+        p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
+    return args
+
+
+@dataclass
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @classmethod
+    def from_environment(cls) -> "Distributed":
+        """Under torchrun: one process per GPU (NCCL), or gloo on CPU; otherwise a single process."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+        if world_size > 1:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return cls(rank, world_size, local_rank, device)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class StopRequest:
+    """SIGTERM asks the loop to stop after the current step; a second one leaves at once."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise SystemExit(128 + signum)
+        self.requested = True
+
+
+def aux_layer_ids(data_dir: Path, default: list[int]) -> list[int]:
+    """The layers `prepare` captured (its prepare.json sits next to the hidden_states dir)."""
+    for candidate in (data_dir / "prepare.json", data_dir.parent / "prepare.json"):
+        if candidate.is_file():
+            return list(json.loads(candidate.read_text()).get("layer_ids", default))
+    return default
+
+
+def init_weights_path(path: str) -> Path:
+    """A directory with model.safetensors (a checkpoint or an exported draft), or an output dir's latest checkpoint."""
+    candidate = Path(path)
+    if (candidate / "model.safetensors").is_file():
+        return candidate
+    latest = latest_checkpoint(candidate)
+    if latest is None:
+        raise FileNotFoundError(f"--init-from {path}: no model.safetensors and no checkpoints there")
+    return latest
+
+
+def load_weights_with_same_vocab(draft: EagleDraft, path: Path) -> None:
+    d2t, t2d = draft.d2t.clone(), draft.t2d.clone()
+    load_draft_weights(draft, path)
+    if not (torch.equal(d2t, draft.d2t) and torch.equal(t2d, draft.t2d)):
+        raise ValueError(f"{path} was trained with a different draft vocabulary than --vocab-mapping-dir")
+
+
+def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    for name in ("hidden_states", "last_hidden_state"):
+        out[name] = out[name].to(dtype)
+    return out
+
+
+def train_step(model, head: VerifierHead, batch: dict, optimizer, scheduler, params, args) -> tuple[torch.Tensor, ...]:
+    """One optimizer step; returns (loss, per-step stats, grad norm), all still on the device."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch["input_ids"].is_cuda):
+        targets = verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"])
+        hidden_states = add_feature_noise(batch["hidden_states"], args.noise_std)
+        loss, stats = model(hidden_states, batch["input_ids"], targets)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), stats, grad_norm
+
+
+@torch.no_grad()
+def validate(objective: TTTObjective, head: VerifierHead, loader, ctx: Distributed, dtype: torch.dtype) -> dict | None:
+    """val_loss (weighted like training, mean over batches), val_loss_k, val_acc_k, val_cond_acc_k."""
+    steps = objective.ttt_steps
+    totals = torch.zeros(steps * len(STAT_FIELDS) + 2, device=ctx.device)
+    for batch in loader:
+        batch = batch_to(batch, ctx.device, dtype)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ctx.device.type == "cuda"):
+            targets = verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"])
+            loss, stats = objective(batch["hidden_states"], batch["input_ids"], targets)
+        totals += torch.cat([loss.float()[None], stats.flatten(), totals.new_ones(1)])
+    totals = ctx.sum(totals).cpu()
+    batches = totals[-1].item()
+    if batches == 0:
+        return None
+    stats = totals[1:-1].view(steps, len(STAT_FIELDS))
+    stats[:, 0] /= batches
+    metrics = summarize_stats(stats, prefix="val_")
+    return {"val_loss": totals[0].item() / batches, **metrics}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    stop = StopRequest()
+    ctx = Distributed.from_environment()
+    try:
+        return run(args, ctx, stop)
+    except Exception:
+        if stop.requested:  # e.g. a data-loader worker killed by the same SIGTERM
+            return EXIT_TERMINATED
+        raise
+    finally:
+        ctx.close()
+
+
+def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    resume_from = latest_checkpoint(output_dir)
+    if resume_from is not None and args.no_resume:
+        raise SystemExit(
+            f"{output_dir} already has checkpoints (latest {resume_from.name}) and --no-resume was given: "
+            "choose an empty --output-dir, or drop --no-resume to continue that run"
+        )
+    cuda = ctx.device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    log = print if ctx.rank == 0 else (lambda *a, **k: None)
+
+    d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
+    config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
+    config.aux_hidden_state_layer_ids = aux_layer_ids(Path(args.data_dir), config.aux_hidden_state_layer_ids)
+    head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    draft = EagleDraft(config, embed_weight.to(dtype))
+    draft.set_vocab_mapping(d2t, t2d)
+    if args.init_from and resume_from is None:
+        load_weights_with_same_vocab(draft, init_weights_path(args.init_from))
+    draft.to(ctx.device)
+    head = head.to(ctx.device, dtype)
+    objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
+    model = objective
+    if ctx.world_size > 1:
+        model = DistributedDataParallel(
+            objective, device_ids=[ctx.local_rank] if cuda else None, broadcast_buffers=False
+        )
+    params = [p for p in draft.parameters() if p.requires_grad]
+
+    train_files, val_files = split_files(args.data_dir, args.val_ratio, args.seed)
+    if not train_files:
+        raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
+    train_set = HiddenStatesDataset(None, args.max_seq_len, files=train_files)
+    width = train_set[0]["hidden_states"].shape[-1]
+    if width != 3 * config.target_hidden_size:
+        raise SystemExit(
+            f"{args.data_dir} holds features {width} wide but the verifier needs 3 x {config.target_hidden_size}: "
+            "was the data prepared with this --verifier-path?"
+        )
+    loader = make_loader(train_set, args.batch_size, args.num_workers, True, args.seed, ctx.rank, ctx.world_size)
+    steps_per_epoch = len(loader.batch_sampler)
+    total_steps = steps_per_epoch * args.epochs
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    val_loader = None
+    if val_files:
+        val_set = HiddenStatesDataset(None, args.max_seq_len, files=val_files)
+        val_loader = make_loader(val_set, args.batch_size, 0, False, args.seed, ctx.rank, ctx.world_size)
+
+    optimizer = build_optimizer(params, args.lr)
+    scheduler = build_scheduler(optimizer, args.scheduler, total_steps, args.warmup_ratio)
+    step, epoch, start_batch = 0, 0, 0
+    torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # feature noise differs per rank
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, draft, optimizer, scheduler, ctx.rank)
+        step, epoch, start_batch = state["step"], state["epoch"], state["batch"]
+        if state.get("world_size", ctx.world_size) != ctx.world_size:  # keep the samples seen, roughly
+            start_batch = start_batch * state["world_size"] // ctx.world_size
+        if state.get("ttt_steps") != args.ttt_steps:
+            log(f"note: {resume_from.name} was trained with {state.get('ttt_steps')} TTT steps, continuing with {args.ttt_steps}")
+        log(f"resuming from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
+
+    n_params = sum(p.numel() for p in params)
+    log(
+        f"draft: {n_params / 1e6:.1f}M trainable parameters, hidden {config.hidden_size}, draft vocab "
+        f"{config.draft_vocab_size}/{config.vocab_size}, TTT steps {args.ttt_steps}; {len(train_files)} train / "
+        f"{len(val_files)} val samples, {ctx.world_size} rank(s) on {ctx.device.type}, {total_steps} steps",
+        flush=True,
+    )
+    reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0)
+
+    def checkpoint(position: tuple[int, int]) -> None:
+        state = {
+            "epoch": position[0], "batch": position[1], "total_steps": total_steps, "world_size": ctx.world_size,
+            "ttt_steps": args.ttt_steps, "args": vars(args),
+        }
+        save_checkpoint(output_dir, step, draft, optimizer, scheduler, state, ctx.rank, ctx.barrier)
+
+    try:
+        last_time = time.time()
+        while step < total_steps and epoch < args.epochs:
+            loader.batch_sampler.set_epoch(epoch, start_batch)
+            batch_index = start_batch
+            for batch in loader:
+                batch = batch_to(batch, ctx.device, dtype)
+                lr = scheduler.get_last_lr()[0]
+                loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, args)
+                step += 1
+                batch_index += 1
+                tokens = batch["attention_mask"].sum().float()
+                flag = torch.tensor(float(stop.requested), device=ctx.device)
+                reduced = ctx.sum(torch.cat([loss.float()[None], stats.flatten(), grad_norm.float()[None], tokens[None], flag[None]]))
+                values = reduced.cpu()
+                now = time.time()
+                stats_sum = values[1 : 1 + stats.numel()].view_as(stats).clone()
+                stats_sum[:, 0] /= ctx.world_size
+                reporter.train_step({
+                    "step": step,
+                    "total_steps": total_steps,
+                    "epoch": epoch + batch_index / steps_per_epoch,
+                    "loss": values[0].item() / ctx.world_size,
+                    **summarize_stats(stats_sum),
+                    "lr": lr,
+                    "grad_norm": values[-3].item() / ctx.world_size,
+                    "tokens_per_s": values[-2].item() / max(now - last_time, 1e-9),
+                    "ttt_steps": args.ttt_steps,
+                })
+                last_time = now
+                if values[-1].item() > 0:
+                    log(f"stopping at step {step} on SIGTERM", flush=True)
+                    return EXIT_TERMINATED
+                if step >= total_steps:
+                    break
+                if args.save_every and step % args.save_every == 0:
+                    checkpoint((epoch, batch_index))
+            epoch_done = batch_index >= steps_per_epoch
+            position = (epoch + 1, 0) if epoch_done else (epoch, batch_index)
+            if val_loader is not None:
+                metrics = validate(objective, head, val_loader, ctx, dtype)
+                if metrics is not None:
+                    reporter.validation({"step": step, "total_steps": total_steps, "epoch": epoch + batch_index / steps_per_epoch, **metrics})
+            checkpoint(position)
+            epoch, start_batch = position
+            last_time = time.time()
+        log(f"done: {step} steps; draft exported to {output_dir}", flush=True)
+        return 0
+    finally:
+        reporter.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The training objective: T test-time-training steps of the draft against the verifier's distributions.
+
+Indexing (TRAINER.md, "One training step"): position t of step k reads the token t+1+k and is
+trained on the verifier's distribution computed at position t+1+k, i.e. for the token t+2+k.
+Step 0's hidden input is the fused verifier features; step k's is the draft's own output of step
+k-1 at the same position. The verifier targets are computed once per batch and shifted per step.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.model import EagleDraft, TTTCache
+from trainer.verifier_head import VerifierHead
+
+# Per TTT step, summed over positions (then over ranks): what the metrics are made of.
+STAT_FIELDS = ("loss", "positions", "correct", "chain_before", "chain_after")
+
+
+@dataclass
+class VerifierTargets:
+    """Indexed by the verifier's position j, i.e. about the token j+1."""
+
+    probs: Tensor  # [B, S, K] fp32: the verifier's distribution restricted to the draft vocab, renormalised
+    top: Tensor  # [B, S] the verifier's top-1 token as a draft id, -1 when outside the draft vocab
+    valid: Tensor  # [B, S] bool: the token j+1 has its loss mask on and the top-1 is in the draft vocab
+
+
+@torch.no_grad()
+def verifier_targets(
+    head: VerifierHead, last_hidden_state: Tensor, loss_mask: Tensor, chunk_rows: int = 4096
+) -> VerifierTargets:
+    """Target distributions from the verifier's last hidden state [B, S, H], in chunks of rows."""
+    b, s, h = last_hidden_state.shape
+    flat = last_hidden_state.reshape(b * s, h)
+    probs = torch.empty(b * s, head.draft_ids.numel(), dtype=torch.float32, device=flat.device)
+    top = torch.empty(b * s, dtype=torch.long, device=flat.device)
+    for start in range(0, b * s, chunk_rows):
+        logits = head.logits(flat[start : start + chunk_rows])
+        top[start : start + chunk_rows] = head.target_to_draft[logits.argmax(-1)]
+        probs[start : start + chunk_rows] = logits[:, head.draft_ids].float().softmax(-1)
+    top = top.view(b, s)
+    valid = F.pad(loss_mask[:, 1:].bool(), (0, 1)) & (top >= 0)
+    return VerifierTargets(probs.view(b, s, -1), top, valid)
+
+
+def add_feature_noise(hidden_states: Tensor, std: float) -> Tensor:
+    """Uniform noise in [-std, std] on the captured features (training augmentation)."""
+    if std <= 0:
+        return hidden_states
+    return hidden_states + torch.empty_like(hidden_states).uniform_(-std, std)
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Per-row -sum(p * log_softmax(z)) for rows `rows` of a shared probability table.
+
+    Saves only the logits and the row indices (not a per-step copy of the targets), and recomputes
+    the softmax in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        p = probs[rows]
+        lse = z.logsumexp(-1)
+        ctx.save_for_backward(logits, probs, rows, lse)
+        return lse * p.sum(-1) - (p * z).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logits, probs, rows, lse = ctx.saved_tensors
+        p = probs[rows]
+        softmax = (logits.to(lse.dtype) - lse[:, None]).exp()
+        return ((softmax * p.sum(-1, keepdim=True) - p) * grad[:, None]).to(logits.dtype), None, None
+
+
+def soft_cross_entropy(logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
+    """Cross-entropy of logits [N, K] against the distributions probs[rows] ([M, K] indexed by [N])."""
+    return _SoftCrossEntropy.apply(logits, probs, rows)
+
+
+class TTTObjective(nn.Module):
+    """Runs the T-step TTT chain of the draft over a batch; returns the weighted loss and per-step stats."""
+
+    def __init__(self, draft: EagleDraft, ttt_steps: int, step_decay: float = 0.8):
+        super().__init__()
+        if ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
+        self.draft = draft
+        self.ttt_steps = ttt_steps
+        self.step_decay = step_decay
+
+    def forward(self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets) -> tuple[Tensor, Tensor]:
+        """hidden_states [B, S, 3H], input_ids [B, S]. Returns (Σ_k w^k loss_k, stats [T, len(STAT_FIELDS)])."""
+        draft, steps = self.draft, self.ttt_steps
+        b, s = input_ids.shape
+        device = input_ids.device
+        # Work shared by all steps: token half of q/k/v, RoPE table, and each step's trained positions.
+        next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
+        token_qkv = draft.token_qkv(next_ids)
+        cos, sin = draft.rope(torch.arange(s + steps - 1, device=device))
+        step_valid = [F.pad(targets.valid[:, 1 + k :], (0, 1 + k)) for k in range(steps)]
+        step_rows = [valid.nonzero(as_tuple=True) for valid in step_valid]
+        probs = targets.probs.reshape(b * s, -1)
+        top = targets.top.reshape(-1)
+
+        cache = TTTCache()
+        hidden = draft.fuse(hidden_states)
+        chain = torch.ones(b, s, dtype=torch.bool, device=device)  # all earlier steps right at this position
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        stats = []
+        for k in range(steps):
+            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], cos[k : k + s], sin[k : k + s])
+            rows_b, rows_t = step_rows[k]
+            target_rows = rows_b * s + rows_t + 1 + k
+            logits = draft.logits(hidden[rows_b, rows_t])
+            per_position = soft_cross_entropy(logits, probs, target_rows)
+            loss_k = per_position.sum() / max(per_position.numel(), 1)
+            loss = loss + self.step_decay**k * loss_k
+            right = torch.zeros_like(chain)
+            right[rows_b, rows_t] = logits.argmax(-1) == top[target_rows]
+            stats.append(
+                torch.stack([
+                    loss_k.detach(),
+                    torch.tensor(float(per_position.numel()), device=device),
+                    right.sum().float(),
+                    (step_valid[k] & chain).sum().float(),
+                    (right & chain).sum().float(),
+                ])
+            )
+            chain = chain & right
+        return loss, torch.stack(stats)
+
+
+def summarize_stats(stats: Tensor, prefix: str = "") -> dict[str, float]:
+    """Per-step metrics from stats [T, len(STAT_FIELDS)] summed over batches and ranks, where the loss
+    column holds a sum of per-batch means over `batches` (the caller divides first)."""
+    out = {}
+    for k, (loss, positions, correct, before, after) in enumerate(stats.tolist()):
+        out[f"{prefix}loss_{k}"] = loss
+        out[f"{prefix}acc_{k}"] = correct / positions if positions else 0.0
+        out[f"{prefix}cond_acc_{k}"] = after / before if before else 0.0
+    return out
