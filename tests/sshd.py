@@ -166,21 +166,29 @@ Subsystem sftp internal-sftp
                 pass
 
     def wait_ready(self, timeout: float = 10) -> None:
+        """Return once our sshd itself listens on the port (not some other process that holds it)."""
         deadline = time.monotonic() + timeout
-        while True:
+        while not self._listening():
             if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited before accepting connections:\n{self.log_tail()}")
-            try:
-                with socket.create_connection((self.address, self.port), timeout=1) as s:
-                    s.settimeout(1)
-                    if s.recv(4).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
+                raise RuntimeError(f"sshd exited before listening on {self.address}:{self.port}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"sshd did not accept connections on {self.address}:{self.port} "
-                                   f"within {timeout}s:\n{self.log_tail()}")
+                raise RuntimeError(f"sshd did not listen on {self.address}:{self.port} within {timeout}s:\n"
+                                   f"{self.log_tail()}")
             time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        if self.proc is None:
+            return False
+        pid = self.proc.pid
+        try:
+            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            # /proc/PID/net/tcp is the table of the process's own network namespace
+            with open(f"/proc/{pid}/net/tcp") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            return False
+        return any(row[3] == "0A" and int(row[1].split(":")[1], 16) == self.port
+                   and f"socket:[{row[9]}]" in inodes for row in rows)
 
     # what tests need
 

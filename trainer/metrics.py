@@ -49,7 +49,7 @@ class MetricsReporter:
     def validation(self, record: dict) -> None:
         self.write(record)
         if self.enabled:
-            accs = " ".join(f"{record[k]:.3f}" for k in sorted(record, key=_step_index) if k.startswith("val_acc_"))
+            accs = " ".join(f"{record[k]:.3f}" for k in sorted((k for k in record if k.startswith("val_acc_")), key=_step_index))
             print(f"[val] step {record['step']} epoch {record['epoch']:.2f} loss {record['val_loss']:.4f} acc {accs}", flush=True)
 
     def close(self) -> None:

@@ -25,6 +25,8 @@ def build_verifier(path: Path, seed: int = 0) -> LlamaForCausalLM:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4)  # sharp next-token distributions
     model.save_pretrained(path)
     return model
 
