@@ -114,7 +114,8 @@ def test_chat_loss_mask_with_fallback_and_other_templates(verifier) -> None:
         assert _assistant_text(tokenizer, ids, mask) == "sorted(items)<|im_end|>\nitems.sort()<|im_end|>\n"
         tokenizer.chat_template = LLAMA3_STYLE_TEMPLATE
         ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=512)
-        assert _assistant_text(tokenizer, ids, mask) == "sorted(items)<|endoftext|>items.sort()<|endoftext|>"
+        # The space after ":" merges into the reply's first token, which is then a target too.
+        assert _assistant_text(tokenizer, ids, mask) == " sorted(items)<|endoftext|> items.sort()<|endoftext|>"
     finally:
         tokenizer.chat_template = original
     ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=10)

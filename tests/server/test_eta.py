@@ -1,0 +1,47 @@
+import pytest
+
+from server.eta import Measured, predict_duration, remaining_seconds, update_step_rate
+
+
+def _trainer(ttt: int, **kw: object) -> dict:
+    return {"host": "local", "nproc_per_node": 4,
+            "trainer": {"ttt_steps": ttt, "epochs": 5, "max_seq_len": 4096, **kw}}
+
+
+def test_step_rate_is_smoothed_and_ignores_repeats() -> None:
+    rate = update_step_rate(None, 10, 100.0, 20, 110.0)
+    assert rate == pytest.approx(1.0)
+    assert update_step_rate(rate, 20, 110.0, 20, 111.0) == rate
+    slower = update_step_rate(rate, 20, 110.0, 21, 113.0)
+    assert 1.0 < slower < 3.0
+
+
+def test_remaining_counts_down_between_metrics() -> None:
+    assert remaining_seconds(100, 40, 2.0) == 120.0
+    assert remaining_seconds(100, 40, 2.0, seconds_since_last=30) == 90.0
+    assert remaining_seconds(100, 100, 2.0, seconds_since_last=30) == 0.0
+    assert remaining_seconds(None, 40, 2.0) is None
+
+
+def test_deeper_ttt_is_predicted_from_one_measured_depth() -> None:
+    # 2.0 s/step at TTT=3 with one step of fixed work: 0.5 s per unit, TTT=5 -> 6 units -> 3.0 s/step
+    seconds, basis = predict_duration([Measured(_trainer(3), 2.0, 1000)], _trainer(5))
+    assert seconds == pytest.approx(1000 * 3.0)
+    assert "TTT=3" in basis
+
+
+def test_two_measured_depths_fit_the_line() -> None:
+    measured = [Measured(_trainer(5), 3.5, 1000), Measured(_trainer(3), 2.5, 1000)]
+    seconds, basis = predict_duration(measured, _trainer(7))
+    assert seconds == pytest.approx(1000 * 4.5)
+    assert "fitted" in basis
+
+
+def test_more_processes_mean_fewer_steps() -> None:
+    seconds, _ = predict_duration([Measured(_trainer(3), 2.0, 1000)], {**_trainer(3), "nproc_per_node": 8})
+    assert seconds == pytest.approx(500 * 2.0)
+
+
+def test_nothing_measured_says_so() -> None:
+    seconds, basis = predict_duration([], _trainer(5))
+    assert seconds is None and "no step" in basis

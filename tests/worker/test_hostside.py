@@ -1,0 +1,74 @@
+"""The host-side agent on this machine: launch, probe, cancel and clean without the service."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from worker.host_agent import AgentError, HostAgent
+from worker.transport import LocalTransport
+
+JOB = """
+import json, os, time, subprocess, sys
+# a child in a session of its own, as torchrun's workers are
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(os.environ["LONGRUN_METRICS_FILE"], "a") as f:
+    for i in range(1, 1000):
+        f.write(json.dumps({"step": i}) + "\\n"); f.flush(); time.sleep(0.02)
+"""
+
+
+def _agent(tmp_path: Path) -> HostAgent:
+    return HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+
+
+def test_cancel_reaches_processes_in_their_own_session(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    d = agent.attempt_dir("run1", 1)
+    agent.launch(d, "tok123", [sys.executable, "-c", JOB], {})
+    assert agent.launch(d, "tok123", [sys.executable, "-c", JOB], {})["already"], "launch is idempotent"
+    deadline = time.time() + 20
+    while len(agent.pids("tok123")) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(agent.pids("tok123")) >= 3, "wrapper, job and its detached child"
+    probe = agent.probe(d, 0, 0)
+    assert probe["state"] == "running" and probe["metrics"].endswith("\n")
+    answer = agent.cancel(d, grace=2)
+    assert answer["remaining"] == [] and agent.pids("tok123") == []
+    assert agent.probe(d, 0, 0)["state"] == "exited"
+
+
+def test_exit_code_and_partial_lines(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    d = agent.attempt_dir("run2", 1)
+    script = "import os,sys; open(os.environ['LONGRUN_METRICS_FILE'],'w').write('{\"step\": 1}\\n{\"st'); " \
+             "print('no newline at the end', end=''); sys.exit(7)"
+    agent.launch(d, "tok456", [sys.executable, "-c", script], {})
+    deadline = time.time() + 20
+    while (p := agent.probe(d, 0, 0))["state"] == "running" and time.time() < deadline:
+        time.sleep(0.1)
+    assert p["state"] == "exited" and p["exit_code"] == 7
+    assert p["metrics"] == '{"step": 1}\n', "an unfinished metric line is not handed out"
+    assert p["log"].endswith("no newline at the end"), "the job's last log line is"
+
+
+def test_clean_only_inside_the_workspace(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    ws = Path(agent.workspace)
+    (ws / "out" / "sub").mkdir(parents=True)
+    (ws / "out" / "sub" / "f").write_text("x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    os.symlink(outside, ws / "link")
+    for bad in [str(outside), str(ws / ".." / "outside"), str(ws / "link"), str(ws), "relative/path",
+                str(ws / ".longrun")]:
+        try:
+            agent.clean(bad)
+        except AgentError as exc:
+            assert "refusing to clean" in str(exc)
+        else:
+            raise AssertionError(f"clean of {bad} was not refused")
+    assert (outside / "keep").read_text() == "keep"
+    assert agent.clean(str(ws / "out"))["removed"] == 1
+    assert list((ws / "out").iterdir()) == []
