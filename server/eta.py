@@ -37,6 +37,7 @@ class Measured:
     spec: dict[str, Any]
     sec_per_step: float
     total_steps: int
+    startup_seconds: float = 0.0
 
 
 def step_cost_model(measured: list[Measured]) -> tuple[float, float, str]:
@@ -89,4 +90,6 @@ def predict_duration(measured: list[Measured], new_spec: dict[str, Any]) -> tupl
     if seq_old and seq_new and seq_old != seq_new:
         sec *= seq_new / seq_old
         notes.append(f"step time scaled for max_seq_len {seq_new} instead of {seq_old}")
-    return steps * sec, f"{round(steps)} steps x {sec:.3f} s/step; " + "; ".join(notes)
+    startup = latest.startup_seconds
+    return startup + steps * sec, (f"{startup:.0f}s start-up + {round(steps)} steps x {sec:.3f} s/step; "
+                                   + "; ".join(notes))

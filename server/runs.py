@@ -187,11 +187,17 @@ def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRu
 
 def measured_attempts(session: Session, run: Run) -> list[eta.Measured]:
     """This run's attempts with a measured pace, newest first; else similar runs on the same hosts."""
-    own = [eta.Measured(a.spec, a.sec_per_step, a.total_steps) for a in sorted(run.attempts, key=lambda a: -a.number)
-           if a.sec_per_step and a.total_steps]
+    own = [_measured(a) for a in sorted(run.attempts, key=lambda a: -a.number) if a.sec_per_step and a.total_steps]
     if own:
         return own
     return similar_attempts(session, run.spec, exclude_run=run.id)
+
+
+def _measured(a: Attempt) -> eta.Measured:
+    startup = 0.0
+    if a.first_step_at and a.started_at:
+        startup = max(0.0, (a.first_step_at - a.started_at).total_seconds() - a.sec_per_step)
+    return eta.Measured(a.spec, a.sec_per_step, a.total_steps, startup)
 
 
 def similar_attempts(session: Session, spec: dict[str, Any], exclude_run: str | None = None,
@@ -210,7 +216,7 @@ def similar_attempts(session: Session, spec: dict[str, Any], exclude_run: str | 
         same_program = (s.get("entrypoint") == spec.get("entrypoint") and
                         bool(s.get("trainer")) == bool(spec.get("trainer")))
         if same_program and s.get("nproc_per_node") == spec.get("nproc_per_node"):
-            out.append(eta.Measured(s, attempt.sec_per_step, attempt.total_steps))
+            out.append(_measured(attempt))
     return out
 
 

@@ -60,7 +60,9 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
         return 0
     now = utcnow()
     rows: list[dict[str, Any]] = []
-    latest = dict(run.latest or {})
+    # an older attempt drained after a restart must not overwrite the new attempt's figures
+    current = attempt.number == run.attempt
+    latest = dict(run.latest or {}) if current else {}
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
     for i, obj in enumerate(lines, start=attempt.metrics_lines):
@@ -90,7 +92,8 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
         attempt.last_metric_at = datetime.fromtimestamp(last_time, UTC)
     if attempt.total_steps is not None:
         latest["total_steps"] = attempt.total_steps
-    run.latest = latest
+    if current:
+        run.latest = latest
     session.add(Event(run_id=run.id, kind="metrics",
                       data={"attempt": attempt.number, "lines": len(lines), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))

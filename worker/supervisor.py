@@ -25,6 +25,7 @@ from server.states import ACTIVE, RunStatus, transition
 from worker.host_agent import AgentError, HostAgent
 from worker.ingest import store_log, store_metrics
 from worker.jobs import job_argv
+from worker.ssh_transport import AuthError
 from worker.transport import HostKeyError, TransportError
 from worker.transports import TransportPool
 
@@ -120,7 +121,7 @@ class Supervisor:
         except TransportError as exc:
             self._unreachable(run_id, str(exc))
             return
-        except (HostKeyError, AgentError) as exc:
+        except (HostKeyError, AuthError, AgentError) as exc:
             self._fail(run_id, str(exc))
             return
         if not run.host_reachable:

@@ -20,11 +20,11 @@ class HostSettings(Protocol):
     host_key: str | None
 
 
-def _settings(host: Any) -> tuple:
+def _settings(host: HostSettings) -> tuple:
     return tuple(getattr(host, field, None) for field in ("address", "port", "username", "key_path", "host_key"))
 
 
-def transport_for(host: Any, **options: Any) -> Transport:
+def transport_for(host: HostSettings, **options: Any) -> Transport:
     """A new transport for `host`; `options` (timeouts, keepalive, known_hosts) go to SSHTransport."""
     address, port, username, key_path, host_key = _settings(host)
     if address == LOCAL_ADDRESS:
@@ -41,7 +41,7 @@ class TransportPool:
         self._lock = threading.Lock()
         self._transports: dict[str, tuple[tuple, Transport]] = {}
 
-    def get(self, host: Any) -> Transport:
+    def get(self, host: HostSettings) -> Transport:
         settings = _settings(host)
         stale = None
         with self._lock:

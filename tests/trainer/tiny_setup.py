@@ -1,7 +1,8 @@
 """A tiny verifier and its captured features, built locally in seconds (nothing downloaded).
 
-The verifier is a random Llama with a large init range, so that its next-token distributions are
-sharp and depend on the context: a draft has something real to learn. Samples are drawn from the
+The verifier is a random Llama whose embeddings dominate its residual stream and whose lm_head is
+sharp: its next-token distributions depend mostly on the current token and a little on the context,
+which a draft can learn from a few thousand tokens. Samples are drawn from the
 verifier itself, so the frequency-built draft vocabulary covers most of its top-1 predictions.
 """
 
@@ -21,12 +22,13 @@ def build_verifier(path: Path, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.15,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4)  # sharp next-token distributions
+    with torch.no_grad():  # embeddings dominate the residual stream, and the lm_head is sharp
+        model.model.embed_tokens.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 0.5)
     model.save_pretrained(path)
     return model
 

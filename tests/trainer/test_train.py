@@ -1,0 +1,172 @@
+"""`python -m trainer.train` end to end on a tiny local verifier: DDP under torchrun, metrics,
+checkpoints, exact resume, SIGTERM / SIGKILL and relaunch, --no-resume, --init-from."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.tiny_setup import build_dataset, build_verifier
+from trainer.checkpoint import latest_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+TTT_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    verifier = build_verifier(root / "verifier")
+    build_dataset(verifier, root / "data", samples=48)
+    return {"verifier": root / "verifier", "data": root / "data" / "hidden_states", "vocab": root / "data" / "vocab_mapping"}
+
+
+def train_command(tiny, output_dir, nproc=1, **flags) -> list[str]:
+    """The production flag set (TRAINER.md), with values small enough for two CPU cores."""
+    values = {
+        "verifier-path": tiny["verifier"], "data-dir": tiny["data"], "vocab-mapping-dir": tiny["vocab"],
+        "output-dir": output_dir, "epochs": 4, "lr": 3e-3, "max-seq-len": 48, "num-workers": 0,
+        "ttt-steps": TTT_STEPS, "noise-std": 0.05, "scheduler": "cosine", "warmup-ratio": 0.05, "val-ratio": 0.1,
+    }
+    values.update({k.replace("_", "-"): v for k, v in flags.items()})
+    args = []
+    for name, value in values.items():
+        if value is True:
+            args.append(f"--{name}")
+        elif value is not None:
+            args += [f"--{name}", str(value)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+    return [*launcher, "-m", "trainer.train", *args]
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != "LONGRUN_METRICS_FILE"}
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONPATH"] = str(REPO)
+    return e
+
+
+def run(command, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(output_dir: Path) -> tuple[list[dict], list[dict]]:
+    lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if "loss" in x], [x for x in lines if "val_loss" in x]
+
+
+def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
+    out = tmp_path / "out"
+    result = run(train_command(tiny, out, nproc=2, num_workers=1))
+    assert result.returncode == 0, result.stderr[-3000:]
+    train, val = read_metrics(out)
+    total = train[0]["total_steps"]
+    assert [x["step"] for x in train] == list(range(1, total + 1))  # rank 0 alone writes, once per step
+    for record in train:
+        assert record["ttt_steps"] == TTT_STEPS
+        for name in ("loss", "acc", "cond_acc"):
+            assert [k for k in record if k.startswith(name + "_")] == [f"{name}_{k}" for k in range(TTT_STEPS)]
+        assert {"epoch", "time", "lr", "grad_norm", "tokens_per_s"} <= record.keys()
+        assert all(0 <= record[f"acc_{k}"] <= 1 for k in range(TTT_STEPS))
+    first, last = train[:20], train[-20:]
+    assert sum(x["loss"] for x in last) < 0.8 * sum(x["loss"] for x in first)
+    assert len(val) == 4 and val[-1]["step"] == total
+    assert val[-1]["val_acc_0"] > val[0]["val_acc_0"] or val[-1]["val_loss"] < val[0]["val_loss"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["ttt_steps"] == TTT_STEPS and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert (out / "model.safetensors").is_file()
+    assert latest_checkpoint(out).name == f"step_{total:08d}"
+
+
+def wait_for(predicate, process, timeout=120.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (rc {process.returncode}) before the awaited moment: {process.stdout.read()[-2000:]}")
+        time.sleep(0.02)
+    pytest.fail("timed out")
+
+
+def checkpoint_step(out: Path) -> int:
+    latest = latest_checkpoint(out)
+    return int(latest.name.removeprefix("step_")) if latest else 0
+
+
+def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
+    out = tmp_path / "out"
+    command = train_command(tiny, out, nproc=2, epochs=30, save_every=15, scheduler="constant")
+
+    def launch():
+        return subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+    # SIGTERM to torchrun (which forwards it): the workers stop after their current step, non-zero exit.
+    first = launch()
+    wait_for(lambda: checkpoint_step(out) >= 15, first)
+    first.send_signal(signal.SIGTERM)
+    output = first.communicate(timeout=60)[0]
+    assert first.returncode != 0
+    assert "stopping at step" in output
+    resume_1 = checkpoint_step(out)
+
+    # SIGKILL to every process of the run: no chance to clean up.
+    second = launch()
+    wait_for(lambda: checkpoint_step(out) >= resume_1 + 30, second)
+    os.killpg(second.pid, signal.SIGKILL)
+    second.wait(timeout=30)
+    resume_2 = checkpoint_step(out)
+
+    third = launch()
+    output = third.communicate(timeout=180)[0]
+    assert third.returncode == 0, output[-3000:]
+
+    train, _ = read_metrics(out)
+    steps = [x["step"] for x in train]
+    restarts = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    assert len(restarts) == 2
+    assert steps[restarts[0]] == resume_1 + 1
+    assert steps[restarts[1]] == resume_2 + 1
+    assert steps[-1] == train[-1]["total_steps"]
+    assert f"resuming from {out / 'checkpoints'}" in output
+
+
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny, tmp_path):
+    # A constant schedule keeps the lr independent of --max-steps, so a run stopped at step 12 and
+    # continued to 24 must match an uninterrupted 24-step run step for step.
+    flags = dict(scheduler="constant", warmup_ratio=0, epochs=2)
+    whole = run(train_command(tiny, tmp_path / "whole", max_steps=24, **flags))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    part = run(train_command(tiny, tmp_path / "split", max_steps=12, **flags))
+    assert part.returncode == 0, part.stderr[-3000:]
+    rest = run(train_command(tiny, tmp_path / "split", max_steps=24, **flags))
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "resuming from" in rest.stdout and "at step 12" in rest.stdout
+
+    expected, _ = read_metrics(tmp_path / "whole")
+    got, _ = read_metrics(tmp_path / "split")
+    assert [x["step"] for x in got] == list(range(1, 25))
+    for a, b in zip(expected, got, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), a["step"]
+
+    refused = run(train_command(tiny, tmp_path / "split", max_steps=24, no_resume=True, **flags))
+    assert refused.returncode != 0 and "--no-resume" in refused.stderr
+
+
+def test_init_from_loads_weights_but_starts_a_new_run(tiny, tmp_path):
+    trained = tmp_path / "trained"
+    assert run(train_command(tiny, trained, max_steps=60, epochs=3)).returncode == 0
+    fresh = run(train_command(tiny, tmp_path / "fresh", max_steps=2, ttt_steps=5))
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    warm = run(train_command(tiny, tmp_path / "warm", max_steps=2, ttt_steps=5, init_from=trained))
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    fresh_metrics, _ = read_metrics(tmp_path / "fresh")
+    warm_metrics, _ = read_metrics(tmp_path / "warm")
+    assert warm_metrics[0]["step"] == 1 and warm_metrics[0]["ttt_steps"] == 5
+    assert warm_metrics[0]["loss_0"] < fresh_metrics[0]["loss_0"] - 0.3
