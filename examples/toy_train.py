@@ -33,7 +33,8 @@ def main() -> int:
     world = dist.get_world_size() if distributed else 1
     if rank == 0:
         print("ARGV " + json.dumps(sys.argv[1:]), flush=True)
-        print(f"world size {world}, pid {os.getpid()}", flush=True)
+        print(f"world size {world}, pid {os.getpid()}, "
+              f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     torch.manual_seed(rank)

@@ -62,6 +62,8 @@ class Host(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     gpu_snapshot: Mapped[dict[str, Any] | None]
     gpu_snapshot_at: Mapped[datetime | None]
+    # set by GET /v1/hosts/{name}/gpus when the snapshot is too old; the worker answers it
+    gpu_wanted_at: Mapped[datetime | None]
 
 
 class Run(Base):

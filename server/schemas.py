@@ -83,6 +83,16 @@ class HostPublic(BaseModel):
     gpus_sampled_at: datetime | None = None
 
 
+class GpuSnapshotPublic(BaseModel):
+    host: str
+    sampled_at: datetime | None
+    reachable: bool | None
+    available: bool = Field(description="false when the host has no usable GPU; `message` says why")
+    message: str | None
+    gpus: list[dict[str, Any]] = Field(description="index, uuid, name, utilization_pct, memory_used_mib, "
+                                       "memory_total_mib, processes [{pid, user, used_memory_mib, ...}]")
+
+
 class TrainerSpec(Strict):
     """The bundled trainer's flags (python -m trainer.train --help)."""
 

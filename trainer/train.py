@@ -94,6 +94,14 @@ class Distributed:
             dist.all_reduce(tensor)
         return tensor
 
+    def from_rank0(self, value):
+        """Rank 0's `value` on every rank (so that all ranks act on one reading of the disk)."""
+        if self.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -197,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    resume_from = latest_checkpoint(output_dir)
+    resume_from = ctx.from_rank0(latest_checkpoint(output_dir))
     if resume_from is not None and args.no_resume:
         raise SystemExit(
             f"{output_dir} already has checkpoints (latest {resume_from.name}) and --no-resume was given: "

@@ -7,14 +7,34 @@ inside the same single command, so every action stays one round trip.
 import hashlib
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD
+from worker.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD, GpuSnapshot, attach_users, snapshot_from_outputs
 from worker.transport import Transport, TransportError
 
 HOSTSIDE_SOURCE = (Path(__file__).parent / "hostside.py").read_bytes()
 HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_SOURCE).hexdigest()[:12]}.py"
+
+
+@dataclass
+class GpuView:
+    """A GPU snapshot plus which of its processes carry which attempt token."""
+
+    snapshot: GpuSnapshot
+    token_of: dict[int, str]
+
+    def pids_of(self, tokens: set[str]) -> set[int]:
+        return {pid for pid, token in self.token_of.items() if token in tokens}
+
+
+def gpu_view(answer: dict[str, Any]) -> GpuView:
+    g, a = answer["gpu"], answer["apps"]
+    snapshot = snapshot_from_outputs(g["rc"], g["stdout"], a["stdout"], g["stderr"] + a["stderr"], apps_rc=a["rc"])
+    owners = {int(pid): o for pid, o in answer.get("owners", {}).items()}
+    attach_users(snapshot, {pid: o["user"] for pid, o in owners.items()})
+    return GpuView(snapshot, {pid: o["token"] for pid, o in owners.items() if o.get("token")})
 
 
 class AgentError(Exception):
@@ -55,8 +75,13 @@ class HostAgent:
                cwd: str | None = None) -> dict[str, Any]:
         return self.call("launch", {"dir": directory, "token": token, "argv": argv, "env": env, "cwd": cwd})
 
-    def probe(self, directory: str, metrics_offset: int, log_offset: int) -> dict[str, Any]:
-        return self.call("probe", {"dir": directory, "metrics_offset": metrics_offset, "log_offset": log_offset})
+    def probe(self, directory: str, metrics_offset: int, log_offset: int,
+              gpu_tokens: list[str] | None = None) -> dict[str, Any]:
+        """Status, new metric lines and log text; with gpu_tokens also a GPU snapshot, in the same round trip."""
+        req: dict[str, Any] = {"dir": directory, "metrics_offset": metrics_offset, "log_offset": log_offset}
+        if gpu_tokens is not None:
+            req["gpus"] = self._gpu_request(gpu_tokens)
+        return self.call("probe", req)
 
     def cancel(self, directory: str, grace: float) -> dict[str, Any]:
         return self.call("cancel", {"dir": directory, "grace": grace}, timeout=grace + self.timeout)
@@ -67,5 +92,9 @@ class HostAgent:
     def pids(self, token: str) -> list[int]:
         return self.call("pids", {"token": token})["pids"]
 
-    def gpus(self, tokens: list[str]) -> dict[str, Any]:
-        return self.call("gpus", {"query_gpu": QUERY_GPU_CMD, "query_apps": QUERY_APPS_CMD, "tokens": tokens})
+    @staticmethod
+    def _gpu_request(tokens: list[str]) -> dict[str, Any]:
+        return {"query_gpu": QUERY_GPU_CMD, "query_apps": QUERY_APPS_CMD, "tokens": tokens}
+
+    def gpus(self, tokens: list[str]) -> GpuView:
+        return gpu_view(self.call("gpus", self._gpu_request(tokens)))

@@ -157,6 +157,8 @@ def probe(req):
     log, l_off, l_more = _read_from(os.path.join(d, "output.log"), int(req.get("log_offset", 0)), limit,
                                     whole_lines=out["state"] == "running")
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
+    if req.get("gpus"):
+        out["gpus"] = gpus(req["gpus"])
     return out
 
 

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from sqlalchemy import or_, select, update
 
 from server.config import Settings
 from server.db import Database
-from server.models import Attempt, Host, Run, utcnow
+from server.models import Attempt, Host, MetricPoint, Run, utcnow
 from server.runs import ENDED_ATTEMPT, get_run, open_attempt
 from server.states import ACTIVE, RunStatus, transition
-from worker.host_agent import AgentError, HostAgent
+from worker.gpus import foreign_gpu_holders, holders_message, pick_free_gpus
+from worker.host_agent import AgentError, GpuView, HostAgent, gpu_view
 from worker.ingest import store_log, store_metrics
 from worker.jobs import job_argv
 from worker.ssh_transport import AuthError
@@ -30,6 +32,10 @@ from worker.transport import HostKeyError, TransportError
 from worker.transports import TransportPool
 
 log = logging.getLogger("longrun.worker")
+
+
+class WaitForGpus(Exception):
+    """The GPUs a run needs are held by processes that are not the run's."""
 
 
 @dataclass
@@ -51,6 +57,7 @@ class Supervisor:
         self._inflight: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._gpu_sampled: dict[str, float] = {}
         self._handlers = {
             RunStatus.QUEUED: self._queue,
             RunStatus.LAUNCHING: self._launch,
@@ -82,11 +89,18 @@ class Supervisor:
 
     def tick(self) -> None:
         for run_id in self.claim():
-            with self._lock:
-                if run_id in self._inflight:
-                    continue
-                self._inflight.add(run_id)
-            self._pool.submit(self._drive, run_id)
+            self._submit(run_id, self.step, run_id)
+        with self.db.reading() as s:
+            wanted = list(s.scalars(select(Host).where(Host.gpu_wanted_at.is_not(None))))
+        for host in wanted:
+            self._submit(f"host:{host.name}", self.refresh_host, host)
+
+    def _submit(self, key: str, fn: Any, *args: Any) -> None:
+        with self._lock:
+            if key in self._inflight:
+                return
+            self._inflight.add(key)
+        self._pool.submit(self._guarded, key, fn, *args)
 
     def claim(self) -> list[str]:
         """Take (or renew) the lease of every active run that no other live worker holds."""
@@ -99,14 +113,33 @@ class Supervisor:
                     lease_owner=self.worker_id, lease_until=now + timedelta(seconds=self.settings.lease_seconds)))
         return ids
 
-    def _drive(self, run_id: str) -> None:
+    def _guarded(self, key: str, fn: Any, *args: Any) -> None:
         try:
-            self.step(run_id)
+            fn(*args)
         except Exception:
-            log.exception("run %s: step failed", run_id)
+            log.exception("%s: step failed", key)
         finally:
             with self._lock:
-                self._inflight.discard(run_id)
+                self._inflight.discard(key)
+
+    def refresh_host(self, host: Host) -> None:
+        """Answer a request for a fresh GPU snapshot of a host (GET /v1/hosts/{name}/gpus)."""
+        try:
+            view = self.agent(host).gpus([])
+        except (TransportError, HostKeyError, AuthError, AgentError) as exc:
+            with self.db.writing() as s:
+                fresh = s.get(Host, host.id)
+                fresh.reachable, fresh.last_error, fresh.gpu_wanted_at = False, str(exc), None
+            return
+        with self.db.writing() as s:
+            self._store_host_snapshot(s, host.id, view)
+            s.get(Host, host.id).gpu_wanted_at = None
+
+    @staticmethod
+    def _store_host_snapshot(s: Any, host_id: int, view: GpuView) -> None:
+        host = s.get(Host, host_id)
+        host.gpu_snapshot, host.gpu_snapshot_at = view.snapshot.to_dict(), utcnow()
+        host.reachable, host.last_seen_at, host.last_error = True, utcnow(), None
 
     def step(self, run_id: str) -> None:
         """Move one run along by one step, whatever state it is in."""
@@ -123,6 +156,9 @@ class Supervisor:
             return
         except (HostKeyError, AuthError, AgentError) as exc:
             self._fail(run_id, str(exc))
+            return
+        except WaitForGpus as exc:
+            self._wait_for_gpus(run_id, str(exc))
             return
         if not run.host_reachable:
             with self.db.writing() as s:
@@ -153,6 +189,19 @@ class Supervisor:
                 run.message = f"host not answering since {run.unreachable_since:%H:%M:%S} UTC: {error}"
         log.warning("run %s: host unreachable: %s", run_id, error)
 
+    def _wait_for_gpus(self, run_id: str, why: str) -> None:
+        with self.db.writing() as s:
+            run = get_run(s, run_id)
+            if run.status != RunStatus.LAUNCHING:
+                return
+            waited = (utcnow() - run.updated_at).total_seconds()
+            if waited > self.settings.gpu_wait_deadline:
+                message = f"gave up after {waited:.0f}s waiting for GPUs: {why}"
+                self._end_attempt(run.current, "failed", None, message)
+                transition(s, run, RunStatus.FAILED, message)
+            else:
+                run.message = f"waiting for GPUs ({waited:.0f}s of {self.settings.gpu_wait_deadline:.0f}s): {why}"
+
     def _fail(self, run_id: str, message: str) -> None:
         with self.db.writing() as s:
             run = get_run(s, run_id)
@@ -167,12 +216,47 @@ class Supervisor:
             return
         attempt.status, attempt.exit_code, attempt.message, attempt.ended_at = status, exit_code, message, utcnow()
 
-    def _probe(self, run: Run, attempt: Attempt, hosts: dict[str, Host]) -> list[NodeProbe]:
+    def _gpu_sample_due(self, run_id: str) -> bool:
+        now = time.monotonic()
+        if now - self._gpu_sampled.get(run_id, 0.0) < self.settings.gpu_sample_interval:
+            return False
+        self._gpu_sampled[run_id] = now
+        return True
+
+    def _probe(self, run: Run, attempt: Attempt, hosts: dict[str, Host], with_gpus: bool = False) -> list[NodeProbe]:
         out = []
         for i, node in enumerate(attempt.nodes):
             req = {"metrics_offset": node.get("metrics_offset", 0), "log_offset": node.get("log_offset", 0)}
-            out.append(NodeProbe(i, req, self.agent(hosts[node["host"]]).probe(node["dir"], **req)))
+            answer = self.agent(hosts[node["host"]]).probe(node["dir"], **req,
+                                                           gpu_tokens=[attempt.token] if with_gpus else None)
+            out.append(NodeProbe(i, req, answer))
         return out
+
+    @staticmethod
+    def _store_gpu_sample(s: Any, run: Run, attempt: Attempt, probe: NodeProbe, host: Host) -> None:
+        """GPU utilisation and memory of the GPUs this attempt uses, as metrics of the run."""
+        view = gpu_view(probe.answer["gpus"])
+        Supervisor._store_host_snapshot(s, host.id, view)
+        if not view.snapshot.available:
+            return
+        ours = view.pids_of({attempt.token})
+        node = attempt.nodes[probe.index]
+        used = {g.index for g in view.snapshot.gpus if any(p.pid in ours for p in g.processes)}
+        used = used or set(node.get("gpus") or [g.index for g in view.snapshot.gpus])
+        prefix = "" if probe.index == 0 else f"node{probe.index}_"
+        now, rows, latest = utcnow(), [], dict(run.latest or {})
+        for g in view.snapshot.gpus:
+            if g.index not in used:
+                continue
+            for name, value in ((f"{prefix}gpu_util_{g.index}", g.utilization_pct),
+                                (f"{prefix}gpu_mem_{g.index}", g.memory_used_mib)):
+                if value is not None:
+                    rows.append(MetricPoint(run_id=run.id, attempt=attempt.number, line=None, name=name,
+                                            step=attempt.last_step, value=float(value), time=now))
+                    latest[name] = float(value)
+        s.add_all(rows)
+        if attempt.number == run.attempt:
+            run.latest = latest
 
     @staticmethod
     def _apply_probes(s: Any, run: Run, attempt: Attempt, probes: list[NodeProbe]) -> None:
@@ -186,6 +270,9 @@ class Supervisor:
             if p.index == 0 and a["metrics"]:
                 store_metrics(s, run, attempt, a["metrics"])
             store_log(s, run.id, attempt.number, p.index, node.get("log_offset", 0), a["log_offset"], a["log"])
+            if a.get("gpus"):
+                host = s.scalar(select(Host).where(Host.name == node["host"]))
+                Supervisor._store_gpu_sample(s, run, attempt, p, host)
             node.update(metrics_offset=a["metrics_offset"], log_offset=a["log_offset"], state=a["state"],
                         exit_code=a["exit_code"])
         attempt.nodes = nodes
@@ -194,9 +281,19 @@ class Supervisor:
         """Cancel every node of the attempt and drain what it wrote; returns pids still alive."""
         remaining: list[int] = []
         for node in attempt.nodes:
-            answer = self.agent(hosts[node["host"]]).cancel(node["dir"], self.settings.cancel_grace)
+            agent = self.agent(hosts[node["host"]])
+            answer = agent.cancel(node["dir"], self.settings.cancel_grace)
             remaining += answer["remaining"]
+            if not answer["remaining"] and answer["signalled"]:
+                remaining += self._gpu_holders(agent, attempt.token, set(answer["signalled"]))
         return remaining
+
+    @staticmethod
+    def _gpu_holders(agent: HostAgent, token: str, pids: set[int]) -> list[int]:
+        """Pids of the attempt still listed by nvidia-smi as holding GPU memory (none on a GPU-less host)."""
+        view = agent.gpus([token])
+        return sorted({p.pid for g in view.snapshot.gpus for p in g.processes
+                       if p.pid in pids or view.token_of.get(p.pid) == token})
 
     # one handler per state
 
@@ -220,25 +317,50 @@ class Supervisor:
                 fresh.current.nodes = attempt.nodes
         master = hosts[run.hosts[0]].address
         master = "127.0.0.1" if master == "local" else master
+        envs = [self._gpu_env(attempt, hosts[node["host"]]) for node in attempt.nodes]
         pids = []
-        for i, node in enumerate(attempt.nodes):
+        for i, (node, env) in enumerate(zip(attempt.nodes, envs, strict=True)):
             host = hosts[node["host"]]
             argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master)
-            env = dict(attempt.spec.get("env", {}))
             answer = self.agent(host).launch(node["dir"], attempt.token, argv, env, attempt.spec.get("cwd"))
             pids.append(answer["pid"])
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
             current = fresh.current
-            current.nodes = [{**n, "pid": pid, "state": "running"} for n, pid in zip(current.nodes, pids, strict=True)]
+            current.nodes = [{**n, "pid": pid, "state": "running", "gpus": _visible(env)}
+                             for n, pid, env in zip(current.nodes, pids, envs, strict=True)]
             if fresh.status != RunStatus.LAUNCHING or fresh.attempt != attempt.number:
                 return  # cancelled or restarted meanwhile: that handler stops what we started
             current.status, current.started_at = "running", current.started_at or utcnow()
             transition(s, fresh, RunStatus.RUNNING, f"attempt {attempt.number} running",)
 
+    def _gpu_env(self, attempt: Attempt, host: Host) -> dict[str, str]:
+        """The job's environment, with free GPUs picked; raises WaitForGpus while others hold them."""
+        env = dict(attempt.spec.get("env", {}))
+        view = self.agent(host).gpus([attempt.token])
+        with self.db.writing() as s:
+            self._store_host_snapshot(s, host.id, view)
+        snap = view.snapshot
+        if not snap.available:
+            return env  # a host without GPUs runs the job on its CPUs
+        ours = view.pids_of({attempt.token})
+        wanted = _visible(env)
+        need = attempt.spec.get("nproc_per_node", 1)
+        if wanted is None and need < len(snap.gpus):
+            picked = pick_free_gpus(snap, need, ours)
+            if picked is None:
+                held = foreign_gpu_holders(snap, ours, None)
+                raise WaitForGpus(f"{need} free GPUs needed on {host.name}; {holders_message(held)}")
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in picked)
+            return env
+        held = foreign_gpu_holders(snap, ours, wanted)
+        if held:
+            raise WaitForGpus(f"on {host.name}: {holders_message(held)}")
+        return env
+
     def _poll(self, run: Run, hosts: dict[str, Host]) -> None:
         attempt = run.current
-        probes = self._probe(run, attempt, hosts)
+        probes = self._probe(run, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
         states = [p.answer["state"] for p in probes]
         failed = [p for p in probes if p.answer["state"] in ("lost", "missing") or
                   (p.answer["state"] == "exited" and p.answer["exit_code"] != 0)]
@@ -327,3 +449,10 @@ class Supervisor:
                 return
             fresh.clean_pending = False
             transition(s, fresh, RunStatus.LAUNCHING, f"previous attempts stopped; launching attempt {fresh.attempt}")
+
+
+def _visible(env: dict[str, str]) -> list[int] | None:
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [int(x) for x in value.split(",") if x.strip().isdigit()]

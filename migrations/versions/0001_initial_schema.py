@@ -30,6 +30,7 @@ def upgrade() -> None:
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.Column('gpu_snapshot', sa.JSON(), nullable=True),
     sa.Column('gpu_snapshot_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('gpu_wanted_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('name')
     )
