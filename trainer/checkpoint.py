@@ -60,11 +60,13 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     trainer_state: dict,
+    rank_state: dict | None = None,
     rank: int = 0,
     barrier: Callable[[], None] = lambda: None,
     keep: int = 2,
 ) -> Path:
-    """Collective: every rank calls it. Rank 0 writes the shared state, each rank its RNG state;
+    """Collective: every rank calls it. Rank 0 writes the shared state, each rank its RNG state and
+    `rank_state` (e.g. its own generators);
     rank 0 then renames the directory, refreshes the exported draft and prunes old checkpoints."""
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
@@ -72,7 +74,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    torch.save({"rng": rng_state(), **(rank_state or {})}, tmp / f"rng_rank{rank}.pt")
     if rank == 0:
         save_draft(draft, tmp)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
@@ -95,16 +97,18 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     rank: int = 0,
-) -> dict:
-    """Restore everything `save_checkpoint` wrote; returns the trainer state."""
+) -> tuple[dict, dict]:
+    """Restore everything `save_checkpoint` wrote; returns (trainer state, this rank's `rank_state`)."""
     load_draft_weights(draft, path)
     state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    rng_file = path / f"rng_rank{rank}.pt"
-    if rng_file.is_file():  # absent when resuming with more ranks than before
-        set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads((path / TRAINER_STATE).read_text())
+    rank_state = {}
+    rank_file = path / f"rng_rank{rank}.pt"
+    if rank_file.is_file():  # absent when resuming with more ranks than before
+        rank_state = torch.load(rank_file, weights_only=False)
+        set_rng_state(rank_state.pop("rng"))
+    return json.loads((path / TRAINER_STATE).read_text()), rank_state
 
 
 def export_draft(output_dir: str | Path, draft: EagleDraft) -> None:

@@ -52,10 +52,14 @@ def split_files(
 class HiddenStatesDataset(Dataset):
     """Map-style dataset over per-sample files; each item is a dict of the four tensors, cut to max_seq_len."""
 
-    def __init__(self, data_dir: str | Path | None, max_seq_len: int, files: Sequence[str | Path] | None = None):
+    def __init__(
+        self, data_dir: str | Path | None, max_seq_len: int, files: Sequence[str | Path] | None = None
+    ):
         self.files = [Path(f) for f in files] if files is not None else list_samples(data_dir)
         if files is None and not self.files:
-            raise FileNotFoundError(f"no {SAMPLE_PATTERN} files in {data_dir}; run `python -m trainer.prepare` first")
+            raise FileNotFoundError(
+                f"no {SAMPLE_PATTERN} files in {data_dir}; run `python -m trainer.prepare` first"
+            )
         self.max_seq_len = max_seq_len
 
     def __len__(self) -> int:

@@ -43,7 +43,13 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 MIN_CHUNK_TOKENS = 8  # a shorter tail of a text stream is dropped: too little context to train on
 TEXT_PIECE_CHARS = 1 << 20  # plain text is tokenised in pieces of about this size, cut at line ends
 
@@ -58,7 +64,9 @@ def _adds_bos(tokenizer) -> bool:
     return bos is not None and tokenizer("a").input_ids[:1] == [bos]
 
 
-def _chunks(ids: list[int], max_seq_len: int, bos: int | None, final: bool) -> tuple[list[list[int]], list[int]]:
+def _chunks(
+    ids: list[int], max_seq_len: int, bos: int | None, final: bool
+) -> tuple[list[list[int]], list[int]]:
     """Cut full chunks off `ids` (each led by `bos` when given); returns (chunks, rest)."""
     body = max_seq_len - (bos is not None)
     prefix = [bos] if bos is not None else []
@@ -236,7 +244,10 @@ def _capture(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[
 
 @torch.no_grad()
 def capture_hidden_states(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: Sequence[int]
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer_ids: Sequence[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the verifier's decoder once: (inputs of `layer_ids` concatenated [B, S, 3H], last layer output [B, S, H]).
 
@@ -250,7 +261,9 @@ def capture_hidden_states(
     return torch.cat([captured[i] for i in layer_ids], dim=-1), captured["last"]
 
 
-def load_verifier(path: str | Path, device: torch.device, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
+def load_verifier(
+    path: str | Path, device: torch.device, dtype: torch.dtype
+) -> tuple[PreTrainedModel, object]:
     major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
     dtype_arg = "dtype" if major_minor >= (4, 56) else "torch_dtype"
     model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_arg: dtype}).to(device).eval()
@@ -291,7 +304,9 @@ def prepare(
     if len(layer_ids) != 3 or not all(0 <= i < num_layers for i in layer_ids):
         raise ValueError(f"--layer-ids needs three layer indices in [0, {num_layers}), got {layer_ids}")
     if draft_vocab_size > vocab_size:
-        print(f"prepare: draft vocab size {draft_vocab_size} > verifier vocab {vocab_size}; using {vocab_size}")
+        print(
+            f"prepare: draft vocab size {draft_vocab_size} > verifier vocab {vocab_size}; using {vocab_size}"
+        )
         draft_vocab_size = vocab_size
 
     sample_dir = output_dir / "hidden_states"
@@ -314,8 +329,12 @@ def prepare(
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention_mask[row, : len(ids)] = 1
         if int(input_ids.max()) >= vocab_size:
-            raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab size {vocab_size}")
-        aux, last = capture_hidden_states(model, input_ids.to(run_device), attention_mask.to(run_device), layer_ids)
+            raise ValueError(
+                f"tokenizer produced id {int(input_ids.max())} >= the model's vocab size {vocab_size}"
+            )
+        aux, last = capture_hidden_states(
+            model, input_ids.to(run_device), attention_mask.to(run_device), layer_ids
+        )
         aux, last = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu()
         for row, ((ids, mask), length) in enumerate(zip(batch, lengths, strict=True)):
             ids_tensor = torch.tensor(ids, dtype=torch.long)
@@ -348,13 +367,18 @@ def prepare(
                 if time.monotonic() - last_report > 30:
                     last_report = time.monotonic()
                     rate = stats["tokens"] / (last_report - started)
-                    print(f"prepare: {stats['samples']} samples, {stats['tokens']} tokens, {rate:.0f} tokens/s", flush=True)
+                    print(
+                        f"prepare: {stats['samples']} samples, {stats['tokens']} tokens, {rate:.0f} tokens/s",
+                        flush=True,
+                    )
         if batch:
             run_batch(batch, writer)
         while pending:
             pending.popleft().result()
     if stats["samples"] == 0:
-        raise ValueError(f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on")
+        raise ValueError(
+            f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on"
+        )
 
     d2t, t2d = build_vocab_mapping(
         {int(i): int(counts[i]) for i in counts.nonzero().flatten()}, vocab_size, draft_vocab_size
@@ -398,7 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--draft-vocab-size", type=int, default=32000)
     parser.add_argument("--max-samples", type=int)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--layer-ids", type=_layer_ids, help="three comma-separated layer indices (default 2,N//2,N-3)")
+    parser.add_argument(
+        "--layer-ids", type=_layer_ids, help="three comma-separated layer indices (default 2,N//2,N-3)"
+    )
     parser.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     args = parser.parse_args(argv)
     metadata = prepare(

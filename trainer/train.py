@@ -153,11 +153,11 @@ def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
     return out
 
 
-def train_step(model, head: VerifierHead, batch: dict, optimizer, scheduler, params, args) -> tuple[torch.Tensor, ...]:
+def train_step(model, head: VerifierHead, batch: dict, optimizer, scheduler, params, noise, args) -> tuple[torch.Tensor, ...]:
     """One optimizer step; returns (loss, per-step stats, grad norm), all still on the device."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch["input_ids"].is_cuda):
         targets = verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"])
-        hidden_states = add_feature_noise(batch["hidden_states"], args.noise_std)
+        hidden_states = add_feature_noise(batch["hidden_states"], args.noise_std, noise)
         loss, stats = model(hidden_states, batch["input_ids"], targets)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
@@ -257,9 +257,12 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
     optimizer = build_optimizer(params, args.lr)
     scheduler = build_scheduler(optimizer, args.scheduler, total_steps, args.warmup_ratio)
     step, epoch, start_batch = 0, 0, 0
-    torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # feature noise differs per rank
+    # The feature noise has its own generator: data loaders draw from the global one as they start.
+    noise = torch.Generator(ctx.device).manual_seed(args.seed + 1000 * (ctx.rank + 1))
     if resume_from is not None:
-        state = load_checkpoint(resume_from, draft, optimizer, scheduler, ctx.rank)
+        state, rank_state = load_checkpoint(resume_from, draft, optimizer, scheduler, ctx.rank)
+        if "noise" in rank_state:
+            noise.set_state(rank_state["noise"])
         step, epoch, start_batch = state["step"], state["epoch"], state["batch"]
         if state.get("world_size", ctx.world_size) != ctx.world_size:  # keep the samples seen, roughly
             start_batch = start_batch * state["world_size"] // ctx.world_size
@@ -281,7 +284,9 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
             "epoch": position[0], "batch": position[1], "total_steps": total_steps, "world_size": ctx.world_size,
             "ttt_steps": args.ttt_steps, "args": vars(args),
         }
-        save_checkpoint(output_dir, step, draft, optimizer, scheduler, state, ctx.rank, ctx.barrier)
+        save_checkpoint(
+            output_dir, step, draft, optimizer, scheduler, state, {"noise": noise.get_state()}, ctx.rank, ctx.barrier
+        )
 
     try:
         last_time = time.time()
@@ -291,7 +296,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
             for batch in loader:
                 batch = batch_to(batch, ctx.device, dtype)
                 lr = scheduler.get_last_lr()[0]
-                loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, args)
+                loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, noise, args)
                 step += 1
                 batch_index += 1
                 tokens = batch["attention_mask"].sum().float()

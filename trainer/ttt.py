@@ -46,11 +46,11 @@ def verifier_targets(
     return VerifierTargets(probs.view(b, s, -1), top, valid)
 
 
-def add_feature_noise(hidden_states: Tensor, std: float) -> Tensor:
+def add_feature_noise(hidden_states: Tensor, std: float, generator: torch.Generator | None = None) -> Tensor:
     """Uniform noise in [-std, std] on the captured features (training augmentation)."""
     if std <= 0:
         return hidden_states
-    return hidden_states + torch.empty_like(hidden_states).uniform_(-std, std)
+    return hidden_states + torch.empty_like(hidden_states).uniform_(-std, std, generator=generator)
 
 
 class _SoftCrossEntropy(torch.autograd.Function):

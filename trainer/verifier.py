@@ -145,7 +145,9 @@ def _lr_at(step: int, total: int, peak: float) -> float:
 
 
 @torch.no_grad()
-def _evaluate(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int, windows: int, device: torch.device) -> dict:
+def _evaluate(
+    model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int, windows: int, device: torch.device
+) -> dict:
     """Next-token loss, greedy top-1 accuracy and the number of distinct greedy predictions."""
     count = min(windows, (tokens.numel() - 1) // seq_len)
     if count == 0:
@@ -159,7 +161,9 @@ def _evaluate(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int, windo
     model.train()
     predictions = logits.argmax(-1)
     return {
-        "heldout_loss": round(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(), 4),
+        "heldout_loss": round(
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(), 4
+        ),
         "heldout_top1": round((predictions == targets).float().mean().item(), 4),
         "distinct_predictions": int(predictions.unique().numel()),
     }
@@ -229,9 +233,16 @@ def build_verifier(
         root = stdlib_root()
         files = find_source_files(root, recursive=preset.recursive)
     if not files:
-        raise FileNotFoundError(f"no source text found under {root}; pass --corpus-dir with *.py/*.txt/*.md files")
+        raise FileNotFoundError(
+            f"no source text found under {root}; pass --corpus-dir with *.py/*.txt/*.md files"
+        )
 
-    settings = {"format": STAMP_FORMAT, "preset": asdict(preset), "seed": seed, "sources": _fingerprint(files, root)}
+    settings = {
+        "format": STAMP_FORMAT,
+        "preset": asdict(preset),
+        "seed": seed,
+        "sources": _fingerprint(files, root),
+    }
     stamp = _read_stamp(output_dir)
     if stamp is not None and stamp.get("settings") == settings:
         return {**stamp["summary"], "cached": True}
@@ -306,11 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.verifier", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--size", choices=sorted(PRESETS), default="tiny")
-    parser.add_argument("--corpus-dir", type=Path, help="train on *.py/*.txt/*.md under this dir instead of the stdlib")
+    parser.add_argument(
+        "--corpus-dir", type=Path, help="train on *.py/*.txt/*.md under this dir instead of the stdlib"
+    )
     parser.add_argument("--steps", type=int, help="override the preset's number of training steps")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    summary = build_verifier(args.output_dir, args.size, corpus_dir=args.corpus_dir, steps=args.steps, seed=args.seed)
+    summary = build_verifier(
+        args.output_dir, args.size, corpus_dir=args.corpus_dir, steps=args.steps, seed=args.seed
+    )
     if summary["cached"]:
         print(f"verifier already built at {summary['path']} (same settings); nothing to do")
     else:

@@ -33,7 +33,9 @@ PREPARED_MAX_SAMPLES = 24
 def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF directory of a LlamaForCausalLM (hidden 64, 8 layers, 4 heads / 2 kv heads), briefly trained."""
     directory = tmp_path_factory.mktemp("tiny_verifier")
-    build_verifier(directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES])
+    build_verifier(
+        directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES]
+    )
     return directory
 
 
@@ -41,7 +43,9 @@ def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A plain text file of stdlib sources (not those the tiny verifier was trained on)."""
     path = tmp_path_factory.mktemp("tiny_corpus") / "corpus.txt"
-    path.write_text("\n\n".join((stdlib_root() / name).read_text(encoding="utf-8") for name in CORPUS_SOURCES))
+    path.write_text(
+        "\n\n".join((stdlib_root() / name).read_text(encoding="utf-8") for name in CORPUS_SOURCES)
+    )
     return path
 
 

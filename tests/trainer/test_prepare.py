@@ -36,7 +36,9 @@ def verifier(tiny_verifier: Path):
 
 
 def _samples(prepared: Path) -> list[dict[str, torch.Tensor]]:
-    return [load_file(str(path)) for path in sorted((prepared / "hidden_states").glob("sample_*.safetensors"))]
+    return [
+        load_file(str(path)) for path in sorted((prepared / "hidden_states").glob("sample_*.safetensors"))
+    ]
 
 
 def test_files_shapes_and_metadata(prepared_data: Path, tiny_verifier: Path) -> None:
@@ -51,8 +53,14 @@ def test_files_shapes_and_metadata(prepared_data: Path, tiny_verifier: Path) -> 
         assert 0 < length <= PREPARED_MAX_SEQ_LEN
         assert sample["input_ids"].dtype == torch.int64
         assert sample["loss_mask"].dtype == torch.uint8 and sample["loss_mask"].shape == (length,)
-        assert sample["hidden_states"].dtype == torch.bfloat16 and sample["hidden_states"].shape == (length, 3 * hidden)
-        assert sample["last_hidden_state"].dtype == torch.bfloat16 and sample["last_hidden_state"].shape == (length, hidden)
+        assert sample["hidden_states"].dtype == torch.bfloat16 and sample["hidden_states"].shape == (
+            length,
+            3 * hidden,
+        )
+        assert sample["last_hidden_state"].dtype == torch.bfloat16 and sample["last_hidden_state"].shape == (
+            length,
+            hidden,
+        )
     assert sum(s["input_ids"].numel() for s in samples) == metadata["num_tokens"]
     d2t, t2d = load_vocab_mapping(prepared_data / "vocab_mapping")
     assert d2t.shape == (PREPARED_DRAFT_VOCAB,) and t2d.shape == (metadata["vocab_size"],)
@@ -115,7 +123,9 @@ def test_chat_loss_mask_with_fallback_and_other_templates(verifier) -> None:
         tokenizer.chat_template = LLAMA3_STYLE_TEMPLATE
         ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=512)
         # The space after ":" merges into the reply's first token, which is then a target too.
-        assert _assistant_text(tokenizer, ids, mask) == " sorted(items)<|endoftext|> items.sort()<|endoftext|>"
+        assert (
+            _assistant_text(tokenizer, ids, mask) == " sorted(items)<|endoftext|> items.sort()<|endoftext|>"
+        )
     finally:
         tokenizer.chat_template = original
     ids, mask = tokenize_chat(tokenizer, CONVERSATION, max_seq_len=10)
@@ -156,7 +166,9 @@ def test_plain_text_is_chunked_without_losing_tokens(verifier, tiny_corpus: Path
 def test_chat_corpus_vocab_mapping_counts_only_masked_tokens(tiny_verifier: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "chat.jsonl"
     corpus.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
-    metadata = prepare(tiny_verifier, corpus, tmp_path / "out", max_seq_len=128, draft_vocab_size=4, device="cpu")
+    metadata = prepare(
+        tiny_verifier, corpus, tmp_path / "out", max_seq_len=128, draft_vocab_size=4, device="cpu"
+    )
     sample = load_file(str(tmp_path / "out" / "hidden_states" / "sample_000000.safetensors"))
     masked = set(sample["input_ids"][sample["loss_mask"].bool()].tolist())
     d2t, _ = load_vocab_mapping(tmp_path / "out" / "vocab_mapping")

@@ -1,0 +1,119 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.data import (
+    HiddenStatesDataset,
+    ShardBatchSampler,
+    collate,
+    list_samples,
+    make_loader,
+    split_files,
+)
+
+
+def test_list_samples_accepts_the_prepare_output_dir(prepared_data: Path) -> None:
+    files = list_samples(prepared_data / "hidden_states")
+    assert files and files == sorted(files) and list_samples(prepared_data) == files
+
+
+def test_split_is_deterministic_disjoint_and_keeps_one_val_file(prepared_data: Path) -> None:
+    files = list_samples(prepared_data)
+    train, val = split_files(prepared_data / "hidden_states", 0.1, seed=3)
+    assert (train, val) == split_files(list(reversed(files)), 0.1, seed=3)
+    assert not set(train) & set(val) and sorted(train + val) == files
+    assert len(val) == round(len(files) * 0.1)
+    assert split_files(files, 0.1, seed=4) != (train, val)
+    assert len(split_files(files[:2], 0.01, seed=0)[1]) == 1
+    assert split_files(files, 0.0, seed=0) == (files, [])
+
+
+def test_dataset_truncates_to_max_seq_len(prepared_data: Path) -> None:
+    full = HiddenStatesDataset(prepared_data / "hidden_states", max_seq_len=4096)
+    short = HiddenStatesDataset(prepared_data / "hidden_states", max_seq_len=10)
+    assert len(full) == len(short) == len(list_samples(prepared_data))
+    item, cut = full[0], short[0]
+    assert set(item) == {"input_ids", "loss_mask", "hidden_states", "last_hidden_state"}
+    assert cut["input_ids"].shape == (10,) and cut["hidden_states"].shape == (
+        10,
+        item["hidden_states"].shape[1],
+    )
+    for name, tensor in cut.items():
+        assert torch.equal(tensor, item[name][:10]) and tensor.dtype == item[name].dtype
+
+
+def test_dataset_without_samples_says_what_to_run(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="trainer.prepare"):
+        HiddenStatesDataset(tmp_path, max_seq_len=8)
+
+
+def test_collate_pads_to_longest_with_masks_off(prepared_data: Path) -> None:
+    dataset = HiddenStatesDataset(prepared_data, max_seq_len=64)
+    items = [dataset[0], {name: tensor[:5] for name, tensor in dataset[1].items()}]
+    batch = collate(items)
+    length = items[0]["input_ids"].shape[0]
+    assert batch["input_ids"].shape == (2, length)
+    assert batch["hidden_states"].shape == (2, length, items[0]["hidden_states"].shape[1])
+    assert batch["hidden_states"].dtype == torch.bfloat16 and batch["loss_mask"].dtype == torch.uint8
+    assert batch["attention_mask"][1].tolist() == [1] * 5 + [0] * (length - 5)
+    assert not batch["loss_mask"][1, 5:].any() and not batch["last_hidden_state"][1, 5:].any()
+    assert torch.equal(batch["input_ids"][1, :5], items[1]["input_ids"])
+    assert torch.equal(batch["loss_mask"][0], items[0]["loss_mask"])
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """Items shaped like HiddenStatesDataset's whose input_ids carry the item's index."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        length = 1 + index % 3
+        return {
+            "input_ids": torch.full((length,), index, dtype=torch.long),
+            "loss_mask": torch.ones(length, dtype=torch.uint8),
+            "hidden_states": torch.zeros(length, 6, dtype=torch.bfloat16),
+            "last_hidden_state": torch.zeros(length, 2, dtype=torch.bfloat16),
+        }
+
+
+def test_two_ranks_cover_the_data_exactly_once_in_step() -> None:
+    dataset = IndexDataset(23)
+    for epoch in (0, 1):
+        loaders = [make_loader(dataset, 4, 0, True, 7, rank, 2, epoch) for rank in (0, 1)]
+        assert len(loaders[0]) == len(loaders[1]) == 3
+        seen = [
+            int(batch["input_ids"][row, 0])
+            for loader in loaders
+            for batch in loader
+            for row in range(len(batch["input_ids"]))
+        ]
+        assert sorted(seen) == list(range(len(dataset)))
+    orders = [list(make_loader(dataset, 4, 0, True, 7, 0, 2, epoch).batch_sampler) for epoch in (0, 1)]
+    assert orders[0] != orders[1]
+
+
+def test_batch_sampler_resume_and_epochs() -> None:
+    sampler = ShardBatchSampler(10, 2, shuffle=True, seed=1, rank=1, world_size=2)
+    batches = list(sampler)
+    sampler.set_epoch(0, start_batch=2)
+    assert list(sampler) == batches[2:] and len(sampler) == len(batches) - 2
+    sampler.set_epoch(1)
+    assert list(sampler) != batches and len(sampler) == len(batches)
+    # Batch size 1 with an odd count: the short rank repeats a sample so both take 3 steps.
+    assert [len(list(ShardBatchSampler(5, 1, rank=r, world_size=2))) for r in (0, 1)] == [3, 3]
+    strict = [list(ShardBatchSampler(5, 1, rank=r, world_size=2, even_batches=False)) for r in (0, 1)]
+    assert sorted(i for batches in strict for batch in batches for i in batch) == list(range(5))
+
+
+def test_loader_with_worker_processes(prepared_data: Path) -> None:
+    dataset = HiddenStatesDataset(prepared_data, max_seq_len=16)
+    loader = make_loader(dataset, 8, num_workers=1, shuffle=False, seed=0, rank=0, world_size=1, epoch=0)
+    assert loader.persistent_workers and loader.prefetch_factor == 4
+    for epoch in (0, 1):
+        loader.batch_sampler.set_epoch(epoch)
+        assert sum(batch["input_ids"].shape[0] for batch in loader) == len(dataset)
