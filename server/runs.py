@@ -312,3 +312,36 @@ def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | No
     if tail is not None:
         lines = lines[-tail:] if tail > 0 else []
     return number, att.log_path, lines, end
+
+
+def evaluations(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """Every attempt's acceptance report, oldest first."""
+    run = get_run(session, run_id)
+    return [{"attempt": a.number, "ttt_steps": eta.ttt_of(a.spec), **a.evaluation}
+            for a in run.attempts if a.evaluation]
+
+
+def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attempt: int | None = None) -> dict[str, Any]:
+    """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace."""
+    from server.advice import advise
+
+    reports = evaluations(session, run_id)
+    if attempt is not None:
+        reports = [r for r in reports if r["attempt"] == attempt]
+    if not reports:
+        raise NotFound(f"run {run_id} has no evaluation{f' for attempt {attempt}' if attempt else ''} yet: "
+                       "give the trainer an eval_corpus, or run python -m trainer.evaluate")
+    report = reports[-1]
+    run = get_run(session, run_id)
+    measured = measured_attempts(session, run)
+    base = next(a.spec for a in run.attempts if a.number == report["attempt"])
+    seconds_by_ttt = {}
+    if base.get("trainer") and measured:
+        for ttt in range(1, len(report["position_acceptance"]) + 1):
+            spec = {**base, "trainer": {**base["trainer"], "ttt_steps": ttt}}
+            seconds, _ = eta.predict_duration(measured, spec)
+            if seconds is not None:
+                seconds_by_ttt[ttt] = seconds
+    out = advise(report, interconnect, tp, trained_ttt=report["ttt_steps"],
+                 retrain_seconds_by_ttt=seconds_by_ttt or None)
+    return {"attempt": report["attempt"], **out}

@@ -94,28 +94,29 @@ class GpuSnapshotPublic(BaseModel):
 
 
 class TrainerSpec(Strict):
-    """The bundled trainer's flags (python -m trainer.train --help)."""
+    """The bundled trainer's flags (`python -m trainer.train --help`); unset ones take the trainer's defaults."""
 
     verifier_path: AbsPath
     data_dir: AbsPath
     vocab_mapping_dir: AbsPath
     output_dir: AbsPath
-    epochs: int = Field(1, gt=0)
-    lr: float = Field(3e-5, gt=0)
-    max_seq_len: int = Field(2048, gt=0)
-    num_workers: int = Field(2, ge=0)
+    epochs: int | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0)
+    max_seq_len: int | None = Field(None, gt=0)
+    num_workers: int | None = Field(None, ge=0)
     ttt_steps: int = Field(3, gt=0, le=64)
-    noise_std: float = Field(0.0, ge=0)
-    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    val_ratio: float = Field(0.0, ge=0, lt=1)
     ttt_step_decay: float | None = Field(None, gt=0, le=1)
+    noise_std: float | None = Field(None, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] | None = None
+    warmup_ratio: float | None = Field(None, ge=0, le=1)
+    val_ratio: float | None = Field(None, ge=0, lt=1)
     batch_size: int | None = Field(None, gt=0)
-    save_every: int | None = Field(None, gt=0)
+    grad_clip: float | None = Field(None, gt=0)
+    save_every: int | None = Field(None, ge=0)
     max_steps: int | None = Field(None, gt=0)
     seed: int | None = None
     init_from: AbsPath | None = None
-    eval_corpus: AbsPath | None = None
+    no_resume: bool | None = None
 
 
 class RunCreate(Strict):

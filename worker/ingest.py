@@ -76,6 +76,9 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
             rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,
                          "step": step, "value": v, "time": when})
             latest[name] = v
+        if isinstance(obj.get("evaluation"), dict):
+            # the trainer's acceptance report (trainer.evaluate), sent as one metrics line
+            attempt.evaluation = obj["evaluation"]
         if isinstance(obj.get("total_steps"), int):
             attempt.total_steps = obj["total_steps"]
         if step is not None:

@@ -1,6 +1,6 @@
 import asyncio
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
@@ -74,6 +74,23 @@ def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Quer
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
     number, path, lines, end = runs.log_lines(session, run_id, attempt, tail, since_offset, node)
     return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end)
+
+
+@router.get("/{run_id}/evaluation")
+def get_evaluation(run_id: str, session: ReadSession) -> dict:
+    """The acceptance report of the run's newest evaluated draft, and every attempt's in `by_attempt`."""
+    reports = runs.evaluations(session, run_id)
+    if not reports:
+        raise runs.NotFound(f"run {run_id} has no evaluation yet")
+    return {**reports[-1], "by_attempt": reports}
+
+
+@router.get("/{run_id}/advice")
+def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", "nvlink"] = "nvlink",
+               tp: Annotated[int, Query(ge=1, le=64)] = 8, attempt: Annotated[int | None, Query(ge=1)] = None) -> dict:
+    """Expected tokens/s per speculation depth on this interconnect, the depth to serve, and whether a deeper
+    TTT retrain pays off (with its predicted training time from this run's measured steps)."""
+    return runs.run_advice(session, run_id, interconnect, tp, attempt)
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse,
