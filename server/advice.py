@@ -18,6 +18,15 @@ smaller ratio on the right for every d < d', so it never prefers a shallower dep
 the shallower depth in both, that stays true. It does not hold for an interconnect whose extra cost grows with
 the tokens verified faster than the round cost does (bandwidth-bound rather than latency-bound): see
 compare_interconnects' note, and tests/server/test_advice.py for the proof as a test.
+
+The default PCIe cost is built to be the first kind: the NVLink measurement plus a fixed excess per all-reduce
+call, pcie_extra_us_per_call(tp) = PCIE_US_PER_RING_STEP * 2*(tp-1) (42 µs at tp=8). Decode messages are small
+((d+1) * hidden * 2 bytes: 16 KiB per verified token for a 70B-class model), so their all-reduce time is
+latency, not bandwidth: a PCIe-only box pays more per call (ring/tree steps through PCIe switches and host
+bridges), not more per byte. With that default the advisor never recommends a shallower depth for PCIe than
+for NVLink, at any tp. The NCCL_P2P_DISABLE=1 measurement (bandwidth-bound: no slower per call, dearer per
+byte) stays available as the optional table "pcie-p2p-disabled"; it can make PCIe shallower, and
+compare_interconnects says so when it does.
 """
 
 from __future__ import annotations
@@ -35,13 +44,41 @@ NVLINK_ALLREDUCE_US: tuple[tuple[int, float], ...] = (
     (1048576, 40.2), (4194304, 42.69), (16777216, 74.04), (67108864, 307.7),
 )
 # The same two GPUs with NCCL_P2P_DISABLE=1 (allreduce-p2p-disabled.json): traffic goes through host memory.
-# A stand-in for a PCIe-only box, not a real PCIe switch; pass a table measured on your box when you have one.
-PCIE_STANDIN_ALLREDUCE_US: tuple[tuple[int, float], ...] = (
+# Not a real PCIe switch, and not the default: at decode sizes it is no slower per call than NVLink but dearer per
+# byte (bandwidth-bound), so it can favour shallower depths. Optional, as table "pcie-p2p-disabled".
+PCIE_P2P_DISABLED_ALLREDUCE_US: tuple[tuple[int, float], ...] = (
     (1024, 36.92), (4096, 47.27), (16384, 35.82), (65536, 37.72), (262144, 68.97),
     (1048576, 62.05), (4194304, 166.75), (16777216, 627.45), (67108864, 2376.73),
 )
-ALLREDUCE_TABLES = {"nvlink": NVLINK_ALLREDUCE_US, "pcie": PCIE_STANDIN_ALLREDUCE_US}
-INTERCONNECTS = tuple(ALLREDUCE_TABLES)
+# Excess latency of one PCIe all-reduce call over NVLink, per ring step: nccl-tests small-message all_reduce on
+# 8-GPU PCIe Gen4/Gen5 servers without NVLink is commonly reported at ~50-100 µs vs ~15-25 µs on NVSwitch systems,
+# an excess of ~25-85 µs over the 2*(8-1) = 14 ring steps; taken conservatively as 3 µs per step (42 µs at tp=8).
+PCIE_US_PER_RING_STEP = 3.0
+
+
+def pcie_extra_us_per_call(tp: int) -> float:
+    """Fixed excess µs of one PCIe all-reduce over NVLink: PCIE_US_PER_RING_STEP per ring step, 2*(tp-1) steps."""
+    return PCIE_US_PER_RING_STEP * 2 * (tp - 1)
+
+
+PCIE_EXTRA_US_PER_CALL = pcie_extra_us_per_call(8)  # 42 µs at the default tp=8
+
+
+def pcie_allreduce_us(tp: int) -> tuple[tuple[int, float], ...]:
+    """The default PCIe table at tp: the NVLink measurement plus pcie_extra_us_per_call(tp) at every size."""
+    extra = pcie_extra_us_per_call(tp)
+    return tuple((nbytes, us + extra) for nbytes, us in NVLINK_ALLREDUCE_US)
+
+
+# The interconnects compared by default; "pcie" depends on tp, so it is built per call.
+INTERCONNECTS = ("nvlink", "pcie")
+# Tables that can be named instead of given (advise_main's --allreduce-table NAME, or allreduce_us=...).
+NAMED_ALLREDUCE_TABLES = {"nvlink": NVLINK_ALLREDUCE_US, "pcie-p2p-disabled": PCIE_P2P_DISABLED_ALLREDUCE_US}
+
+
+def default_allreduce_us(interconnect: str, tp: int) -> tuple[tuple[int, float], ...]:
+    _check_interconnect(interconnect)
+    return NVLINK_ALLREDUCE_US if interconnect == "nvlink" else pcie_allreduce_us(tp)
 
 # Default verifier: a 70B-class dense model in bf16 (Llama-3-70B shapes).
 DEFAULT_LAYERS = 80
@@ -72,9 +109,9 @@ RETRAIN_ASSUMPTION = (
 class CostModel:
     """Per-round cost of speculative decoding on one tensor-parallel group. Times in ms, table in (bytes, µs).
 
-    allreduce_us is one all-reduce call's time by message size, measured at the serving tp; a 2-rank table
-    (the defaults) is used as-is for any tp > 1, since at these message sizes the call time is mostly fixed
-    overhead that does not grow with ranks.
+    allreduce_us is one all-reduce call's time by message size at the serving tp. The NVLink default is a 2-rank
+    measurement used as-is for any tp > 1 (at these message sizes, over NVSwitch, the call time is mostly fixed
+    overhead); the PCIe default adds pcie_extra_us_per_call(tp), which grows with the ring's 2*(tp-1) steps.
     """
 
     tp: int
@@ -119,7 +156,7 @@ class CostModel:
             "draft_step_ms": DEFAULT_DRAFT_STEP_MS,
             "verifier_base_ms": DEFAULT_VERIFIER_ONE_GPU_MS / tp,
             "verifier_per_token_ms": DEFAULT_VERIFIER_PER_TOKEN_ONE_GPU_MS / tp,
-            "allreduce_us": ALLREDUCE_TABLES[name],
+            "allreduce_us": default_allreduce_us(name, tp),
         }
         return cls(tp=tp, **{**defaults, **overrides})
 
@@ -182,7 +219,7 @@ def _check_number(value: object, what: str, low: float, high: float = math.inf) 
 
 
 def _check_interconnect(name: str) -> None:
-    if name not in ALLREDUCE_TABLES:
+    if name not in INTERCONNECTS:
         raise ValueError(f"unknown interconnect {name!r}: expected one of {', '.join(INTERCONNECTS)}")
 
 
@@ -231,9 +268,13 @@ def _allreduce_basis(cost: CostModel) -> str:
         return "tp=1: no all-reduce"
     if cost.allreduce_us == NVLINK_ALLREDUCE_US:
         return "measured: NCCL all-reduce on 2 H200s over NVLink (NV18), used as-is for this tp"
-    if cost.allreduce_us == PCIE_STANDIN_ALLREDUCE_US:
-        return ("stand-in for PCIe: 2 H200s with NCCL_P2P_DISABLE=1 (through host memory), not a real PCIe "
-                "switch; give a table measured on the serving box")
+    if cost.allreduce_us == pcie_allreduce_us(cost.tp):
+        return (f"PCIe estimate: the NVLink measurement plus {pcie_extra_us_per_call(cost.tp):g} µs per call "
+                f"({PCIE_US_PER_RING_STEP:g} µs x 2*(tp-1) ring steps, from published nccl-tests small-message "
+                "latencies); give a table measured on the serving box")
+    if cost.allreduce_us == PCIE_P2P_DISABLED_ALLREDUCE_US:
+        return ("pcie-p2p-disabled: 2 H200s with NCCL_P2P_DISABLE=1 (through host memory), not a real PCIe "
+                "switch; bandwidth-bound, so it can favour shallower depths than NVLink")
     return "given all-reduce table"
 
 
@@ -419,15 +460,19 @@ def compare_interconnects(
             "not a fixed latency but grows with the tokens verified per round (bandwidth-bound), so deeper rounds "
             "cost it proportionally more."
         )
-        if advice["pcie"]["cost_model"]["allreduce_us"] == [list(row) for row in PCIE_STANDIN_ALLREDUCE_US]:
+        if advice["pcie"]["cost_model"]["allreduce_us"] == [list(row) for row in PCIE_P2P_DISABLED_ALLREDUCE_US]:
             result["note"] += (
-                " The default PCIe table is a stand-in (NVLink switched off on an NVLink box, so its small-message "
-                "time matches NVLink's); a table measured on a real PCIe box may well favour deeper speculation."
+                " The pcie-p2p-disabled table is NVLink switched off on an NVLink box, so its small-message time "
+                "matches NVLink's; a real PCIe box pays a larger fixed latency per call, which favours deeper "
+                "speculation (the default PCIe estimate)."
             )
     return result
 
 
 def _load_allreduce_table(path: str) -> tuple[tuple[int, float], ...]:
+    """A named table (NAMED_ALLREDUCE_TABLES) or a JSON file of measurements."""
+    if path in NAMED_ALLREDUCE_TABLES:
+        return NAMED_ALLREDUCE_TABLES[path]
     with open(path) as f:
         data = json.load(f)
     rows = data.get("allreduce") if isinstance(data, dict) else data
@@ -443,7 +488,7 @@ def advise_main(argv: list[str]) -> int:
         prog="longrun advise",
         description="Expected tokens/s per speculation depth, the depth to serve, and whether a deeper TTT "
         "retrain pays off. Defaults: a 70B-class verifier (80 layers, hidden 8192) on H200s; "
-        "the PCIe all-reduce table is a stand-in measured with NCCL_P2P_DISABLE=1.",
+        "PCIe is the NVLink all-reduce table plus 3 µs per ring step per call (2*(tp-1) steps).",
     )
     parser.add_argument("--evaluation", required=True, help="JSON from `python -m trainer.evaluate`")
     parser.add_argument("--interconnect", choices=[*INTERCONNECTS, "both"], default="both")
@@ -453,7 +498,11 @@ def advise_main(argv: list[str]) -> int:
     parser.add_argument("--verifier-per-token-ms", type=float, help="extra verifier time per verified token, ms")
     parser.add_argument("--layers", type=int, help="verifier layers")
     parser.add_argument("--hidden", type=int, help="verifier hidden size")
-    parser.add_argument("--allreduce-table", help="all-reduce times, JSON like tests/fixtures/h200x2/allreduce-*.json")
+    parser.add_argument(
+        "--allreduce-table", metavar="FILE|NAME",
+        help="all-reduce times, JSON like tests/fixtures/h200x2/allreduce-*.json, or a named table: "
+        + ", ".join(NAMED_ALLREDUCE_TABLES),
+    )
     parser.add_argument("--trained-ttt", type=int, help="TTT steps the draft was trained with")
     parser.add_argument(
         "--retrain-seconds", action="append", default=[], metavar="TTT=SECONDS",

@@ -11,12 +11,15 @@ import pytest
 from server.advice import (
     INTERCONNECTS,
     NVLINK_ALLREDUCE_US,
-    PCIE_STANDIN_ALLREDUCE_US,
+    PCIE_EXTRA_US_PER_CALL,
+    PCIE_P2P_DISABLED_ALLREDUCE_US,
     CostModel,
     advise,
     advise_main,
     compare_interconnects,
     improved_positions,
+    pcie_allreduce_us,
+    pcie_extra_us_per_call,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200x2"
@@ -264,22 +267,70 @@ def test_the_ratio_condition_is_what_guarantees_the_order():
     assert checked > 300
 
 
-def test_the_shipped_pcie_standin_is_bandwidth_bound_and_can_favour_shallower_depths():
-    # Known limit of the default tables, kept visible: with NCCL_P2P_DISABLE the small-message time matches
-    # NVLink's (even a little less) while each extra byte costs more, so the ratio condition fails and a
-    # typical curve gets one depth less on the stand-in. compare_interconnects says so.
+def test_default_pcie_is_nvlink_plus_a_fixed_latency_per_call():
+    # 3 µs per ring step, 2*(tp-1) steps: 0 at tp=1, 6 µs at tp=2, 42 µs at tp=8.
+    assert [pcie_extra_us_per_call(tp) for tp in (1, 2, 8, 16)] == [0.0, 6.0, 42.0, 90.0]
+    assert PCIE_EXTRA_US_PER_CALL == 42.0
     nvlink, pcie = (CostModel.for_interconnect(name, 8) for name in INTERCONNECTS)
-    assert not cost_ratio_condition(pcie, nvlink, range(9))
-    curve = [0.8, 0.64, 0.5, 0.38, 0.27, 0.19, 0.13, 0.09]
-    out = compare_interconnects({"position_acceptance": curve}, 8)
+    assert pcie.allreduce_us == tuple((b, us + 42.0) for b, us in NVLINK_ALLREDUCE_US)
+    for message in (100, 16384, 65536, 131072, 10**6, 10**8):  # within, below and beyond the table
+        assert pcie.allreduce_latency_us(message) == pytest.approx(nvlink.allreduce_latency_us(message) + 42.0)
+    # depth 3 at tp 8: 160 calls, each 42 µs dearer -> 6.72 ms more per round, whatever the depth
+    assert [pcie.round_ms(d) - nvlink.round_ms(d) for d in range(10)] == pytest.approx([160 * 0.042] * 10)
+    assert "PCIe estimate" in advise({"position_acceptance": [0.5]}, "pcie", 8)["allreduce_basis"]
+    assert "42 µs per call" in advise({"position_acceptance": [0.5]}, "pcie", 8)["allreduce_basis"]
+
+
+def test_default_tables_never_make_pcie_shallower_at_any_tp():
+    # The product requirement, on the shipped defaults: same measurements, every tp in 1..16, many random
+    # non-increasing curves (and random verifier/draft overrides, applied to both), never a shallower PCIe depth.
+    rng = random.Random(20261201)
+    deeper = 0
+    for tp in range(1, 17):
+        nvlink, pcie = (CostModel.for_interconnect(name, tp) for name in INTERCONNECTS)
+        # The proof's premise holds for the defaults over every depth a curve here can have (and more).
+        assert cost_ratio_condition(pcie, nvlink, range(33)), tp
+        for i in range(400):
+            evaluation = {"position_acceptance": random_curve(rng)}
+            overrides = {} if i % 2 else dict(
+                draft_step_ms=rng.choice([0.0, rng.uniform(0, 3)]),
+                verifier_base_ms=rng.uniform(0.5, 60) / tp,
+                verifier_per_token_ms=rng.choice([0.0, rng.uniform(0, 0.5)]),
+                layers=rng.randint(1, 120),
+                hidden=rng.choice([1024, 4096, 8192, 16384]),
+            )
+            out = compare_interconnects(evaluation, tp, **overrides)
+            depths = out["recommended_depth"]
+            assert depths["pcie"] >= depths["nvlink"], (tp, evaluation, overrides)
+            assert out["note"] is None
+            deeper += depths["pcie"] > depths["nvlink"]
+    assert deeper > 100  # the property is exercised, not vacuous
+
+
+def test_the_optional_p2p_disabled_table_is_bandwidth_bound_and_can_favour_shallower_depths():
+    # Known limit of the NCCL_P2P_DISABLE=1 measurement, kept visible: its small-message time matches NVLink's
+    # (even a little less) while each extra byte costs more, so the ratio condition fails and a typical curve
+    # gets one depth less with it. compare_interconnects says so; the defaults give PCIe the deeper depth.
+    nvlink = CostModel.for_interconnect("nvlink", 8)
+    p2p = CostModel.for_interconnect("pcie", 8, allreduce_us=PCIE_P2P_DISABLED_ALLREDUCE_US)
+    assert not cost_ratio_condition(p2p, nvlink, range(9))
+    curve = {"position_acceptance": [0.8, 0.64, 0.5, 0.38, 0.27, 0.19, 0.13, 0.09]}
+    out = compare_interconnects(curve, 8, costs={"nvlink": nvlink, "pcie": p2p})
     assert out["recommended_depth"] == {"nvlink": 6, "pcie": 5}
-    assert "stand-in" in out["note"]
-    assert "stand-in" in out["pcie"]["allreduce_basis"] and "measured" in out["nvlink"]["allreduce_basis"]
+    assert "shallower depth than NVLink" in out["note"] and "pcie-p2p-disabled" in out["note"]
+    assert "NCCL_P2P_DISABLE=1" in out["pcie"]["allreduce_basis"] and "measured" in out["nvlink"]["allreduce_basis"]
+    default = compare_interconnects(curve, 8)
+    assert default["recommended_depth"]["nvlink"] == 6 and default["recommended_depth"]["pcie"] >= 6
+    assert default["note"] is None
+    # A given table that is not the p2p-disabled one still gets the general note, without the p2p sentence.
+    steep = CostModel.for_interconnect("pcie", 8, allreduce_us=((1024, 10.0), (1048576, 5000.0)))
+    note = compare_interconnects(curve, 8, costs={"nvlink": nvlink, "pcie": steep})["note"]
+    assert "bandwidth-bound" in note and "pcie-p2p-disabled" not in note
 
 
 def test_default_tables_are_the_fixture_measurements():
     for name, table in (("allreduce-nvlink.json", NVLINK_ALLREDUCE_US),
-                        ("allreduce-p2p-disabled.json", PCIE_STANDIN_ALLREDUCE_US)):
+                        ("allreduce-p2p-disabled.json", PCIE_P2P_DISABLED_ALLREDUCE_US)):
         data = json.loads((FIXTURES / name).read_text())
         assert data["world"] == 2
         assert tuple((row["bytes"], row["us"]) for row in data["allreduce"]) == table
@@ -290,7 +341,8 @@ def test_default_cost_model():
     assert (cost.layers, cost.hidden, cost.allreduces_per_layer, cost.bytes_per_value) == (80, 8192, 2, 2)
     assert cost.verifier_base_ms == pytest.approx(5.0) and cost.verifier_per_token_ms == pytest.approx(0.0375)
     assert cost.draft_step_ms == 0.6
-    assert CostModel.for_interconnect("pcie", 8).allreduce_us == PCIE_STANDIN_ALLREDUCE_US
+    assert CostModel.for_interconnect("pcie", 8).allreduce_us == pcie_allreduce_us(8)
+    assert CostModel.for_interconnect("pcie", 1).allreduce_us == NVLINK_ALLREDUCE_US  # no ring steps at tp=1
     custom = CostModel.for_interconnect("pcie", 4, layers=32, hidden=4096, draft_step_ms=0.2)
     assert (custom.tp, custom.layers, custom.hidden, custom.draft_step_ms) == (4, 32, 4096, 0.2)
     assert custom.verifier_base_ms == pytest.approx(10.0)
@@ -414,6 +466,11 @@ def test_cli_both_and_own_table(tmp_path, capsys):
     table = write(tmp_path, "ar.json", {"world": 8, "allreduce": [{"bytes": 1024, "us": 90.0}]})
     assert advise_main(["--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table", table]) == 0
     assert json.loads(capsys.readouterr().out)["cost_model"]["allreduce_us"] == [[1024, 90.0]]
+    assert advise_main(["--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table",
+                        "pcie-p2p-disabled"]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert named["cost_model"]["allreduce_us"] == [list(row) for row in PCIE_P2P_DISABLED_ALLREDUCE_US]
+    assert "NCCL_P2P_DISABLE=1" in named["allreduce_basis"]
 
 
 @pytest.mark.parametrize(
