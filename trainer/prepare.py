@@ -34,6 +34,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
@@ -427,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()
     metadata = prepare(
         args.verifier_path,
         args.corpus,

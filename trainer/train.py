@@ -146,6 +146,35 @@ def load_weights_with_same_vocab(draft: EagleDraft, path: Path) -> None:
         raise ValueError(f"{path} was trained with a different draft vocabulary than --vocab-mapping-dir")
 
 
+def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | None) -> tuple[EagleDraft, VerifierHead]:
+    """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
+    d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
+    config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
+    config.aux_hidden_state_layer_ids = aux_layer_ids(Path(args.data_dir), config.aux_hidden_state_layer_ids)
+    head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    draft = EagleDraft(config, embed_weight.to(dtype))
+    draft.set_vocab_mapping(d2t, t2d)
+    if init_from:
+        load_weights_with_same_vocab(draft, init_weights_path(init_from))
+    return draft, head
+
+
+def step_metrics(
+    ctx: Distributed, loss: torch.Tensor, stats: torch.Tensor, grad_norm: torch.Tensor, tokens: torch.Tensor,
+    stop_requested: bool,
+) -> tuple[dict, float, bool]:
+    """One all-reduce for a step's metrics: (per-step metrics averaged over ranks, tokens on all ranks,
+    whether any rank was asked to stop)."""
+    flag = torch.ones(1, device=loss.device) * float(stop_requested)
+    packed = torch.cat([loss.float()[None], grad_norm.float()[None], tokens.float()[None], flag, stats.flatten()])
+    values = ctx.sum(packed).cpu()
+    stats_sum = values[4:].view_as(stats).clone()
+    stats_sum[:, 0] /= ctx.world_size
+    metrics = {"loss": values[0].item() / ctx.world_size, **summarize_stats(stats_sum), "grad_norm": values[1].item() / ctx.world_size}
+    return metrics, values[2].item(), values[3].item() > 0
+
+
 def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     for name in ("hidden_states", "last_hidden_state"):
@@ -215,15 +244,8 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     log = print if ctx.rank == 0 else (lambda *a, **k: None)
 
-    d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
-    config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
-    config.aux_hidden_state_layer_ids = aux_layer_ids(Path(args.data_dir), config.aux_hidden_state_layer_ids)
-    head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
-    torch.manual_seed(args.seed)  # identical initial weights on every rank
-    draft = EagleDraft(config, embed_weight.to(dtype))
-    draft.set_vocab_mapping(d2t, t2d)
-    if args.init_from and resume_from is None:
-        load_weights_with_same_vocab(draft, init_weights_path(args.init_from))
+    draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
+    config = draft.config
     draft.to(ctx.device)
     head = head.to(ctx.device, dtype)
     objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
@@ -299,26 +321,21 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                 loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, noise, args)
                 step += 1
                 batch_index += 1
-                tokens = batch["attention_mask"].sum().float()
-                flag = torch.tensor(float(stop.requested), device=ctx.device)
-                reduced = ctx.sum(torch.cat([loss.float()[None], stats.flatten(), grad_norm.float()[None], tokens[None], flag[None]]))
-                values = reduced.cpu()
+                metrics, tokens, stopping = step_metrics(
+                    ctx, loss, stats, grad_norm, batch["attention_mask"].sum(), stop.requested
+                )
                 now = time.time()
-                stats_sum = values[1 : 1 + stats.numel()].view_as(stats).clone()
-                stats_sum[:, 0] /= ctx.world_size
                 reporter.train_step({
                     "step": step,
                     "total_steps": total_steps,
                     "epoch": epoch + batch_index / steps_per_epoch,
-                    "loss": values[0].item() / ctx.world_size,
-                    **summarize_stats(stats_sum),
+                    **metrics,
                     "lr": lr,
-                    "grad_norm": values[-3].item() / ctx.world_size,
-                    "tokens_per_s": values[-2].item() / max(now - last_time, 1e-9),
+                    "tokens_per_s": tokens / max(now - last_time, 1e-9),
                     "ttt_steps": args.ttt_steps,
                 })
                 last_time = now
-                if values[-1].item() > 0:
+                if stopping:
                     log(f"stopping at step {step} on SIGTERM", flush=True)
                     return EXIT_TERMINATED
                 if step >= total_steps:

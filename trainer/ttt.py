@@ -123,7 +123,7 @@ class TTTObjective(nn.Module):
             stats.append(
                 torch.stack([
                     loss_k.detach(),
-                    torch.tensor(float(per_position.numel()), device=device),
+                    step_valid[k].sum().float(),
                     right.sum().float(),
                     (step_valid[k] & chain).sum().float(),
                     (right & chain).sum().float(),
@@ -134,8 +134,8 @@ class TTTObjective(nn.Module):
 
 
 def summarize_stats(stats: Tensor, prefix: str = "") -> dict[str, float]:
-    """Per-step metrics from stats [T, len(STAT_FIELDS)] summed over batches and ranks, where the loss
-    column holds a sum of per-batch means over `batches` (the caller divides first)."""
+    """`loss_k`, `acc_k`, `cond_acc_k` from stats [T, len(STAT_FIELDS)]: counts summed over batches and
+    ranks, the loss column already averaged by the caller."""
     out = {}
     for k, (loss, positions, correct, before, after) in enumerate(stats.tolist()):
         out[f"{prefix}loss_{k}"] = loss

@@ -1,8 +1,11 @@
 """Session fixtures for trainer tests: a tiny verifier, a tiny corpus and its prepared features."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer.prepare import prepare
 from trainer.verifier import VerifierPreset, build_verifier, stdlib_root
@@ -22,20 +25,32 @@ TINY_VERIFIER_PRESET = VerifierPreset(
     batch_size=8,
     steps=30,
     lr=3e-3,
-    recursive=False,
+    sources="top-level",
 )
 PREPARED_MAX_SEQ_LEN = 64
 PREPARED_DRAFT_VOCAB = 128
 PREPARED_MAX_SAMPLES = 24
 
 
+@contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Tiny shapes gain nothing from more threads, and on a busy machine spinning OpenMP threads cost 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF directory of a LlamaForCausalLM (hidden 64, 8 layers, 4 heads / 2 kv heads), briefly trained."""
     directory = tmp_path_factory.mktemp("tiny_verifier")
-    build_verifier(
-        directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES]
-    )
+    with one_cpu_thread():
+        build_verifier(
+            directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES]
+        )
     return directory
 
 
@@ -53,14 +68,15 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Output dir of `prepare` on the tiny verifier and corpus: hidden_states/, vocab_mapping/, prepare.json."""
     directory = tmp_path_factory.mktemp("prepared")
-    prepare(
-        tiny_verifier,
-        tiny_corpus,
-        directory,
-        max_seq_len=PREPARED_MAX_SEQ_LEN,
-        draft_vocab_size=PREPARED_DRAFT_VOCAB,
-        max_samples=PREPARED_MAX_SAMPLES,
-        batch_size=8,
-        device="cpu",
-    )
+    with one_cpu_thread():
+        prepare(
+            tiny_verifier,
+            tiny_corpus,
+            directory,
+            max_seq_len=PREPARED_MAX_SEQ_LEN,
+            draft_vocab_size=PREPARED_DRAFT_VOCAB,
+            max_samples=PREPARED_MAX_SAMPLES,
+            batch_size=8,
+            device="cpu",
+        )
     return directory

@@ -20,10 +20,10 @@ def dense_ttt_attention(q, keys, values, diag_keys, diag_values, scale):
     n = len(diag_keys)
     all_keys = torch.cat([keys, *diag_keys], dim=1).repeat_interleave(groups, dim=2)
     all_values = torch.cat([values, *diag_values], dim=1).repeat_interleave(groups, dim=2)
-    mask = torch.zeros(s, s * (n + 1), dtype=torch.bool)
-    mask[:, :s] = torch.ones(s, s, dtype=torch.bool).tril()
+    mask = torch.zeros(s, s * (n + 1), dtype=torch.bool, device=q.device)
+    mask[:, :s] = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     for j in range(1, n + 1):
-        mask[:, s * j : s * (j + 1)] = torch.eye(s, dtype=torch.bool)
+        mask[:, s * j : s * (j + 1)] = torch.eye(s, dtype=torch.bool, device=q.device)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, all_keys) * scale
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), all_values)
@@ -208,3 +208,30 @@ def test_llama3_rope_scaling_changes_only_low_frequencies():
     ))
     assert torch.equal(plain.inv_freq[:4], scaled.inv_freq[:4])
     torch.testing.assert_close(scaled.inv_freq[-1], plain.inv_freq[-1] / 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("n_diag", [0, 3])
+@pytest.mark.parametrize("heads,kv_heads,d", [(8, 2, 128), (4, 4, 64)])
+def test_cuda_flash_ttt_attention_matches_dense_mask(n_diag, heads, kv_heads, d):
+    torch.manual_seed(0)
+    s = 300  # not a multiple of the kernel's block size
+    inputs = [x.detach().cuda().to(torch.bfloat16).requires_grad_() for x in _flatten(
+        random_attention_inputs(n_diag, heads, kv_heads, s=s, d=d))]
+    q, keys, values = inputs[:3]
+    diag_keys, diag_values = inputs[3 : 3 + n_diag], inputs[3 + n_diag :]
+    assert attention._causal_backend(q) == "cuda_flash"
+    grad_out = torch.randn_like(q)
+    fast = ttt_attention(q, keys, values, diag_keys, diag_values, d**-0.5)
+    fast_grads = torch.autograd.grad(fast, inputs, grad_out)
+    wide = [x.detach().float().requires_grad_() for x in inputs]
+    dense = dense_ttt_attention(wide[0], wide[1], wide[2], wide[3 : 3 + n_diag], wide[3 + n_diag :], d**-0.5)
+    dense_grads = torch.autograd.grad(dense, wide, grad_out.float())
+    torch.testing.assert_close(fast.float(), dense, atol=2e-2, rtol=2e-2)
+    for got, want in zip(fast_grads, dense_grads, strict=True):
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def _flatten(inputs):
+    q, keys, values, diag_keys, diag_values = inputs
+    return [q, keys, values, *diag_keys, *diag_values]

@@ -9,7 +9,7 @@ import pytest
 from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaConfig
 
-from tests.trainer.conftest import TINY_VERIFIER_PRESET, TOKENIZER_SOURCES
+from tests.trainer.conftest import TINY_VERIFIER_PRESET, TOKENIZER_SOURCES, one_cpu_thread
 from trainer.verifier import STAMP_FILE, build_verifier, stdlib_root
 
 HF_FILES = (
@@ -44,10 +44,10 @@ def test_fixture_verifier_is_a_complete_hf_dir_and_cached(tiny_verifier: Path) -
 def test_changed_settings_rebuild(tmp_path: Path) -> None:
     preset = replace(TINY_VERIFIER_PRESET, vocab_size=300, hidden_size=32, intermediate_size=64, steps=2)
     sources = [stdlib_root() / name for name in ("bisect.py", "keyword.py")]
-    first = build_verifier(tmp_path, preset, source_files=sources)
-    assert not first["cached"]
-    assert build_verifier(tmp_path, preset, source_files=sources)["cached"]
-    assert not build_verifier(tmp_path, preset, source_files=sources, steps=3)["cached"]
+    with one_cpu_thread():
+        assert not build_verifier(tmp_path, preset, source_files=sources)["cached"]
+        assert build_verifier(tmp_path, preset, source_files=sources)["cached"]
+        assert not build_verifier(tmp_path, preset, source_files=sources, steps=3)["cached"]
 
 
 @pytest.mark.slow

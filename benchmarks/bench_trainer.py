@@ -1,0 +1,181 @@
+"""Training-step throughput of longrun's EAGLE-3 trainer on one GPU, shaped like bench_speculators.py.
+
+    python benchmarks/bench_trainer.py 2048x3 4096x16        # Llama-3.1-8B-shaped draft, one GPU
+    python benchmarks/bench_trainer.py --tiny 64x3            # a tiny draft; runs on the CPU too
+
+Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
+32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
+Each step is the trainer's own `train_step`: verifier targets (final norm + lm_head over the full
+vocabulary), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
+
+- ms_per_step, tokens_per_s (sequence tokens per second), peak_gib;
+- gflop_per_token_step: matrix FLOPs of one TTT step per token, forward and backward (3x forward):
+  the hidden half of q/k/v, o_proj, the MLP, the draft lm_head, and causal attention over S keys;
+- tflops: all matrix FLOPs of the step (TTT steps + fc + token half of q/k/v + verifier lm_head) / time;
+- tflops_marginal: the FLOPs of the extra T-1 TTT steps over the extra time against the same
+  sequence at T=1 (what one more TTT step costs), and mfu_marginal: that over the measured bf16
+  matmul rate of this GPU (matmul_tflops) — the score TRAINER.md asks for.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.model import DraftConfig, EagleDraft  # noqa: E402
+from trainer.optim import build_optimizer, build_scheduler  # noqa: E402
+from trainer.train import train_step  # noqa: E402
+from trainer.ttt import TTTObjective  # noqa: E402
+from trainer.verifier_head import VerifierHead  # noqa: E402
+
+LLAMA_8B = dict(
+    hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    vocab_size=128256, draft_vocab_size=32000, rope_theta=500000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+)
+TINY = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    vocab_size=512, draft_vocab_size=128, rope_theta=10000.0, rope_scaling=None,
+)
+
+
+def make_config(shape: dict, ttt_steps: int) -> DraftConfig:
+    return DraftConfig(
+        **shape, rms_norm_eps=1e-5, target_hidden_size=shape["hidden_size"], aux_hidden_state_layer_ids=[2, 16, 29],
+        max_position_embeddings=131072, ttt_steps=ttt_steps,
+    )
+
+
+def flops(cfg: DraftConfig, seq: int, ttt: int) -> tuple[float, float]:
+    """(matrix FLOPs of one TTT step per token, fwd+bwd; all matrix FLOPs of one training step)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    per_step_params = h * qkv + cfg.num_attention_heads * d * h + 3 * h * cfg.intermediate_size + h * cfg.draft_vocab_size
+    attention = 2 * cfg.num_attention_heads * d * (seq + 1)  # QK and PV over (S+1)/2 keys on average, x2 FLOPs
+    per_token_step = 3 * (2 * per_step_params + attention)
+    once = 3 * 2 * (3 * h * h + h * qkv) + 2 * h * cfg.vocab_size  # fc, token half of q/k/v; verifier head fwd only
+    return per_token_step, seq * (ttt * per_token_step + once)
+
+
+def matmul_tflops(device: torch.device) -> float:
+    n = 8192 if device.type == "cuda" else 512
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    seconds = timed(lambda: a @ b, device, 20)
+    return 2 * n**3 / seconds / 1e12
+
+
+def timed(fn, device: torch.device, repeats: int) -> float:
+    """Seconds per call."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1000 / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats
+
+
+def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    cfg = make_config(shape, ttt)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    v, h, k = cfg.vocab_size, cfg.hidden_size, cfg.draft_vocab_size
+    draft_ids = torch.randperm(v)[:k].sort().values
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[draft_ids] = True
+    target_to_draft = torch.full((v,), -1, dtype=torch.long)
+    target_to_draft[draft_ids] = torch.arange(k)
+    head = VerifierHead(torch.ones(h), 1e-5, torch.randn(v, h) * 0.02, draft_ids, target_to_draft).to(device, dtype)
+    draft = EagleDraft(cfg, (torch.randn(v, h) * 0.02).to(dtype))
+    draft.set_vocab_mapping(draft_ids - torch.arange(k), t2d)
+    draft.to(device)
+    objective = TTTObjective(draft, ttt, 0.8)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, 1e-4)
+    scheduler = build_scheduler(optimizer, "constant", 10**6, 0.0)
+    batch = {
+        "hidden_states": torch.randn(1, seq, 3 * h, device=device, dtype=dtype),
+        "last_hidden_state": torch.randn(1, seq, h, device=device, dtype=dtype),
+        "input_ids": torch.randint(0, v, (1, seq), device=device),
+        "loss_mask": torch.ones(1, seq, dtype=torch.uint8, device=device),
+    }
+    noise = torch.Generator(device).manual_seed(0)
+    args = SimpleNamespace(noise_std=0.05, grad_clip=0.5)
+
+    def step():
+        train_step(objective, head, batch, optimizer, scheduler, params, noise, args)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    warmup_s = time.time() - t0
+    seconds = timed(step, device, steps)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
+    per_token_step, total = flops(cfg, seq, ttt)
+    return dict(
+        trainer="longrun", seq=seq, ttt=ttt, ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
+        peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
+        tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
+    )
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("configs", nargs="*", help="SEQxTTT, e.g. 2048x3 (default: the peer script's list)")
+    p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=4)
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        p.error("no GPU here: pass --tiny for a CPU smoke test")
+    shape = TINY if args.tiny else LLAMA_8B
+    configs = [tuple(map(int, c.split("x"))) for c in args.configs] or (
+        [(2048, t) for t in (1, 3, 5, 7, 10, 16)] + [(4096, t) for t in (3, 5, 10)]
+    )
+    rate = matmul_tflops(device)
+    one_step_seconds: dict[int, float] = {}  # per sequence length, at T=1
+    for seq, ttt in configs:
+        try:
+            result = bench(shape, seq, ttt, device, args.steps, args.warmup)
+            if ttt == 1:
+                one_step_seconds.setdefault(seq, result["seconds"])
+            elif seq not in one_step_seconds:
+                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup)["seconds"]
+            extra = result["seconds"] - one_step_seconds[seq] if ttt > 1 else None
+            marginal = (ttt - 1) * seq * result["per_token_step"] / extra / 1e12 if extra and extra > 0 else None
+            result.update(
+                tflops_marginal=round(marginal, 3) if marginal else None, matmul_tflops=round(rate, 3),
+                mfu_marginal=round(marginal / rate, 3) if marginal else None,
+            )
+            for key in ("seconds", "per_token_step"):
+                result.pop(key)
+            print(json.dumps(result), flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        except torch.OutOfMemoryError as e:  # an OOM at one depth is itself a finding
+            print(json.dumps(dict(trainer="longrun", seq=seq, ttt=ttt, error=f"OutOfMemoryError: {str(e)[:200]}")), flush=True)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

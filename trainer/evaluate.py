@@ -1,0 +1,240 @@
+"""Measure a draft by real greedy speculative decoding with its verifier.
+
+    python -m trainer.evaluate --verifier-path V --draft-path O --corpus FILE --max-depth 16
+
+For every depth d in 1..max-depth and every prompt of the corpus: the draft proposes d tokens one
+after another, chaining its own hidden states; the verifier checks them in one forward pass (with
+its KV cache); the longest agreeing prefix plus the verifier's own next token are accepted.
+
+The JSON report:
+- `position_acceptance[i]`: at max depth, the probability that draft token i is accepted given that
+  the ones before it were (0 for a position never reached);
+- `by_depth[d-1].mean_accepted`: tokens per verifier pass at depth d, counted on the rounds of the
+  max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d} Π_{j<=i}
+  position_acceptance[j]). It never falls with depth and equals the measurement at max depth.
+- `by_depth[d-1].measured_accepted`: tokens per pass of a real decoding at depth d. Rounds then start
+  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic).
+
+Prompts: for chat records, everything before the first assistant token; for plain text, the first
+--prompt-tokens tokens of each chunk. The draft recomputes its step-0 pass over the whole context
+each round (one layer, cheap next to the verifier) rather than keeping a KV cache.
+"""
+
+import argparse
+import inspect
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
+from trainer.prepare import decoder_layers, iter_samples, load_verifier
+
+# propose(tokens so far x_0..x_n, verifier features of x_0..x_{n-1} [1, n, 3H], depth) -> d target ids
+Proposer = Callable[[list[int], Tensor, int], list[int]]
+
+
+@contextmanager
+def layer_inputs(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[dict[int, Tensor]]:
+    """Collects the input hidden state of each layer in `layer_ids` during a forward pass."""
+    captured: dict[int, Tensor] = {}
+
+    def hook(index: int):
+        def save(module, args, kwargs):
+            captured[index] = args[0] if args else kwargs["hidden_states"]
+
+        return save
+
+    handles = [layers[i].register_forward_pre_hook(hook(i), with_kwargs=True) for i in set(layer_ids)]
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class Verifier:
+    """The verifier with a KV cache: greedy next tokens plus the captured features of what it reads."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.model = model
+        self.layers = decoder_layers(model)
+        self.layer_ids = list(layer_ids)
+        self.cache = None
+        # transformers 5.x renamed `past_key_values` to `cache`
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @torch.no_grad()
+    def forward(self, tokens: Sequence[int]) -> tuple[Tensor, list[int]]:
+        """Read `tokens` after the cached context: (features [1, len, 3H], greedy next token at each)."""
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([list(tokens)], device=device)
+        with layer_inputs(self.layers, self.layer_ids) as captured:
+            out = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: self.cache})
+        self.cache = getattr(out, self.cache_arg)
+        features = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        return features, out.logits[0].argmax(-1).tolist()
+
+    def reset(self) -> None:
+        self.cache = None
+
+    def keep(self, length: int) -> None:
+        """Drop cached positions from `length` on (the rejected proposals)."""
+        surplus = self.cache.get_seq_length() - length
+        if surplus > 0:
+            self.cache.crop(-surplus)
+
+
+class DraftProposer:
+    """Proposes with the draft exactly as it was trained: step 0 over the context with verifier features,
+    then steps 1..d-1 at the last position only, each reading the previous step's hidden state and token."""
+
+    def __init__(self, draft: EagleDraft):
+        self.draft = draft
+
+    @torch.no_grad()
+    def __call__(self, tokens: list[int], features: Tensor, depth: int) -> list[int]:
+        draft = self.draft
+        device = draft.d2t.device
+        n = features.shape[1]
+        with _autocast(device):
+            cos, sin = draft.rope(torch.arange(n + depth, device=device))
+            cache = TTTCache()
+            next_tokens = torch.tensor([tokens[1 : n + 1]], device=device)
+            hidden = draft.step(cache, draft.fuse(features), draft.token_qkv(next_tokens), cos[:n], sin[:n])
+            hidden = hidden[:, -1:]
+            proposals = []
+            for k in range(depth):
+                draft_id = int(draft.logits(hidden)[0, -1].argmax())
+                proposals.append(draft_id + int(draft.d2t[draft_id]))
+                if k + 1 < depth:
+                    token_qkv = draft.token_qkv(torch.tensor([[proposals[-1]]], device=device))
+                    position = slice(n + k, n + k + 1)  # position n-1, advanced by k+1 steps
+                    hidden = draft.step(cache, hidden, token_qkv, cos[position], sin[position])
+        return proposals
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+@dataclass
+class DecodeStats:
+    run_lengths: list[int] = field(default_factory=list)  # per verifier pass: proposals agreeing with it
+
+    @property
+    def passes(self) -> int:
+        return len(self.run_lengths)
+
+    def mean_accepted(self, depth: int | None = None) -> float:
+        """Tokens per pass (agreeing prefix + the verifier's own), counting at most `depth` proposals."""
+        cap = depth if depth is not None else max(self.run_lengths, default=0)
+        return sum(min(n, cap) + 1 for n in self.run_lengths) / max(self.passes, 1)
+
+    def position_acceptance(self, depth: int) -> list[float]:
+        reached = [sum(n >= i for n in self.run_lengths) for i in range(depth)]
+        accepted = [sum(n > i for n in self.run_lengths) for i in range(depth)]
+        return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]
+
+
+def speculative_decode(
+    verifier: Verifier, propose: Proposer, prompt: Sequence[int], depth: int, max_new_tokens: int,
+    eos_token_id: int | None, stats: DecodeStats,
+) -> list[int]:
+    """Greedy speculative decoding of one prompt; adds to `stats`, returns the generated tokens."""
+    verifier.reset()
+    features, greedy = verifier.forward(prompt)
+    tokens = [*prompt, greedy[-1]]  # the last token is not read by the verifier yet
+    while len(tokens) - len(prompt) < max_new_tokens and tokens[-1] != eos_token_id:
+        proposals = propose(tokens, features, depth)
+        new_features, greedy = verifier.forward([tokens[-1], *proposals])
+        agree = 0
+        while agree < depth and proposals[agree] == greedy[agree]:
+            agree += 1
+        stats.run_lengths.append(agree)
+        features = torch.cat([features, new_features[:, : agree + 1]], dim=1)
+        verifier.keep(features.shape[1])
+        tokens += [*proposals[:agree], greedy[agree]]
+        if eos_token_id in tokens[len(prompt) :]:
+            tokens = tokens[: tokens.index(eos_token_id, len(prompt)) + 1]
+    return tokens[len(prompt) :]
+
+
+def corpus_prompts(tokenizer, corpus: Path, max_samples: int, prompt_tokens: int) -> list[list[int]]:
+    """Chat records: everything before the first trained (assistant) token; text: the first prompt_tokens."""
+    prompts = []
+    for ids, mask in iter_samples(tokenizer, corpus, max(4 * prompt_tokens, 256)):
+        first_trained = next((i for i, m in enumerate(mask) if m), len(ids))
+        prompts.append(ids[:first_trained] if 0 < first_trained < len(ids) else ids[:prompt_tokens])
+        if len(prompts) == max_samples:
+            break
+    return prompts
+
+
+def evaluate(
+    verifier: Verifier, propose: Proposer, prompts: Sequence[Sequence[int]], max_depth: int, max_new_tokens: int,
+    eos_token_id: int | None,
+) -> dict:
+    """The acceptance report (see the module docstring) from real decoding at every depth 1..max_depth."""
+    measured = {}
+    for depth in range(1, max_depth + 1):
+        measured[depth] = DecodeStats()
+        for prompt in prompts:
+            speculative_decode(verifier, propose, prompt, depth, max_new_tokens, eos_token_id, measured[depth])
+    deepest = measured[max_depth]
+    by_depth = [
+        {
+            "depth": depth,
+            "mean_accepted": deepest.mean_accepted(depth),
+            "measured_accepted": stats.mean_accepted(),
+            "verifier_passes": stats.passes,
+        }
+        for depth, stats in measured.items()
+    ]
+    return {"by_depth": by_depth, "position_acceptance": deepest.position_acceptance(max_depth)}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier-path", required=True)
+    p.add_argument("--draft-path", required=True, help="a training output dir (or checkpoint) with model.safetensors")
+    p.add_argument("--corpus", required=True, type=Path, help="plain text, or JSONL with `text` or chat `messages`")
+    p.add_argument("--max-depth", type=int, default=16)
+    p.add_argument("--max-samples", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length taken from plain-text samples")
+    p.add_argument("--output", type=Path, help="also write the JSON report here")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    if args.max_depth < 1 or args.max_samples < 1 or args.max_new_tokens < 1:
+        p.error("--max-depth, --max-samples and --max-new-tokens must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, tokenizer = load_verifier(args.verifier_path, device, dtype)
+    embed = model.get_input_embeddings().weight.detach()
+    draft = load_draft(args.draft_path, embed).to(device).eval()
+    prompts = corpus_prompts(tokenizer, args.corpus, args.max_samples, args.prompt_tokens)
+    if not prompts:
+        raise SystemExit(f"no prompts in {args.corpus}")
+    verifier = Verifier(model, read_draft_config(args.draft_path).aux_hidden_state_layer_ids)
+    report = evaluate(verifier, DraftProposer(draft), prompts, args.max_depth, args.max_new_tokens, tokenizer.eos_token_id)
+    report.update(samples=len(prompts), max_new_tokens=args.max_new_tokens, draft_ttt_steps=draft.config.ttt_steps)
+    text = json.dumps(report)
+    if args.output:
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
