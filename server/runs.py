@@ -228,7 +228,7 @@ def _attempt_public(a: Attempt) -> AttemptPublic:
         if a.predicted_duration_seconds and a.status == "succeeded":
             error = (actual - a.predicted_duration_seconds) / a.predicted_duration_seconds
     return AttemptPublic(number=a.number, spec=a.spec, status=a.status, created_at=a.created_at,
-                         started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, message=a.message,
+                         started_at=a.started_at, first_step_at=a.first_step_at, ended_at=a.ended_at, exit_code=a.exit_code, message=a.message,
                          log_path=a.log_path, nodes=a.nodes, last_step=a.last_step, total_steps=a.total_steps,
                          seconds_per_step=a.sec_per_step, predicted_duration_seconds=a.predicted_duration_seconds,
                          actual_duration_seconds=actual, prediction_error=error)

@@ -168,6 +168,7 @@ class AttemptPublic(BaseModel):
     status: str
     created_at: datetime
     started_at: datetime | None
+    first_step_at: datetime | None = Field(None, description="when the first metric line with a step arrived")
     ended_at: datetime | None
     exit_code: int | None
     message: str | None

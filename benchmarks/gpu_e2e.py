@@ -1,0 +1,188 @@
+"""The product on a GPU box, driven only through the REST API (issue 6; with --gpus 4, issue 7).
+
+On the GPU machine: builds the demo verifier, prepares hidden states, starts `longrun serve`
+(SQLite, `local` host), submits the production-style trainer command on every GPU with TTT=3,
+watches loss/accuracy/GPU telemetry/ETA, asks the dry run for TTT=5, restarts at TTT=5 while
+sampling nvidia-smi to prove attempt 1 left the GPUs before attempt 2 started, watches again,
+cancels, and writes a JSON report plus the server's view of the run.
+
+    python benchmarks/gpu_e2e.py --out OUT [--verifier-size small] [--watch 60]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.service import Service  # noqa: E402
+
+
+def sh(argv: list[str], log: Path) -> float:
+    t = time.time()
+    with open(log, "w") as f:
+        subprocess.run(argv, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    return time.time() - t
+
+
+def gpu_apps() -> dict[int, str]:
+    """pid -> LONGRUN_ATTEMPT_DIR of every process nvidia-smi lists (\"\" when it carries none)."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout
+    apps = {}
+    for line in out.split():
+        if line.strip().isdigit():
+            pid = int(line)
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                d = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"LONGRUN_ATTEMPT_DIR=")), "")
+            except OSError:
+                d = ""
+            apps[pid] = d
+    return apps
+
+
+class GpuSampler(threading.Thread):
+    """Samples which attempt's processes hold GPU memory, every 0.2 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, dict[int, str]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.time(), gpu_apps()))
+            time.sleep(0.2)
+
+
+def watch(svc: Service, run_id: str, seconds: float, every: float = 2.0) -> list[dict[str, Any]]:
+    seen = []
+    end = time.time() + seconds
+    while time.time() < end:
+        r = svc.run(run_id)
+        current = r["attempts"][-1]
+        seen.append({"t": time.time(), "status": r["status"], "attempt": r["attempt"], "progress": r["progress"],
+                     "eta_seconds": r["eta_seconds"], "seconds_per_step": current["seconds_per_step"],
+                     "latest": r["latest"]})
+        latest = r["latest"]
+        print(f"  {r['status']} a{r['attempt']} step {latest.get('step')} loss {latest.get('loss')} "
+              f"acc_0 {latest.get('acc_0')} gpu {[latest.get(k) for k in sorted(latest) if k.startswith('gpu_util')]} "
+              f"eta {r['eta_seconds']}", flush=True)
+        if r["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(every)
+    return seen
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--work", type=Path, default=Path("/tmp/longrun-gpu"))
+    p.add_argument("--verifier-size", default="small")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--watch", type=float, default=60)
+    p.add_argument("--nproc", type=int, help="default: every GPU")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"gpus": subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout}
+    import torch
+
+    ngpu = args.nproc or torch.cuda.device_count()
+    report["nproc_per_node"] = ngpu
+
+    verifier, data = work / "verifier", work / "data"
+    report["verifier_build_s"] = sh([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier),
+                                     "--size", args.verifier_size], args.out / "verifier.log")
+    report["prepare_s"] = sh([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
+                              "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),
+                              "--max-seq-len", str(args.seq), "--max-samples", str(args.samples),
+                              "--draft-vocab-size", str(args.draft_vocab)], args.out / "prepare.log")
+    print(f"verifier {report['verifier_build_s']:.0f}s, prepare {report['prepare_s']:.0f}s", flush=True)
+
+    svc = Service(work / "home", gpu_sample_interval=2)
+    svc.home.mkdir(exist_ok=True)
+    svc.start()
+    sampler = GpuSampler()
+    try:
+        spec = {"name": "eagle3-ttt3", "host": "local", "nproc_per_node": ngpu,
+                "trainer": {"verifier_path": str(verifier), "data_dir": str(data / "hidden_states"),
+                            "vocab_mapping_dir": str(data / "vocab_mapping"), "output_dir": str(svc.workspace / "out"),
+                            "epochs": args.epochs, "lr": 3e-5, "max_seq_len": args.seq, "num_workers": 4,
+                            "ttt_steps": 3, "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01,
+                            "val_ratio": 0.05}}
+        report["spec"] = spec
+        t_submit = time.time()
+        run = svc.submit(spec)
+        rid = run["id"]
+        svc.wait(rid, lambda r: (r["latest"].get("step") or 0) >= 5, timeout=600, what="first steps")
+        report["submit_to_training_s"] = time.time() - t_submit
+        report["attempt1_watch"] = watch(svc, rid, args.watch)
+
+        dry = svc.client.post(f"/v1/runs/{rid}/restart", params={"dry_run": "true"},
+                              json={"overrides": {"ttt_steps": 5}, "clean": True})
+        report["dry_run"] = dry.json()
+        print("dry run:", report["dry_run"], flush=True)
+
+        sampler.start()
+        t_restart = time.time()
+        r = svc.client.post(f"/v1/runs/{rid}/restart", json={"overrides": {"ttt_steps": 5}, "clean": True})
+        assert r.status_code == 202, r.text
+        svc.wait(rid, lambda r: r["attempt"] == 2 and (r["latest"].get("step") or 0) >= 1, timeout=600,
+                 what="attempt 2 training")
+        report["restart_to_training_s"] = time.time() - t_restart
+        report["attempt2_watch"] = watch(svc, rid, args.watch)
+        sampler.stop.set()
+        sampler.join()
+        d1 = str(svc.workspace / ".longrun" / rid / "1")
+        d2 = str(svc.workspace / ".longrun" / rid / "2")
+        first_a2 = next((t for t, apps in sampler.samples if any(d.startswith(d2) for d in apps.values())), None)
+        last_a1 = max((t for t, apps in sampler.samples if any(d.startswith(d1) for d in apps.values())), default=None)
+        both = [t for t, apps in sampler.samples
+                if any(d.startswith(d1) for d in apps.values()) and any(d.startswith(d2) for d in apps.values())]
+        report["gpu_handover"] = {"samples": len(sampler.samples), "last_attempt1_on_gpu": last_a1,
+                                  "first_attempt2_on_gpu": first_a2, "samples_with_both": len(both),
+                                  "gap_s": (first_a2 - last_a1) if first_a2 and last_a1 else None}
+
+        a2 = svc.run(rid)["attempts"][1]
+        predicted = report["dry_run"].get("predicted_duration_seconds")
+        if a2["seconds_per_step"] and a2["total_steps"] and predicted:
+            startup = (datetime.fromisoformat(a2["first_step_at"]) - datetime.fromisoformat(a2["started_at"]))
+            extrapolated = startup.total_seconds() + a2["total_steps"] * a2["seconds_per_step"]
+            report["eta_check"] = {"predicted_duration_s": predicted, "basis": report["dry_run"]["basis"],
+                                   "measured_seconds_per_step": a2["seconds_per_step"],
+                                   "total_steps": a2["total_steps"], "startup_s": startup.total_seconds(),
+                                   "extrapolated_duration_s": extrapolated, "error": extrapolated / predicted - 1}
+
+        t_cancel = time.time()
+        svc.client.post(f"/v1/runs/{rid}/cancel")
+        svc.wait_status(rid, "cancelled", "failed", timeout=300)
+        report["cancel_to_verified_s"] = time.time() - t_cancel
+        time.sleep(1)
+        report["gpu_apps_after_cancel"] = {str(k): v for k, v in gpu_apps().items()}
+        report["server_view"] = svc.run(rid)
+        names = "loss,acc_0,acc_4,tokens_per_s,gpu_util_0,gpu_util_1,gpu_util_2,gpu_util_3"
+        report["metrics"] = svc.client.get(f"/v1/runs/{rid}/metrics", params={"names": names}).json()
+        report["host_gpus"] = svc.client.get("/v1/hosts/local/gpus", params={"max_age": 0}).json()
+    finally:
+        sampler.stop.set()
+        svc.stop()
+        (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.out / "server.log").write_text((svc.home / "server.log").read_text()[-200000:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
