@@ -72,8 +72,10 @@ class HostAgent:
         return answer
 
     def launch(self, directory: str, token: str, argv: list[str], env: dict[str, str],
-               cwd: str | None = None) -> dict[str, Any]:
-        return self.call("launch", {"dir": directory, "token": token, "argv": argv, "env": env, "cwd": cwd})
+               cwd: str | None = None, node_address: str | None = None) -> dict[str, Any]:
+        """Start the job detached; `node_address` (multi-node runs) is where the other nodes reach this host."""
+        return self.call("launch", {"dir": directory, "token": token, "argv": argv, "env": env, "cwd": cwd,
+                                    "node_address": node_address})
 
     def probe(self, directory: str, metrics_offset: int, log_offset: int,
               gpu_tokens: list[str] | None = None) -> dict[str, Any]:

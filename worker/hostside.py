@@ -63,6 +63,27 @@ def _carries_token(pid, token):
     return pid in _pids_with_token(token) if pid else False
 
 
+def _interface_with(address):
+    """The name of this host's network interface whose IPv4 address `address` is (or resolves to), if any."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(address, None, socket.AF_INET)}
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) in wanted:
+                return name
+    return None
+
+
 def launch(req):
     """Start the detached wrapper and return at once; a second call for the same dir is a no-op."""
     d = req["dir"]
@@ -74,6 +95,11 @@ def launch(req):
     _write_atomic(os.path.join(d, "job.json"), json.dumps(req))
     env = dict(os.environ)
     env.update(req.get("env") or {})
+    if req.get("node_address") and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo binds where the hostname resolves, else to loopback: other nodes may reach neither
+        ifname = _interface_with(req["node_address"])
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
     env[TOKEN_VAR] = req["token"]
     env["LONGRUN_METRICS_FILE"] = os.path.join(d, "metrics.jsonl")
     env["LONGRUN_ATTEMPT_DIR"] = d

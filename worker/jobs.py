@@ -17,8 +17,11 @@ def trainer_flags(trainer: dict[str, Any]) -> list[str]:
 
 
 def job_argv(spec: dict[str, Any], python: str, run_id: str, node_rank: int = 0,
-             master_addr: str | None = None) -> list[str]:
-    """torchrun for one node of the run: standalone on one host, c10d rendezvous on the first host otherwise."""
+             master_addr: str | None = None, node_addr: str | None = None) -> list[str]:
+    """torchrun for one node of the run: standalone on one host, c10d rendezvous on the first host otherwise.
+
+    `master_addr` is the first host's address, `node_addr` this node's: the addresses the nodes reach each
+    other at (torchrun's own guesses, from the hostname, fail where names do not resolve across hosts)."""
     nnodes = len(spec.get("hosts") or [spec.get("host")])
     argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec['nproc_per_node']}"]
     if nnodes == 1:
@@ -26,7 +29,12 @@ def job_argv(spec: dict[str, Any], python: str, run_id: str, node_rank: int = 0,
         argv.append("--standalone")
     else:
         argv += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={master_addr}:{RDZV_PORT}", f"--rdzv-id={run_id}"]
+                 f"--rdzv-endpoint={master_addr}:{RDZV_PORT}", f"--rdzv-id={run_id}",
+                 # the first host serves the rendezvous store, whether or not its hostname matches the endpoint
+                 f"--rdzv-conf=is_host={int(node_rank == 0)}"]
+        if node_addr:
+            # the address rank 0 publishes as MASTER_ADDR for the workers' process group
+            argv.append(f"--local-addr={node_addr}")
     if spec.get("trainer"):
         return argv + ["-m", "trainer.train"] + trainer_flags(spec["trainer"])
     return argv + [spec["entrypoint"]] + [str(a) for a in spec.get("args", [])]

@@ -299,10 +299,11 @@ class SSHTransport(Transport):
             self._drop(client)
             raise TransportError(f"connection to {self.host_name} lost during a command: "
                                  f"{exc or type(exc).__name__}") from exc
-        if not channel.exit_status_ready():
-            if not connection.is_active():
-                self._drop(client)
-                raise TransportError(f"connection to {self.host_name} lost during a command")
+        # a channel that closed without the host's EOF went down with the connection; check it that way, as
+        # paramiko closes the channels (exit_status_ready() turns true) before it marks the connection inactive
+        if channel.exit_status == -1 and not (channel.eof_received and connection.is_active()):
+            self._drop(client)
+            raise TransportError(f"connection to {self.host_name} lost during a command")
         # -1: the command ended without an exit status (killed by a signal on the host)
         return CommandResult(channel.exit_status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 

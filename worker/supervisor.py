@@ -29,9 +29,11 @@ from worker.ingest import store_log, store_metrics
 from worker.jobs import job_argv
 from worker.ssh_transport import AuthError
 from worker.transport import HostKeyError, TransportError
-from worker.transports import TransportPool
+from worker.transports import LOCAL_ADDRESS, TransportPool
 
 log = logging.getLogger("longrun.worker")
+# how a run's message starts while its host is away; replaced once the host answers again
+NOT_ANSWERING = "host not answering"
 
 
 class WaitForGpus(Exception):
@@ -163,6 +165,9 @@ class Supervisor:
         if not run.host_reachable:
             with self.db.writing() as s:
                 fresh = s.get(Run, run_id)
+                if fresh.unreachable_since is not None and (fresh.message or "").startswith(NOT_ANSWERING):
+                    away = (utcnow() - fresh.unreachable_since).total_seconds()
+                    fresh.message = f"host answering again after {away:.0f}s away"
                 fresh.host_reachable, fresh.unreachable_since = True, None
 
     # helpers
@@ -186,7 +191,7 @@ class Supervisor:
                 transition(s, run, RunStatus.FAILED, f"host unreachable for more than "
                            f"{self.settings.unreachable_deadline:.0f}s: {error}")
             else:
-                run.message = f"host not answering since {run.unreachable_since:%H:%M:%S} UTC: {error}"
+                run.message = f"{NOT_ANSWERING} since {run.unreachable_since:%H:%M:%S} UTC: {error}"
         log.warning("run %s: host unreachable: %s", run_id, error)
 
     def _wait_for_gpus(self, run_id: str, why: str) -> None:
@@ -315,14 +320,16 @@ class Supervisor:
                 if fresh.status != RunStatus.LAUNCHING or fresh.attempt != attempt.number:
                     return
                 fresh.current.nodes = attempt.nodes
-        master = hosts[run.hosts[0]].address
-        master = "127.0.0.1" if master == "local" else master
+        master = _node_address(hosts[run.hosts[0]])
+        multi_node = len(attempt.nodes) > 1
         envs = [self._gpu_env(attempt, hosts[node["host"]]) for node in attempt.nodes]
         pids = []
         for i, (node, env) in enumerate(zip(attempt.nodes, envs, strict=True)):
             host = hosts[node["host"]]
-            argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master)
-            answer = self.agent(host).launch(node["dir"], attempt.token, argv, env, attempt.spec.get("cwd"))
+            address = _node_address(host) if multi_node else None
+            argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master, node_addr=address)
+            answer = self.agent(host).launch(node["dir"], attempt.token, argv, env, attempt.spec.get("cwd"),
+                                             node_address=address)
             pids.append(answer["pid"])
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
@@ -449,6 +456,11 @@ class Supervisor:
                 return
             fresh.clean_pending = False
             transition(s, fresh, RunStatus.LAUNCHING, f"previous attempts stopped; launching attempt {fresh.attempt}")
+
+
+def _node_address(host: Host) -> str:
+    """The address other nodes of a multi-node run reach this host at."""
+    return "127.0.0.1" if host.address == LOCAL_ADDRESS else host.address
 
 
 def _visible(env: dict[str, str]) -> list[int] | None:

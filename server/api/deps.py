@@ -42,5 +42,6 @@ def require_token(settings: Annotated[Settings, Depends(get_settings)],
 
 
 ReadSession = Annotated[Session, Depends(reading)]
-WriteSession = Annotated[Session, Depends(writing)]
+# "function" scope: the commit happens before the response goes out, so a client that has its 201 sees the write
+WriteSession = Annotated[Session, Depends(writing, scope="function")]
 DB = Annotated[Database, Depends(get_db)]

@@ -185,6 +185,24 @@ def test_unreachable_host_raises_transport_error_then_reconnects():
             t.close()
 
 
+def test_connection_cut_during_a_command_is_a_transport_error_not_an_exit_status():
+    with SshServer() as server:
+        t = server.transport(connect_timeout=2, command_timeout=10)
+        try:
+            t.exec("true")
+            cut = threading.Timer(0.5, server.stop)
+            cut.start()
+            # an answer here (exit -1, no output) would read as a failed command, and fail the run
+            with pytest.raises(TransportError, match="lost"):
+                t.exec("sleep 3; echo done")
+            cut.join()
+            # a command killed by a signal on a healthy connection still reports -1
+            server.start()
+            assert t.exec("echo hi; kill -9 $$").returncode == -1
+        finally:
+            t.close()
+
+
 def test_pool_keeps_one_transport_per_host_until_its_settings_change(sshd):
     class Host:
         name = "h1"
