@@ -7,6 +7,10 @@ import pytest
 
 from tests.service import Service
 
+# torch's worker threads spin while idle; on a small shared machine that starves the other processes
+# (servers, torchrun ranks) a test starts, so every process the suite starts waits passively
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _kill_leftovers(workspace: Path) -> None:
     """After a test, no job it started may keep running (a failed test must not leak CPU hogs)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
@@ -264,7 +264,8 @@ def capture_hidden_states(
 
 def load_verifier(
     path: str | Path, device: torch.device, dtype: torch.dtype
-) -> tuple[PreTrainedModel, object]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The verifier in eval mode on `device`, and its tokenizer."""
     major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
     dtype_arg = "dtype" if major_minor >= (4, 56) else "torch_dtype"
     model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_arg: dtype}).to(device).eval()
@@ -313,7 +314,7 @@ def prepare(
     sample_dir = output_dir / "hidden_states"
     sample_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "prepare.json").unlink(missing_ok=True)
-    for stale in sample_dir.glob(SAMPLE_PATTERN):
+    for stale in [*sample_dir.glob(SAMPLE_PATTERN), *sample_dir.glob("sample_*.tmp")]:
         stale.unlink()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     counts = torch.zeros(vocab_size, dtype=torch.long)
