@@ -1,11 +1,11 @@
 """`make demo`: the whole loop on this machine, through the REST API as a user would drive it.
 
-Starts `longrun serve` (embedded SQLite, the `local` host) under .demo/, submits a run, shows it
-live, asks what a restart with a changed setting would cost (dry run), restarts it, and shows the
-second attempt finish with the prediction checked against what it really took.
+Builds (once) a small demo verifier and its hidden states, starts `longrun serve` (embedded SQLite,
+the `local` host) under .demo/, trains an EAGLE-3 draft with TTT=3 on two processes and shows it
+live, asks what TTT=5 would cost (dry run), restarts at TTT=5, checks the prediction against what it
+took, prints acceptance by depth for both drafts and the advisor's depth for PCIe and NVLink.
 """
 
-import json
 import os
 import shutil
 import signal
@@ -85,37 +85,86 @@ class Demo:
             time.sleep(every)
 
 
+def prepare_inputs() -> tuple[Path, Path]:
+    """The demo verifier (built once, then cached) and its hidden states, under .demo/."""
+    verifier, data = DEMO / "verifier", DEMO / "data"
+    say("1. a verifier that needs no download: a small Llama trained on this machine's Python sources")
+    t = time.time()
+    subprocess.run([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier), "--size", "tiny"],
+                   cwd=ROOT, check=True)
+    print(f"  ready in {time.time() - t:.0f}s: {verifier}")
+    if not (data / "prepare.json").exists():
+        say("2. prepare: run the verifier once over the corpus, store hidden states and the draft vocabulary")
+        shutil.rmtree(data, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
+                        "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),
+                        "--max-seq-len", "128", "--max-samples", "400", "--draft-vocab-size", "1024"],
+                       cwd=ROOT, check=True)
+    else:
+        say(f"2. prepare: hidden states already in {data}")
+    return verifier, data
+
+
+def acceptance_table(reports: list[dict[str, Any]]) -> str:
+    depths = [row["depth"] for row in reports[0]["by_depth"]]
+    lines = ["  depth          " + "".join(f"{d:>7}" for d in depths)]
+    for r in reports:
+        taus = "".join(f"{row['mean_accepted']:7.2f}" for row in r["by_depth"])
+        lines.append(f"  TTT={r['ttt_steps']} (att {r['attempt']})" + taus)
+    lines.append("  (mean tokens accepted per verifier pass when speculating `depth` tokens; 1.00 = no gain)")
+    lines.append("  acceptance at each position, given the earlier ones were accepted:")
+    for r in reports:
+        pos = " ".join(f"{a:.2f}" for a in r["conditional_acceptance"])
+        lines.append(f"  TTT={r['ttt_steps']}: {pos}")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    verifier, data = prepare_inputs()
     demo = Demo()
-    say("1. start the service: embedded SQLite, the `local` host")
+    say("3. start the service: embedded SQLite, the `local` host")
     demo.start_server()
     try:
-        print(json.dumps(demo.call("GET", "/v1/hosts"), indent=1)[:400])
-        spec = {"name": "demo-toy", "host": "local", "nproc_per_node": 2,
-                "entrypoint": str(ROOT / "examples" / "toy_train.py"),
-                "args": ["--steps", "150", "--sleep", "0.05", "--label", "first"]}
-        say("2. submit a 2-process torchrun job: POST /v1/runs")
+        out = str(demo.home / "workspace" / "eagle3-out")
+        spec = {"name": "demo-eagle3-ttt3", "host": "local", "nproc_per_node": 2,
+                "trainer": {"verifier_path": str(verifier), "data_dir": str(data / "hidden_states"),
+                            "vocab_mapping_dir": str(data / "vocab_mapping"), "output_dir": out,
+                            "epochs": 3, "lr": 3e-3, "max_seq_len": 128, "num_workers": 1, "ttt_steps": 3,
+                            "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05,
+                            "eval_corpus": str(verifier / "corpus" / "heldout.txt"), "eval_max_depth": 6,
+                            "eval_samples": 6, "eval_new_tokens": 48}}
+        say("4. submit the TTT=3 draft training on 2 processes: POST /v1/runs")
         run = demo.call("POST", "/v1/runs", json=spec)
-        print(f"  run {run['id']} {run['status']}")
-        say("3. watch it live (loss, step rate, ETA)")
-        demo.watch(run["id"], until=lambda r: (r["latest"].get("step") or 0) >= 60)
-        change = {"args": ["--steps", "100", "--sleep", "0.08", "--label", "second"]}
-        say(f"4. what would a restart with {change} take? POST /v1/runs/{{id}}/restart?dry_run=true")
-        dry = demo.call("POST", f"/v1/runs/{run['id']}/restart", params={"dry_run": "true"},
-                        json={"overrides": change})
-        print(f"  predicted {dry['predicted_duration_seconds']:.1f}s; basis: {dry['basis']}")
-        say("5. restart it: stop every process of attempt 1, verify, relaunch as attempt 2")
-        demo.call("POST", f"/v1/runs/{run['id']}/restart", json={"overrides": change})
-        final = demo.watch(run["id"])
-        say("6. result")
-        for a in final["attempts"]:
-            print(f"  attempt {a['number']}: {a['status']}, exit {a['exit_code']}, log {a['log_path']}")
+        print(f"  run {run['id']}: torchrun --nproc-per-node=2 -m trainer.train ... --ttt-steps 3")
+        first = demo.watch(run["id"], every=3)
+        if first["status"] != "succeeded":
+            print(demo.call("GET", f"/v1/runs/{run['id']}/logs", params={"tail": 30})["lines"])
+            return 1
+        say("5. the deployment box is PCIe-only: what would TTT=5 cost? POST /v1/runs/{id}/restart?dry_run=true")
+        change = {"overrides": {"ttt_steps": 5}, "clean": True}
+        dry = demo.call("POST", f"/v1/runs/{run['id']}/restart", params={"dry_run": "true"}, json=change)
+        print(f"  predicted {dry['predicted_duration_seconds']:.0f}s; basis: {dry['basis']}")
+        say("6. restart at TTT=5: stop and verify, clean the output directory, relaunch as attempt 2")
+        demo.call("POST", f"/v1/runs/{run['id']}/restart", json=change)
+        final = demo.watch(run["id"], every=3)
         second = final["attempts"][-1]
         if second["actual_duration_seconds"] and second["predicted_duration_seconds"]:
-            print(f"  attempt 2 took {second['actual_duration_seconds']:.1f}s; the dry run predicted "
-                  f"{second['predicted_duration_seconds']:.1f}s (error {second['prediction_error'] * 100:+.0f}%)")
-        loss = demo.call("GET", f"/v1/runs/{run['id']}/metrics", params={"names": "loss", "attempt": 2})
-        print(f"  attempt 2 stored {len(loss['series']['loss'])} loss points")
+            print(f"  attempt 2 took {second['actual_duration_seconds']:.0f}s; the dry run predicted "
+                  f"{second['predicted_duration_seconds']:.0f}s (error {second['prediction_error'] * 100:+.0f}%)")
+        latest = final["latest"]
+        print("  per-step accuracy of the TTT=5 draft: " +
+              " ".join(f"acc_{k} {latest[f'acc_{k}']:.2f}" for k in range(5) if f"acc_{k}" in latest))
+        say("7. acceptance by depth, measured by real speculative decoding on held-out text")
+        reports = demo.call("GET", f"/v1/runs/{run['id']}/evaluation")["by_attempt"]
+        print(acceptance_table(reports))
+        say("8. the advisor: expected tokens/s of a 70B-class verifier at tp=8, per interconnect")
+        for link in ("nvlink", "pcie"):
+            advice = demo.call("GET", f"/v1/runs/{run['id']}/advice", params={"interconnect": link, "tp": 8})
+            speeds = " ".join(f"{row['depth']}:{row['tokens_per_second']:.0f}" for row in advice["by_depth"])
+            print(f"  {link:>6}: serve depth {advice['recommended_depth']} "
+                  f"({advice['speedup_vs_no_speculation']:.2f}x over no speculation); tokens/s by depth {speeds}")
+            print(f"          retrain deeper? {'yes' if advice['retrain']['pays_off'] else 'no'}: "
+                  f"{advice['retrain']['reason']}")
         return 0 if final["status"] == "succeeded" else 1
     finally:
         demo.stop_server()

@@ -342,6 +342,9 @@ def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attemp
             seconds, _ = eta.predict_duration(measured, spec)
             if seconds is not None:
                 seconds_by_ttt[ttt] = seconds
-    out = advise(report, interconnect, tp, trained_ttt=report["ttt_steps"],
-                 retrain_seconds_by_ttt=seconds_by_ttt or None)
+    try:
+        out = advise(report, interconnect, tp, trained_ttt=report["ttt_steps"],
+                     retrain_seconds_by_ttt=seconds_by_ttt or None)
+    except ValueError as exc:
+        raise Conflict(f"the evaluation of attempt {report['attempt']} cannot be advised on: {exc}") from None
     return {"attempt": report["attempt"], **out}

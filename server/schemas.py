@@ -117,6 +117,10 @@ class TrainerSpec(Strict):
     seed: int | None = None
     init_from: AbsPath | None = None
     no_resume: bool | None = None
+    eval_corpus: AbsPath | None = Field(None, description="held-out text: the trainer measures acceptance by depth at the end")
+    eval_max_depth: int | None = Field(None, gt=0, le=64)
+    eval_samples: int | None = Field(None, gt=0)
+    eval_new_tokens: int | None = Field(None, gt=0)
 
 
 class RunCreate(Strict):

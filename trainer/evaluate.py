@@ -7,11 +7,13 @@ after another, chaining its own hidden states; the verifier checks them in one f
 its KV cache); the longest agreeing prefix plus the verifier's own next token are accepted.
 
 The JSON report:
-- `position_acceptance[i]`: at max depth, the probability that draft token i is accepted given that
-  the ones before it were (0 for a position never reached);
+- `position_acceptance[i]`: at max depth, the probability that draft tokens 0..i are all accepted in
+  a round (so it never increases; what the depth advisor takes);
+- `conditional_acceptance[i]`: the probability that draft token i is accepted given that the ones
+  before it were (0 for a position never reached): how the draft itself holds up with depth;
 - `by_depth[d-1].mean_accepted`: tokens per verifier pass at depth d, counted on the rounds of the
-  max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d} Π_{j<=i}
-  position_acceptance[j]). It never falls with depth and equals the measurement at max depth.
+  max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d}
+  position_acceptance[i]). It never falls with depth and equals the measurement at max depth.
 - `by_depth[d-1].measured_accepted`: tokens per pass of a real decoding at depth d. Rounds then start
   elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic).
 
@@ -137,6 +139,11 @@ class DecodeStats:
         return sum(min(n, cap) + 1 for n in self.run_lengths) / max(self.passes, 1)
 
     def position_acceptance(self, depth: int) -> list[float]:
+        """P(proposals 0..i all accepted) per round, for i < depth."""
+        return [sum(n > i for n in self.run_lengths) / max(self.passes, 1) for i in range(depth)]
+
+    def conditional_acceptance(self, depth: int) -> list[float]:
+        """P(proposal i accepted | proposals before it were), for i < depth."""
         reached = [sum(n >= i for n in self.run_lengths) for i in range(depth)]
         accepted = [sum(n > i for n in self.run_lengths) for i in range(depth)]
         return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]
@@ -196,7 +203,8 @@ def evaluate(
         }
         for depth, stats in measured.items()
     ]
-    return {"by_depth": by_depth, "position_acceptance": deepest.position_acceptance(max_depth)}
+    return {"by_depth": by_depth, "position_acceptance": deepest.position_acceptance(max_depth),
+            "conditional_acceptance": deepest.conditional_acceptance(max_depth)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -216,19 +224,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth: int = 16, max_samples: int = 16,
+                   max_new_tokens: int = 128, prompt_tokens: int = 64, device: str | None = None) -> dict:
+    """Load the verifier and the draft, decode held-out prompts at every depth, return the acceptance report."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model, tokenizer = load_verifier(verifier_path, dev, dtype)
+    embed = model.get_input_embeddings().weight.detach()
+    draft = load_draft(draft_path, embed).to(dev).eval()
+    prompts = corpus_prompts(tokenizer, corpus, max_samples, prompt_tokens)
+    if not prompts:
+        raise SystemExit(f"no prompts in {corpus}")
+    verifier = Verifier(model, read_draft_config(draft_path).aux_hidden_state_layer_ids)
+    report = evaluate(verifier, DraftProposer(draft), prompts, max_depth, max_new_tokens, tokenizer.eos_token_id)
+    report.update(samples=len(prompts), max_new_tokens=max_new_tokens, draft_ttt_steps=draft.config.ttt_steps)
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, tokenizer = load_verifier(args.verifier_path, device, dtype)
-    embed = model.get_input_embeddings().weight.detach()
-    draft = load_draft(args.draft_path, embed).to(device).eval()
-    prompts = corpus_prompts(tokenizer, args.corpus, args.max_samples, args.prompt_tokens)
-    if not prompts:
-        raise SystemExit(f"no prompts in {args.corpus}")
-    verifier = Verifier(model, read_draft_config(args.draft_path).aux_hidden_state_layer_ids)
-    report = evaluate(verifier, DraftProposer(draft), prompts, args.max_depth, args.max_new_tokens, tokenizer.eos_token_id)
-    report.update(samples=len(prompts), max_new_tokens=args.max_new_tokens, draft_ttt_steps=draft.config.ttt_steps)
+    report = evaluate_draft(args.verifier_path, args.draft_path, args.corpus, args.max_depth, args.max_samples,
+                            args.max_new_tokens, args.prompt_tokens, args.device)
     text = json.dumps(report)
     if args.output:
         args.output.write_text(text + "\n")

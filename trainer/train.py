@@ -58,6 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--no-resume", action="store_true", help="refuse to start when the output dir has checkpoints")
     p.add_argument("--init-from", default=None, help="draft weights to start from (a checkpoint or output dir)")
+    p.add_argument("--eval-corpus", default=None,
+                   help="held-out text: at the end, measure acceptance by depth (trainer.evaluate) and report it")
+    p.add_argument("--eval-max-depth", type=int, default=8)
+    p.add_argument("--eval-samples", type=int, default=8)
+    p.add_argument("--eval-new-tokens", type=int, default=64)
     args = p.parse_args(argv)
     if args.ttt_steps < 1 or args.epochs < 1 or args.batch_size < 1 or args.max_seq_len < 2:
         p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
@@ -217,6 +222,19 @@ def validate(objective: TTTObjective, head: VerifierHead, loader, ctx: Distribut
     return {"val_loss": totals[0].item() / batches, **metrics}
 
 
+def report_acceptance(args: argparse.Namespace, reporter: MetricsReporter, step: int, total_steps: int,
+                      device: torch.device) -> None:
+    """Speculative decoding with the exported draft on held-out text; one metrics line carries the report."""
+    from trainer.evaluate import evaluate_draft
+
+    report = evaluate_draft(args.verifier_path, args.output_dir, Path(args.eval_corpus), args.eval_max_depth,
+                            args.eval_samples, args.eval_new_tokens, device=str(device))
+    taus = {f"eval_accepted_{row['depth']}": row["mean_accepted"] for row in report["by_depth"]}
+    reporter.write({"step": step, "total_steps": total_steps, **taus, "evaluation": report})
+    print("acceptance by depth: " + " ".join(f"{row['depth']}:{row['mean_accepted']:.2f}" for row in report["by_depth"]),
+          flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop = StopRequest()
@@ -352,6 +370,8 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
             epoch, start_batch = position
             last_time = time.time()
         log(f"done: {step} steps; draft exported to {output_dir}", flush=True)
+        if args.eval_corpus and ctx.rank == 0:
+            report_acceptance(args, reporter, step, total_steps, ctx.device)
         return 0
     finally:
         reporter.close()

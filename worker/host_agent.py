@@ -85,8 +85,16 @@ class HostAgent:
             req["gpus"] = self._gpu_request(gpu_tokens)
         return self.call("probe", req)
 
-    def cancel(self, directory: str, grace: float) -> dict[str, Any]:
-        return self.call("cancel", {"dir": directory, "grace": grace}, timeout=grace + self.timeout)
+    def cancel(self, directory: str, grace: float, read_from: dict[str, int] | None = None,
+               gpu_tokens: list[str] | None = None) -> dict[str, Any]:
+        """Stop the attempt and verify; in the same round trip, with `read_from` (metrics_offset, log_offset)
+        a last probe (answer["probe"]), with gpu_tokens a GPU snapshot once nothing remains (answer["gpus"])."""
+        req: dict[str, Any] = {"dir": directory, "grace": grace}
+        if read_from is not None:
+            req["probe"] = read_from
+        if gpu_tokens is not None:
+            req["gpus"] = self._gpu_request(gpu_tokens)
+        return self.call("cancel", req, timeout=grace + self.timeout)
 
     def clean(self, path: str) -> dict[str, Any]:
         return self.call("clean", {"workspace": self.workspace, "path": path})

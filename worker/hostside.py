@@ -215,8 +215,20 @@ def _wait_gone(token, seconds):
 
 
 def cancel(req):
-    """SIGTERM the group and every token carrier, wait `grace`, SIGKILL what is left, verify."""
+    """Stop the attempt (below); in the same call, when asked, a GPU snapshot once nothing of it remains
+    (`gpus`: to check that none of its processes still holds GPU memory) and a last `probe` from the given
+    offsets (`probe`: what it wrote until the end), so that a cancel is one round trip."""
     d = req["dir"]
+    out = _stop(d, float(req.get("grace", 10)))
+    if req.get("gpus") and not out["remaining"]:
+        out["gpus"] = gpus(req["gpus"])
+    if req.get("probe") is not None:
+        out["probe"] = probe({**req["probe"], "dir": d})
+    return out
+
+
+def _stop(d, grace):
+    """SIGTERM the group and every token carrier, wait `grace`, SIGKILL what is left, verify."""
     token = _read(os.path.join(d, "token"))
     if token is None:
         return {"remaining": [], "signalled": [], "exit_code": None}
@@ -226,7 +238,7 @@ def cancel(req):
     _signal_group(group, token, signal.SIGTERM)
     # torchrun workers may run in sessions of their own: reach them by token
     _signal_all(signalled, signal.SIGTERM)
-    if not _wait_gone(token, float(req.get("grace", 10))):
+    if not _wait_gone(token, grace):
         _signal_group(group, token, signal.SIGKILL)
         _signal_all(_pids_with_token(token), signal.SIGKILL)
         _wait_gone(token, 5)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Text, cast, or_, select, update
 
 from server.config import Settings
 from server.db import Database
@@ -34,6 +34,37 @@ from worker.transports import LOCAL_ADDRESS, TransportPool
 log = logging.getLogger("longrun.worker")
 # how a run's message starts while its host is away; replaced once the host answers again
 NOT_ANSWERING = "host not answering"
+# node state of an attempt given up on while its host was away: its processes are stopped once the host answers
+ABANDONED = "abandoned"
+# how often the worker looks for abandoned attempts, and how often a host's last_seen_at is refreshed
+ORPHAN_SWEEP_SECONDS = 5.0
+SEEN_REFRESH_SECONDS = 10.0
+
+
+class HostUnreachable(TransportError):
+    """A TransportError that names the host that did not answer."""
+
+    def __init__(self, host: str, error: TransportError):
+        super().__init__(str(error))
+        self.host = host
+
+
+class _Agent(HostAgent):
+    """A HostAgent that names its host in transport errors and notes when the host last answered."""
+
+    def __init__(self, name: str, answered: dict[str, float], *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.name, self._answered = name, answered
+
+    def call(self, verb: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        try:
+            answer = super().call(verb, payload, timeout)
+        except HostUnreachable:
+            raise
+        except TransportError as exc:
+            raise HostUnreachable(self.name, exc) from exc
+        self._answered[self.name] = time.monotonic()
+        return answer
 
 
 class WaitForGpus(Exception):
@@ -45,6 +76,24 @@ class NodeProbe:
     index: int
     request: dict[str, Any]
     answer: dict[str, Any]
+
+
+@dataclass
+class Stopped:
+    """What cancelling one attempt found, one call per node: pids still alive, last output, GPU snapshots."""
+
+    number: int
+    probes: list[NodeProbe]
+    left: dict[int, list[int]]  # node index -> pids of the attempt still alive there
+    views: dict[str, GpuView]  # host name -> GPU snapshot taken once nothing of the attempt remained there
+
+    @property
+    def remaining(self) -> list[int]:
+        return sorted(p for pids in self.left.values() for p in pids)
+
+
+def _abandoned(attempt: Attempt) -> bool:
+    return any(n.get("state") == ABANDONED for n in attempt.nodes or [])
 
 
 class Supervisor:
@@ -60,6 +109,9 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._gpu_sampled: dict[str, float] = {}
+        # host name -> monotonic time of its last answer (any call through self.agent)
+        self._answered: dict[str, float] = {}
+        self._next_sweep = 0.0
         self._handlers = {
             RunStatus.QUEUED: self._queue,
             RunStatus.LAUNCHING: self._launch,
@@ -96,6 +148,10 @@ class Supervisor:
             wanted = list(s.scalars(select(Host).where(Host.gpu_wanted_at.is_not(None))))
         for host in wanted:
             self._submit(f"host:{host.name}", self.refresh_host, host)
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + ORPHAN_SWEEP_SECONDS
+            for attempt_id in self.abandoned_attempts():
+                self._submit(f"orphan:{attempt_id}", self.stop_orphan, attempt_id)
 
     def _submit(self, key: str, fn: Any, *args: Any) -> None:
         with self._lock:
@@ -151,10 +207,11 @@ class Supervisor:
         handler = self._handlers.get(RunStatus(run.status))
         if handler is None or run.lease_owner != self.worker_id:
             return
+        started = time.monotonic()
         try:
             handler(run, hosts)
         except TransportError as exc:
-            self._unreachable(run_id, str(exc))
+            self._unreachable(run_id, str(exc), getattr(exc, "host", None))
             return
         except (HostKeyError, AuthError, AgentError) as exc:
             self._fail(run_id, str(exc))
@@ -162,6 +219,7 @@ class Supervisor:
         except WaitForGpus as exc:
             self._wait_for_gpus(run_id, str(exc))
             return
+        self._mark_answered(list(hosts.values()), started)
         if not run.host_reachable:
             with self.db.writing() as s:
                 fresh = s.get(Run, run_id)
@@ -173,26 +231,80 @@ class Supervisor:
     # helpers
 
     def agent(self, host: Host) -> HostAgent:
-        return HostAgent(self.transports.get(host), host.workspace, host.python,
-                         timeout=self.settings.ssh_command_timeout)
+        return _Agent(host.name, self._answered, self.transports.get(host), host.workspace, host.python,
+                      timeout=self.settings.ssh_command_timeout)
 
-    def _unreachable(self, run_id: str, error: str) -> None:
+    def _mark_answered(self, hosts: list[Host], since: float) -> None:
+        """Hosts that answered since `since` are reachable; their last_seen_at is refreshed now and then."""
+        now = utcnow()
+        due = [h.id for h in hosts if self._answered.get(h.name, -1.0) >= since and (
+            h.reachable is not True or h.last_seen_at is None
+            or (now - h.last_seen_at).total_seconds() > SEEN_REFRESH_SECONDS)]
+        if due:
+            with self.db.writing() as s:
+                s.execute(update(Host).where(Host.id.in_(due)).values(reachable=True, last_seen_at=now,
+                                                                      last_error=None))
+
+    @staticmethod
+    def _mark_unreachable(s: Any, host: str | None, error: str) -> None:
+        row = s.scalar(select(Host).where(Host.name == host)) if host else None
+        if row is not None:
+            row.reachable, row.last_error = False, error
+
+    def _unreachable(self, run_id: str, error: str, host: str | None = None) -> None:
         now = utcnow()
         with self.db.writing() as s:
+            self._mark_unreachable(s, host, error)
             run = get_run(s, run_id)
             if run.unreachable_since is None:
                 run.unreachable_since = now
             run.host_reachable = False
             waited = (now - run.unreachable_since).total_seconds()
             if waited > self.settings.unreachable_deadline:
-                self._end_attempt(run.current, "failed", None,
-                                  f"host unreachable for {waited:.0f}s (deadline "
-                                  f"{self.settings.unreachable_deadline:.0f}s): {error}")
+                why = (f"host unreachable for {waited:.0f}s (deadline {self.settings.unreachable_deadline:.0f}s): "
+                       f"{error}; what is left of it there is stopped once the host answers again")
+                for attempt in run.attempts:
+                    if attempt.status not in ENDED_ATTEMPT:
+                        self._end_attempt(attempt, "failed", None, why)
+                        # the job may still run there: mark it, so that the sweep stops it later
+                        attempt.nodes = [n if n.get("state") == "exited" else {**n, "state": ABANDONED}
+                                         for n in attempt.nodes]
                 transition(s, run, RunStatus.FAILED, f"host unreachable for more than "
                            f"{self.settings.unreachable_deadline:.0f}s: {error}")
             else:
                 run.message = f"{NOT_ANSWERING} since {run.unreachable_since:%H:%M:%S} UTC: {error}"
         log.warning("run %s: host unreachable: %s", run_id, error)
+
+    def abandoned_attempts(self) -> list[int]:
+        """Ids of attempts with nodes given up on while their host was away (see _unreachable)."""
+        with self.db.reading() as s:
+            return list(s.scalars(select(Attempt.id).where(cast(Attempt.nodes, Text).like(f'%"{ABANDONED}"%'))))
+
+    def stop_orphan(self, attempt_id: int) -> None:
+        """Stop what is left of an abandoned attempt on its hosts (cancel is idempotent); retried until done."""
+        with self.db.reading() as s:
+            row = s.get(Attempt, attempt_id)
+            if row is None:
+                return
+            run = get_run(s, row.run_id)
+            hosts = {h.name: h for h in s.scalars(select(Host).where(Host.name.in_(run.hosts)))}
+        attempt = next(a for a in run.attempts if a.id == attempt_id)
+        # an attempt still in progress belongs to its run's handlers
+        if attempt.status not in ENDED_ATTEMPT or not _abandoned(attempt):
+            return
+        started = time.monotonic()
+        try:
+            remaining, _ = self._stop_and_drain(run, [attempt], hosts, attempt.status, attempt.message)
+        except TransportError as exc:
+            with self.db.writing() as s:
+                self._mark_unreachable(s, getattr(exc, "host", None), str(exc))
+            return
+        except (HostKeyError, AuthError, AgentError) as exc:
+            log.warning("run %s attempt %s: cannot stop what is left of it: %s", run.id, attempt.number, exc)
+            return
+        self._mark_answered(list(hosts.values()), started)
+        log.info("run %s attempt %s: host answered again; %s", run.id, attempt.number,
+                 f"processes {remaining} still alive" if remaining else "no process of it remains")
 
     def _wait_for_gpus(self, run_id: str, why: str) -> None:
         with self.db.writing() as s:
@@ -282,23 +394,25 @@ class Supervisor:
                         exit_code=a["exit_code"])
         attempt.nodes = nodes
 
-    def _stop_attempt(self, run: Run, attempt: Attempt, hosts: dict[str, Host]) -> list[int]:
-        """Cancel every node of the attempt and drain what it wrote; returns pids still alive."""
-        remaining: list[int] = []
-        for node in attempt.nodes:
-            agent = self.agent(hosts[node["host"]])
-            answer = agent.cancel(node["dir"], self.settings.cancel_grace)
-            remaining += answer["remaining"]
-            if not answer["remaining"] and answer["signalled"]:
-                remaining += self._gpu_holders(agent, attempt.token, set(answer["signalled"]))
-        return remaining
-
-    @staticmethod
-    def _gpu_holders(agent: HostAgent, token: str, pids: set[int]) -> list[int]:
-        """Pids of the attempt still listed by nvidia-smi as holding GPU memory (none on a GPU-less host)."""
-        view = agent.gpus([token])
-        return sorted({p.pid for g in view.snapshot.gpus for p in g.processes
-                       if p.pid in pids or view.token_of.get(p.pid) == token})
+    def _stop_attempt(self, attempt: Attempt, hosts: dict[str, Host]) -> Stopped:
+        """Cancel every node of the attempt, check that none of its processes holds GPU memory, and read
+        what it wrote last: one call per node (the host-side cancel does all three)."""
+        stopped = Stopped(attempt.number, [], {}, {})
+        for i, node in enumerate(attempt.nodes):
+            req = {"metrics_offset": node.get("metrics_offset", 0), "log_offset": node.get("log_offset", 0)}
+            answer = self.agent(hosts[node["host"]]).cancel(node["dir"], self.settings.cancel_grace,
+                                                            read_from=req, gpu_tokens=[attempt.token])
+            left = list(answer["remaining"])
+            if not left and answer.get("gpus"):
+                view = gpu_view(answer["gpus"])
+                if answer["signalled"]:
+                    left = _gpu_holders(view, attempt.token, set(answer["signalled"]))
+                if not left:
+                    stopped.views[node["host"]] = view
+            if left:
+                stopped.left[i] = left
+            stopped.probes.append(NodeProbe(i, req, answer["probe"]))
+        return stopped
 
     # one handler per state
 
@@ -308,7 +422,8 @@ class Supervisor:
             if fresh.status == RunStatus.QUEUED:
                 transition(s, fresh, RunStatus.LAUNCHING, "launching")
 
-    def _launch(self, run: Run, hosts: dict[str, Host]) -> None:
+    def _launch(self, run: Run, hosts: dict[str, Host], views: dict[str, GpuView] | None = None) -> None:
+        """Start the current attempt on every node; `views` are GPU snapshots just taken, by host name."""
         attempt = run.current
         if not attempt.nodes:
             # record where the attempt lives before anything starts, so a crash cannot orphan it
@@ -322,7 +437,8 @@ class Supervisor:
                 fresh.current.nodes = attempt.nodes
         master = _node_address(hosts[run.hosts[0]])
         multi_node = len(attempt.nodes) > 1
-        envs = [self._gpu_env(attempt, hosts[node["host"]]) for node in attempt.nodes]
+        envs = [self._gpu_env(attempt, hosts[node["host"]], (views or {}).get(node["host"]))
+                for node in attempt.nodes]
         pids = []
         for i, (node, env) in enumerate(zip(attempt.nodes, envs, strict=True)):
             host = hosts[node["host"]]
@@ -341,12 +457,15 @@ class Supervisor:
             current.status, current.started_at = "running", current.started_at or utcnow()
             transition(s, fresh, RunStatus.RUNNING, f"attempt {attempt.number} running",)
 
-    def _gpu_env(self, attempt: Attempt, host: Host) -> dict[str, str]:
-        """The job's environment, with free GPUs picked; raises WaitForGpus while others hold them."""
+    def _gpu_env(self, attempt: Attempt, host: Host, view: GpuView | None = None) -> dict[str, str]:
+        """The job's environment, with free GPUs picked; raises WaitForGpus while others hold them.
+
+        Reads nvidia-smi on the host unless given a snapshot just taken there (and stored)."""
         env = dict(attempt.spec.get("env", {}))
-        view = self.agent(host).gpus([attempt.token])
-        with self.db.writing() as s:
-            self._store_host_snapshot(s, host.id, view)
+        if view is None:
+            view = self.agent(host).gpus([attempt.token])
+            with self.db.writing() as s:
+                self._store_host_snapshot(s, host.id, view)
         snap = view.snapshot
         if not snap.available:
             return env  # a host without GPUs runs the job on its CPUs
@@ -408,28 +527,33 @@ class Supervisor:
                 transition(s, fresh, RunStatus.FAILED, f"attempt {current.number} {why}", exit_code=code)
 
     def _stop_and_drain(self, run: Run, attempts: list[Attempt], hosts: dict[str, Host],
-                        status: str, message: str) -> list[int]:
-        """Stop these attempts, store their last output, and mark them ended when nothing is left."""
-        remaining: list[int] = []
-        finished = []
-        for attempt in attempts:
-            left = self._stop_attempt(run, attempt, hosts) if attempt.nodes else []
-            probes = self._probe(run, attempt, hosts) if attempt.nodes else []
-            remaining += left
-            finished.append((attempt.number, probes, left))
+                        status: str, message: str | None) -> tuple[list[int], dict[str, GpuView]]:
+        """Stop these attempts, store their last output, and mark them ended when nothing is left.
+
+        Returns the pids still alive, and per host a GPU snapshot taken once the attempts were gone there."""
+        results = [self._stop_attempt(attempt, hosts) for attempt in attempts]
+        views: dict[str, GpuView] = {}
+        for r in results:
+            views.update(r.views)  # a later snapshot of a host also saw the earlier attempts gone
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
-            for number, probes, left in finished:
-                current = next(a for a in fresh.attempts if a.number == number)
-                self._apply_probes(s, fresh, current, probes)
-                if not left:
-                    codes = [p.answer["exit_code"] for p in probes if p.answer["exit_code"] is not None]
+            for name, view in views.items():
+                self._store_host_snapshot(s, hosts[name].id, view)
+            for r in results:
+                current = next(a for a in fresh.attempts if a.number == r.number)
+                self._apply_probes(s, fresh, current, r.probes)
+                if not r.remaining:
+                    codes = [p.answer["exit_code"] for p in r.probes if p.answer["exit_code"] is not None]
                     self._end_attempt(current, status, codes[0] if codes else None, message)
-        return remaining
+                elif current.status in ENDED_ATTEMPT:
+                    # given up on earlier and still not gone: keep those nodes marked, to be stopped again
+                    current.nodes = [{**n, "state": ABANDONED} if i in r.left else n
+                                     for i, n in enumerate(current.nodes)]
+        return sorted(p for r in results for p in r.remaining), views
 
     def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:
         active = [a for a in run.attempts if a.status not in ENDED_ATTEMPT]
-        remaining = self._stop_and_drain(run, active, hosts, "cancelled", "cancelled on request")
+        remaining, _ = self._stop_and_drain(run, active, hosts, "cancelled", "cancelled on request")
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
             if fresh.status != RunStatus.CANCELLING:
@@ -440,8 +564,9 @@ class Supervisor:
             transition(s, fresh, RunStatus.CANCELLED, "cancelled; no process of the run remains")
 
     def _restart(self, run: Run, hosts: dict[str, Host]) -> None:
-        old = [a for a in run.attempts if a.number < run.attempt and a.status not in ENDED_ATTEMPT]
-        remaining = self._stop_and_drain(run, old, hosts, "cancelled", f"superseded by attempt {run.attempt}")
+        # earlier attempts still going, and any given up on while their host was away that may still run there
+        old = [a for a in run.attempts if a.number < run.attempt and (a.status not in ENDED_ATTEMPT or _abandoned(a))]
+        remaining, views = self._stop_and_drain(run, old, hosts, "cancelled", f"superseded by attempt {run.attempt}")
         if remaining:
             with self.db.writing() as s:
                 get_run(s, run.id).message = f"restarting: processes {remaining} still alive; trying again"
@@ -456,6 +581,17 @@ class Supervisor:
                 return
             fresh.clean_pending = False
             transition(s, fresh, RunStatus.LAUNCHING, f"previous attempts stopped; launching attempt {fresh.attempt}")
+        # launch in this same step, placed by the GPU snapshots the cancels just took with the old attempts gone
+        with self.db.reading() as s:
+            launching = get_run(s, run.id)
+        if launching.status == RunStatus.LAUNCHING and launching.attempt == run.attempt:
+            self._launch(launching, hosts, views)
+
+
+def _gpu_holders(view: GpuView, token: str, pids: set[int]) -> list[int]:
+    """Pids of the attempt still listed by nvidia-smi as holding GPU memory (none on a GPU-less host)."""
+    return sorted({p.pid for g in view.snapshot.gpus for p in g.processes
+                   if p.pid in pids or view.token_of.get(p.pid) == token})
 
 
 def _node_address(host: Host) -> str:

@@ -139,8 +139,11 @@ def test_report_with_partial_acceptance(partial):
     acceptance = report["position_acceptance"]
     assert len(acceptance) == 4 and all(0.0 <= p <= 1.0 for p in acceptance)
     assert 0.0 < acceptance[0] < 1.0
-    for depth, tau in enumerate(taus, 1):  # τ(d) = 1 + Σ_{i<d} Π_{j<=i} p_j
-        assert tau == pytest.approx(1 + sum(math.prod(acceptance[: i + 1]) for i in range(depth)))
+    assert all(b <= a for a, b in zip(acceptance, acceptance[1:], strict=False)), acceptance
+    conditional = report["conditional_acceptance"]
+    for depth, tau in enumerate(taus, 1):  # τ(d) = 1 + Σ_{i<d} a_i, a_i = Π_{j<=i} conditional_j
+        assert tau == pytest.approx(1 + sum(acceptance[:depth]))
+        assert acceptance[depth - 1] == pytest.approx(math.prod(conditional[:depth]))
 
 
 def test_cli_report_shapes(trained_draft, tiny_verifier, tiny_corpus, tmp_path, capsys):

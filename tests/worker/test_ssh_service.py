@@ -163,12 +163,16 @@ def test_sshd_stopped_mid_run_then_back_loses_and_duplicates_no_metric(rig: Rig)
     sshd.stop()
     away = svc.wait(run["id"], lambda r: r["host_reachable"] is False, timeout=20, what="host_reachable: false")
     assert away["status"] == "running" and "host not answering" in away["message"], away
+    host = svc.client.get("/v1/hosts/box").json()
+    assert host["reachable"] is False and host["last_error"], host
     time.sleep(2)  # the job keeps writing metrics nobody can read
     assert svc.run(run["id"])["status"] == "running"
     sshd.start()
     back = svc.wait(run["id"], lambda r: r["host_reachable"] is True, timeout=20, what="host back")
     assert back["status"] in ("running", "succeeded"), back
     assert "not answering" not in back["message"], back["message"]
+    host = svc.client.get("/v1/hosts/box").json()
+    assert host["reachable"] is True and host["last_error"] is None and host["last_seen_at"], host
     done = svc.wait_status(run["id"], "succeeded", "failed")
     assert done["status"] == "succeeded", done
     assert steps_of(svc, run["id"]) == list(range(1, 121))
@@ -216,6 +220,29 @@ def test_host_away_past_the_deadline_fails_the_run_saying_so(rig: Rig) -> None:
     assert done["status"] == "failed" and done["host_reachable"] is False
     assert "unreachable" in done["message"] and "3s" in done["message"], done["message"]
     assert "unreachable" in done["attempts"][0]["message"]
+
+
+def test_a_job_left_running_past_the_deadline_is_stopped_once_the_host_answers_again(rig: Rig) -> None:
+    svc = rig.service(unreachable_deadline=3)
+    sshd = rig.sshd()
+    workspace = rig.host(svc, "box", sshd)
+
+    run = svc.submit(ssh_spec("box", steps=2000, sleep=0.05, nproc=1))
+    svc.wait(run["id"], at_step(2), what="running")
+    sshd.stop()
+    failed = svc.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=30)
+    assert failed["status"] == "failed" and "unreachable" in failed["message"], failed
+    assert run_processes(workspace), "the job goes on while nobody can reach the host"
+    assert svc.client.get("/v1/hosts/box").json()["reachable"] is False
+    sshd.start()
+    deadline = time.monotonic() + 30
+    while run_processes(workspace):
+        assert time.monotonic() < deadline, f"processes of the failed run still alive: {run_processes(workspace)}"
+        time.sleep(0.2)
+    done = svc.run(run["id"])
+    assert done["status"] == "failed" and done["attempts"][0]["status"] == "failed", done
+    assert svc.wait(run["id"], lambda r: svc.client.get("/v1/hosts/box").json()["reachable"] is True,
+                    timeout=10, what="host marked reachable")
 
 
 def test_two_node_run_across_two_namespaces_cancels_on_both_and_trains_to_the_end(rig: Rig) -> None:
