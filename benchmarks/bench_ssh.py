@@ -197,8 +197,8 @@ class Hand:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}",
                 TOY, *job_args(label)]
         env = (f"LONGRUN_METRICS_FILE={d}/metrics.jsonl LONGRUN_ATTEMPT_DIR={d} OMP_WAIT_POLICY=PASSIVE")
-        assert self.ssh(f"mkdir -p {d} && cd {d} && {env} setsid nohup {shlex.join(argv)} "
-                        f"> out.log 2>&1 < /dev/null & echo $! > {d}/pid") == 0
+        assert self.ssh(f"mkdir -p {d} && cd {d} && {{ {env} setsid nohup {shlex.join(argv)} "
+                        f"> out.log 2>&1 < /dev/null & echo $! > pid; }}") == 0, f"could not launch in {d}"
 
     def wait_metric(self, d: str) -> None:
         while self.ssh(f"test -s {d}/metrics.jsonl") != 0:

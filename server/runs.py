@@ -140,8 +140,14 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
     if req.init_from_last:
         if spec.trainer is None:
             raise field_error(("init_from_last",), "only trainer runs can start from the last draft")
-        previous = run.spec.get("trainer", {}).get("output_dir")
+        previous = run.spec["trainer"]["output_dir"]
+        if req.clean and spec.trainer.output_dir == previous:
+            # the clean would delete it: the worker moves the draft here first (hostside clean keep_into)
+            host = _check_hosts(session, spec)[0]
+            previous = f"{host.workspace.rstrip('/')}/.longrun/{run.id}/draft-before-attempt-{run.attempt + 1}"
         spec.trainer.init_from = previous
+    elif spec.trainer and spec.trainer.init_from and "/.longrun/" in spec.trainer.init_from:
+        spec.trainer.init_from = None  # a stash from an earlier warm restart is not this restart's start
     if req.clean:
         target = spec.clean_dir
         if target is None:

@@ -161,7 +161,10 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     draft = EagleDraft(config, embed_weight.to(dtype))
     draft.set_vocab_mapping(d2t, t2d)
     if init_from:
-        load_weights_with_same_vocab(draft, init_weights_path(init_from))
+        path = init_weights_path(init_from)
+        load_weights_with_same_vocab(draft, path)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"initialised the draft from {path}", flush=True)
     return draft, head
 
 

@@ -96,8 +96,9 @@ class HostAgent:
             req["gpus"] = self._gpu_request(gpu_tokens)
         return self.call("cancel", req, timeout=grace + self.timeout)
 
-    def clean(self, path: str) -> dict[str, Any]:
-        return self.call("clean", {"workspace": self.workspace, "path": path})
+    def clean(self, path: str, keep_into: str | None = None) -> dict[str, Any]:
+        """Empty `path` (inside the workspace); with keep_into, move the exported draft there first."""
+        return self.call("clean", {"workspace": self.workspace, "path": path, "keep_into": keep_into})
 
     def pids(self, token: str) -> list[int]:
         return self.call("pids", {"token": token})["pids"]

@@ -264,6 +264,17 @@ def clean(req):
         return {"removed": 0}
     if not os.path.isdir(real):
         return {"error": f"refusing to clean {target}: not a directory"}
+    kept = []
+    if req.get("keep_into"):
+        # a warm restart starts from the last draft: move it aside before the directory is emptied
+        keep = os.path.realpath(req["keep_into"])
+        if os.path.commonpath([workspace, keep]) != workspace:
+            return {"error": f"refusing to keep the draft in {keep}: outside the host workspace {workspace}"}
+        os.makedirs(keep, exist_ok=True)
+        for name in ("model.safetensors", "config.json"):
+            if os.path.isfile(os.path.join(real, name)):
+                os.replace(os.path.join(real, name), os.path.join(keep, name))
+                kept.append(name)
     removed = 0
     for name in os.listdir(real):
         path = os.path.join(real, name)
@@ -272,7 +283,7 @@ def clean(req):
         else:
             os.unlink(path)
         removed += 1
-    return {"removed": removed}
+    return {"removed": removed, "kept": kept}
 
 
 def _user_of(pid):

@@ -573,8 +573,11 @@ class Supervisor:
             return
         if run.clean_pending:
             target = run.spec.get("trainer", {}).get("output_dir") or run.spec.get("output_dir")
+            keep = run.spec.get("trainer", {}).get("init_from")
             for name in run.hosts:
-                self.agent(hosts[name]).clean(target)
+                agent = self.agent(hosts[name])
+                stash = keep if keep and keep.startswith(f"{agent.workspace}/.longrun/{run.id}/") else None
+                agent.clean(target, keep_into=stash)
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
             if fresh.status != RunStatus.RESTARTING or fresh.attempt != run.attempt:

@@ -56,3 +56,24 @@ def test_ttt3_run_then_restart_at_ttt5_through_the_service(
         body = advice.json()
         assert body["attempt"] == 2 and body["recommended_depth"] in range(0, 5)
         assert body["retrain"]["trained_ttt"] == 5
+
+
+def test_warm_restart_starts_from_the_last_draft_even_with_clean(
+        service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
+    spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
+    spec["trainer"].update(epochs=3)
+    del spec["trainer"]["eval_corpus"]
+    run = service.submit(spec)
+    assert service.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    r = service.client.post(f"/v1/runs/{run['id']}/restart",
+                            json={"overrides": {"ttt_steps": 5}, "clean": True, "init_from_last": True})
+    assert r.status_code == 202, r.text
+    stash = r.json()["attempts"][1]["spec"]["trainer"]["init_from"]
+    assert stash.startswith(str(service.workspace / ".longrun" / run["id"]))
+    done = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert done["status"] == "succeeded", service.logs(run["id"], tail=40)
+    assert any(f"initialised the draft from {stash}" in line for line in service.logs(run["id"], tail=400))
+    assert (Path(stash) / "model.safetensors").exists()
+    first, second = (service.series(run["id"], "loss_0", attempt=n) for n in (1, 2))
+    assert second[0]["step"] == 1, "a fresh schedule, not a resume of attempt 1's checkpoints"
+    assert second[0]["value"] < first[0]["value"], "warm: it starts where the TTT=3 draft ended"
