@@ -43,10 +43,10 @@ class Service:
     def workspace(self) -> Path:
         return self.home / "workspace"
 
-    def start(self) -> "Service":
+    def start(self, worker: bool = True) -> "Service":
         log = open(self.home / "server.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=self.env, cwd=ROOT,
-                                     stdout=log, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "server.cli", "serve"] + ([] if worker else ["--no-worker"])
+        self.proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:

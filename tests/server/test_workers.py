@@ -1,0 +1,36 @@
+"""`longrun serve --no-worker` with separate `longrun worker` processes sharing one database."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import _kill_leftovers
+from tests.service import ROOT, Service, toy_spec
+
+
+def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "home")
+    svc.home.mkdir()
+    workers: list[subprocess.Popen] = []
+    try:
+        svc.start(worker=False)
+        ids = [svc.submit(toy_spec(steps=30, sleep=0.02, nproc=1, name=f"r{i}"))["id"] for i in range(3)]
+        time.sleep(2)
+        assert all(svc.run(i)["status"] == "queued" for i in ids), "without a worker nothing moves"
+        for n in range(2):
+            workers.append(subprocess.Popen([sys.executable, "-m", "server.cli", "worker"], env=svc.env, cwd=ROOT,
+                                            stdout=open(svc.home / f"worker{n}.log", "ab"),
+                                            stderr=subprocess.STDOUT))
+        for run_id in ids:
+            done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
+            assert done["status"] == "succeeded", done
+            assert [p["step"] for p in svc.series(run_id, "loss")] == list(range(1, 31))
+        logs = "".join((svc.home / f"worker{n}.log").read_text() for n in range(2))
+        assert logs.count("started") >= 2
+    finally:
+        for w in workers:
+            w.terminate()
+            w.wait(10)
+        svc.stop()
+        _kill_leftovers(svc.workspace)
