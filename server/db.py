@@ -62,6 +62,8 @@ class Database:
     def writing(self) -> Iterator[Session]:
         """A transaction that holds the write lock from its first statement (BEGIN IMMEDIATE)."""
         with self._writer() as session, session.begin():
+            # read-then-write paths lock the rows they read where the database needs it (not SQLite)
+            session.info["lock_rows"] = not self.is_sqlite
             yield session
 
     def migrate(self) -> None:

@@ -46,7 +46,11 @@ def field_error(loc: tuple[str | int, ...], message: str, value: Any = None) -> 
 
 
 def get_run(session: Session, run_id: str) -> Run:
-    run = session.scalar(select(Run).where(Run.id == run_id).options(selectinload(Run.attempts)))
+    """The run with its attempts; in a write transaction on a server database, row-locked until commit."""
+    query = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
+    if session.info.get("lock_rows"):
+        query = query.with_for_update(of=Run)
+    run = session.scalar(query)
     if run is None:
         raise NotFound(f"no run with id {run_id!r}")
     return run
