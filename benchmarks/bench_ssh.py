@@ -200,16 +200,22 @@ class Hand:
         assert self.ssh(f"mkdir -p {d} && cd {d} && {{ {env} setsid nohup {shlex.join(argv)} "
                         f"> out.log 2>&1 < /dev/null & echo $! > pid; }}") == 0, f"could not launch in {d}"
 
-    def wait_metric(self, d: str) -> None:
-        while self.ssh(f"test -s {d}/metrics.jsonl") != 0:
+    def poll_until(self, command: str, what: str, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while self.ssh(command) != 0:
+            if time.time() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
             time.sleep(self.poll)
 
+    def wait_metric(self, d: str) -> None:
+        self.poll_until(f"test -s {d}/metrics.jsonl", f"a metric in {d}")
+
     def stop(self, d: str, label: str) -> None:
-        self.ssh(f"kill -TERM -- -$(cat {d}/pid)")
+        assert self.ssh(f"kill -TERM -$(cat {d}/pid)") == 0, f"could not signal the job in {d}"
+        # torchrun's workers run in sessions of their own: look for every process of the job, not the group;
         # the bracket keeps pgrep from matching the shell that runs it
         pattern = shlex.quote(f"label [{label[0]}]{label[1:]}$")
-        while self.ssh(f"! pgrep -f {pattern} > /dev/null") != 0:
-            time.sleep(self.poll)
+        self.poll_until(f"! pgrep -f {pattern} > /dev/null", f"the job in {d} gone")
 
     def bench(self, rep: int) -> list[dict[str, Any]]:
         d1, d2 = (f"{self.workspace}/hand-{self.tag}/{rep}/{k}" for k in (1, 2))
@@ -261,6 +267,7 @@ def main() -> int:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--skip-hand", action="store_true")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still cleans up (finally below)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="longrun-bench-ssh-") as tmp_name, LoggingSshServer() as sshd:
         tmp = Path(tmp_name)

@@ -274,7 +274,7 @@ def test_host_agent_over_ssh_launches_probes_cancels_and_refuses_unsafe_cleans(t
             with pytest.raises(AgentError, match="refusing"):
                 agent.clean(path)
         assert (outside / "precious").exists()
-        assert agent.clean(str(workspace / "out")) == {"removed": 1}
+        assert agent.clean(str(workspace / "out")) == {"removed": 1, "kept": []}
     finally:
         HostAgent(transport, workspace=str(workspace), python=sys.executable).cancel(directory, grace=1)
 
