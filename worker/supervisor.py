@@ -23,7 +23,7 @@ from server.db import Database
 from server.models import Attempt, Host, MetricPoint, Run, utcnow
 from server.runs import ENDED_ATTEMPT, get_run, open_attempt
 from server.states import ACTIVE, RunStatus, transition
-from worker.gpus import foreign_gpu_holders, holders_message, pick_free_gpus
+from worker.gpu_placement import WaitForGpus, gpu_holders, gpu_readings, placement_env, visible_devices
 from worker.host_agent import AgentError, GpuView, HostAgent, gpu_view
 from worker.ingest import store_log, store_metrics
 from worker.jobs import job_argv
@@ -65,10 +65,6 @@ class _Agent(HostAgent):
             raise HostUnreachable(self.name, exc) from exc
         self._answered[self.name] = time.monotonic()
         return answer
-
-
-class WaitForGpus(Exception):
-    """The GPUs a run needs are held by processes that are not the run's."""
 
 
 @dataclass
@@ -354,26 +350,12 @@ class Supervisor:
         """GPU utilisation and memory of the GPUs this attempt uses, as metrics of the run."""
         view = gpu_view(probe.answer["gpus"])
         Supervisor._store_host_snapshot(s, host.id, view)
-        if not view.snapshot.available:
-            return
-        ours = view.pids_of({attempt.token})
-        node = attempt.nodes[probe.index]
-        used = {g.index for g in view.snapshot.gpus if any(p.pid in ours for p in g.processes)}
-        used = used or set(node.get("gpus") or [g.index for g in view.snapshot.gpus])
-        prefix = "" if probe.index == 0 else f"node{probe.index}_"
-        now, rows, latest = utcnow(), [], dict(run.latest or {})
-        for g in view.snapshot.gpus:
-            if g.index not in used:
-                continue
-            for name, value in ((f"{prefix}gpu_util_{g.index}", g.utilization_pct),
-                                (f"{prefix}gpu_mem_{g.index}", g.memory_used_mib)):
-                if value is not None:
-                    rows.append(MetricPoint(run_id=run.id, attempt=attempt.number, line=None, name=name,
-                                            step=attempt.last_step, value=float(value), time=now))
-                    latest[name] = float(value)
-        s.add_all(rows)
-        if attempt.number == run.attempt:
-            run.latest = latest
+        readings = gpu_readings(view, attempt.token, attempt.nodes[probe.index].get("gpus"), probe.index)
+        now = utcnow()
+        s.add_all(MetricPoint(run_id=run.id, attempt=attempt.number, line=None, name=name, step=attempt.last_step,
+                              value=value, time=now) for name, value in readings.items())
+        if readings and attempt.number == run.attempt:
+            run.latest = {**(run.latest or {}), **readings}
 
     @staticmethod
     def _apply_probes(s: Any, run: Run, attempt: Attempt, probes: list[NodeProbe]) -> None:
@@ -406,7 +388,7 @@ class Supervisor:
             if not left and answer.get("gpus"):
                 view = gpu_view(answer["gpus"])
                 if answer["signalled"]:
-                    left = _gpu_holders(view, attempt.token, set(answer["signalled"]))
+                    left = gpu_holders(view, attempt.token, set(answer["signalled"]))
                 if not left:
                     stopped.views[node["host"]] = view
             if left:
@@ -450,7 +432,7 @@ class Supervisor:
         with self.db.writing() as s:
             fresh = get_run(s, run.id)
             current = fresh.current
-            current.nodes = [{**n, "pid": pid, "state": "running", "gpus": _visible(env)}
+            current.nodes = [{**n, "pid": pid, "state": "running", "gpus": visible_devices(env)}
                              for n, pid, env in zip(current.nodes, pids, envs, strict=True)]
             if fresh.status != RunStatus.LAUNCHING or fresh.attempt != attempt.number:
                 return  # cancelled or restarted meanwhile: that handler stops what we started
@@ -458,31 +440,14 @@ class Supervisor:
             transition(s, fresh, RunStatus.RUNNING, f"attempt {attempt.number} running",)
 
     def _gpu_env(self, attempt: Attempt, host: Host, view: GpuView | None = None) -> dict[str, str]:
-        """The job's environment, with free GPUs picked; raises WaitForGpus while others hold them.
+        """The job's environment with its GPUs placed (worker/gpu_placement.py); raises WaitForGpus.
 
         Reads nvidia-smi on the host unless given a snapshot just taken there (and stored)."""
-        env = dict(attempt.spec.get("env", {}))
         if view is None:
             view = self.agent(host).gpus([attempt.token])
             with self.db.writing() as s:
                 self._store_host_snapshot(s, host.id, view)
-        snap = view.snapshot
-        if not snap.available:
-            return env  # a host without GPUs runs the job on its CPUs
-        ours = view.pids_of({attempt.token})
-        wanted = _visible(env)
-        need = attempt.spec.get("nproc_per_node", 1)
-        if wanted is None and need < len(snap.gpus):
-            picked = pick_free_gpus(snap, need, ours)
-            if picked is None:
-                held = foreign_gpu_holders(snap, ours, None)
-                raise WaitForGpus(f"{need} free GPUs needed on {host.name}; {holders_message(held)}")
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in picked)
-            return env
-        held = foreign_gpu_holders(snap, ours, wanted)
-        if held:
-            raise WaitForGpus(f"on {host.name}: {holders_message(held)}")
-        return env
+        return placement_env(attempt.spec, attempt.token, host.name, view)
 
     def _poll(self, run: Run, hosts: dict[str, Host]) -> None:
         attempt = run.current
@@ -591,19 +556,6 @@ class Supervisor:
             self._launch(launching, hosts, views)
 
 
-def _gpu_holders(view: GpuView, token: str, pids: set[int]) -> list[int]:
-    """Pids of the attempt still listed by nvidia-smi as holding GPU memory (none on a GPU-less host)."""
-    return sorted({p.pid for g in view.snapshot.gpus for p in g.processes
-                   if p.pid in pids or view.token_of.get(p.pid) == token})
-
-
 def _node_address(host: Host) -> str:
     """The address other nodes of a multi-node run reach this host at."""
     return "127.0.0.1" if host.address == LOCAL_ADDRESS else host.address
-
-
-def _visible(env: dict[str, str]) -> list[int] | None:
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    return [int(x) for x in value.split(",") if x.strip().isdigit()]
