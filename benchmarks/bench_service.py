@@ -108,9 +108,9 @@ def bench_poll(pollers: int, seconds: float, rate: float, interval: float) -> di
             after = svc.run(run["id"])["latest"]["step"]
         finally:
             svc.stop()
-            from tests.conftest import _kill_leftovers
+            from tests.service import kill_leftovers
 
-            _kill_leftovers(svc.workspace)
+            kill_leftovers(svc.workspace)
     latencies.sort()
     ms = [x * 1000 for x in latencies]
     ingested = (after - before) * len(FIELDS) / seconds

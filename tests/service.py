@@ -113,18 +113,30 @@ def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any)
     return {"name": "toy", "host": "local", "nproc_per_node": nproc, "entrypoint": TOY, "args": args, **extra}
 
 
-def processes_with_env(needle: str) -> list[int]:
-    """Pids of live processes whose environment contains `needle` (e.g. LONGRUN_ATTEMPT_DIR=...)."""
+def processes_with_env(needle: str, prefix: bool = False) -> list[int]:
+    """Pids of live processes whose environment holds `needle` (e.g. LONGRUN_ATTEMPT_DIR=...), or with
+    prefix=True an entry starting with it."""
     found = []
+    want = needle.encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle.encode() in f.read().split(b"\0"):
-                        found.append(int(entry))
+                    env = f.read().split(b"\0")
             except OSError:
-                pass
+                continue
+            if any(v.startswith(want) for v in env) if prefix else want in env:
+                found.append(int(entry))
     return found
+
+
+def kill_leftovers(workspace: Path) -> None:
+    """After a test, no job it started may keep running (a failed test must not leak CPU hogs)."""
+    for pid in processes_with_env(f"LONGRUN_ATTEMPT_DIR={workspace}", prefix=True):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def attempt_processes(run: dict[str, Any], number: int) -> list[int]:

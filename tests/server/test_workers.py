@@ -5,8 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import _kill_leftovers
-from tests.service import ROOT, Service, toy_spec
+from tests.service import ROOT, Service, kill_leftovers, toy_spec
 
 
 def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_path: Path) -> None:
@@ -33,4 +32,4 @@ def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_pa
             w.terminate()
             w.wait(10)
         svc.stop()
-        _kill_leftovers(svc.workspace)
+        kill_leftovers(svc.workspace)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _kill_leftovers
-from tests.service import ROOT, Service, toy_spec
+from tests.service import ROOT, Service, kill_leftovers, toy_spec
 
 
 @pytest.fixture
@@ -23,7 +22,7 @@ def gpu_service(tmp_path: Path) -> Iterator[tuple[Service, Path]]:
     svc.start()
     yield svc, state
     svc.stop()
-    _kill_leftovers(svc.workspace)
+    kill_leftovers(svc.workspace)
 
 
 @pytest.fixture

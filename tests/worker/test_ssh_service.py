@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import _kill_leftovers
 from tests.netns import NetNamespace, PrivateNetwork
-from tests.service import Service, attempt_processes, toy_spec
+from tests.service import Service, attempt_processes, kill_leftovers, toy_spec
 from tests.sshd import SshServer
 
 # fail fast while a host is away, so outages in these tests stay a few seconds long
@@ -61,7 +60,7 @@ class Rig:
         for svc in self.services:
             svc.stop()
         for workspace in self.workspaces:
-            _kill_leftovers(workspace)
+            kill_leftovers(workspace)
 
 
 @pytest.fixture
