@@ -165,6 +165,9 @@ class Supervisor:
             if ids:
                 s.execute(update(Run).where(Run.id.in_(ids)).values(
                     lease_owner=self.worker_id, lease_until=now + timedelta(seconds=self.settings.lease_seconds)))
+        # forget the sampling clocks of runs this worker no longer drives
+        with self._lock:
+            self._gpu_sampled = {k: v for k, v in self._gpu_sampled.items() if k in ids}
         return ids
 
     def _guarded(self, key: str, fn: Any, *args: Any) -> None:
@@ -331,9 +334,10 @@ class Supervisor:
 
     def _gpu_sample_due(self, run_id: str) -> bool:
         now = time.monotonic()
-        if now - self._gpu_sampled.get(run_id, 0.0) < self.settings.gpu_sample_interval:
-            return False
-        self._gpu_sampled[run_id] = now
+        with self._lock:
+            if now - self._gpu_sampled.get(run_id, 0.0) < self.settings.gpu_sample_interval:
+                return False
+            self._gpu_sampled[run_id] = now
         return True
 
     def _probe(self, run: Run, attempt: Attempt, hosts: dict[str, Host], with_gpus: bool = False) -> list[NodeProbe]:
