@@ -324,9 +324,8 @@ def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | No
     return number, att.log_path, lines, end
 
 
-def evaluations(session: Session, run_id: str) -> list[dict[str, Any]]:
+def evaluations(run: Run) -> list[dict[str, Any]]:
     """Every attempt's acceptance report, oldest first."""
-    run = get_run(session, run_id)
     return [{"attempt": a.number, "ttt_steps": eta.ttt_of(a.spec), **a.evaluation}
             for a in run.attempts if a.evaluation]
 
@@ -335,14 +334,14 @@ def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attemp
     """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace."""
     from server.advice import advise
 
-    reports = evaluations(session, run_id)
+    run = get_run(session, run_id)
+    reports = evaluations(run)
     if attempt is not None:
         reports = [r for r in reports if r["attempt"] == attempt]
     if not reports:
         raise NotFound(f"run {run_id} has no evaluation{f' for attempt {attempt}' if attempt else ''} yet: "
                        "give the trainer an eval_corpus, or run python -m trainer.evaluate")
     report = reports[-1]
-    run = get_run(session, run_id)
     measured = measured_attempts(session, run)
     base = next(a.spec for a in run.attempts if a.number == report["attempt"])
     seconds_by_ttt = {}

@@ -81,7 +81,7 @@ def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Quer
 @router.get("/{run_id}/evaluation")
 def get_evaluation(run_id: str, session: ReadSession) -> dict:
     """The acceptance report of the run's newest evaluated draft, and every attempt's in `by_attempt`."""
-    reports = runs.evaluations(session, run_id)
+    reports = runs.evaluations(runs.get_run(session, run_id))
     if not reports:
         raise runs.NotFound(f"run {run_id} has no evaluation yet")
     return {**reports[-1], "by_attempt": reports}
