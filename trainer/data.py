@@ -5,16 +5,60 @@ A batch from `collate` / `make_loader`:
   (1 on real tokens), `hidden_states` bf16 [B, S, 3H], `last_hidden_state` bf16 [B, S, H] (zeros on pads).
 """
 
+import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 SAMPLE_PATTERN = "sample_*.safetensors"
 TENSOR_NAMES = ("input_ids", "loss_mask", "hidden_states", "last_hidden_state")
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
+           "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+class SampleFile:
+    """One per-sample safetensors file, read row-wise straight into a caller's buffer.
+
+    safetensors stores each tensor row-major at a known offset, so the first n rows are one contiguous
+    range: `read_rows` puts them where they belong with a single `readinto`, with no intermediate tensor."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        self.base = 8 + size
+        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        missing = set(TENSOR_NAMES) - set(self.entries)
+        if missing:
+            raise KeyError(f"{path} lacks {sorted(missing)}: not a sample written by `trainer.prepare`")
+
+    def rows(self, name: str) -> int:
+        return self.entries[name]["shape"][0]
+
+    def dtype_and_row_shape(self, name: str) -> tuple[torch.dtype, list[int]]:
+        return _DTYPES[self.entries[name]["dtype"]], self.entries[name]["shape"][1:]
+
+    def read_rows(self, f, name: str, out: torch.Tensor) -> None:
+        """Fill the contiguous `out` (shape [n, *row_shape]) with the tensor's first n rows."""
+        entry = self.entries[name]
+        nbytes = out.numel() * out.element_size()
+        f.seek(self.base + entry["data_offsets"][0])
+        if nbytes and f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != nbytes:
+            raise OSError(f"{self.path}: short read of {name}")
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A buffer for a batch tensor; inside a loader worker, in shared memory, so handing it to the
+    training process costs no copy (what torch's default_collate does)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
 
 
 def list_samples(data_dir: str | Path) -> list[Path]:
@@ -66,9 +110,28 @@ class HiddenStatesDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        # Slicing through safe_open reads only the first max_seq_len rows from disk.
-        with safe_open(str(self.files[index]), framework="pt") as f:
-            return {name: f.get_slice(name)[: self.max_seq_len] for name in TENSOR_NAMES}
+        batch = self.__getitems__([index])
+        return {name: batch[name][0, : int(batch["attention_mask"][0].sum())] for name in TENSOR_NAMES}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The padded batch of these samples, as `collate` makes it, read from disk straight into place.
+
+        DataLoader calls this for a whole batch; reading only the first max_seq_len rows of each file."""
+        samples = [SampleFile(self.files[i]) for i in indices]
+        lengths = [min(s.rows("input_ids"), self.max_seq_len) for s in samples]
+        longest = max(lengths)
+        out: dict[str, torch.Tensor] = {}
+        for name in TENSOR_NAMES:
+            dtype, row_shape = samples[0].dtype_and_row_shape(name)
+            out[name] = _empty((len(samples), longest, *row_shape), dtype)
+        for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
+            with open(sample.path, "rb", buffering=0) as f:
+                for name in TENSOR_NAMES:
+                    sample.read_rows(f, name, out[name][row, :length])
+                    out[name][row, length:] = 0
+        positions = torch.arange(longest)
+        out["attention_mask"] = (positions[None, :] < torch.tensor(lengths)[:, None]).long()
+        return out
 
 
 def collate(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -85,6 +148,11 @@ def collate(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     positions = torch.arange(longest)
     out["attention_mask"] = (positions[None, :] < torch.tensor(lengths)[:, None]).long()
     return out
+
+
+def _collate_unless_collated(batch: Sequence[dict[str, torch.Tensor]] | dict[str, torch.Tensor]) -> dict:
+    # HiddenStatesDataset.__getitems__ returns the batch already padded; other datasets give a list of items
+    return batch if isinstance(batch, dict) else collate(batch)
 
 
 class ShardBatchSampler(Sampler[list[int]]):
@@ -177,7 +245,7 @@ def make_loader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate,
+        collate_fn=_collate_unless_collated,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=workers,
         prefetch_factor=4 if workers else None,

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +190,34 @@ def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
     return out
 
 
+def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torch.dtype) -> Iterator[dict]:
+    """The loader's batches on `device`; on a GPU, batch i+1 is copied on a side stream while step i runs.
+
+    A 4096-token sample of an 8B verifier carries ~130 MB of features: copied in line, that is milliseconds
+    of idle GPU every step."""
+    if device.type != "cuda":
+        for batch in loader:
+            yield batch_to(batch, device, dtype)
+        return
+    copies = torch.cuda.Stream(device)
+
+    def issue(batch: dict | None) -> dict | None:
+        if batch is None:
+            return None
+        with torch.cuda.stream(copies):
+            return batch_to(batch, device, dtype)
+
+    batches = iter(loader)
+    pending = issue(next(batches, None))
+    while pending is not None:
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(copies)
+        for tensor in pending.values():
+            tensor.record_stream(compute)
+        batch, pending = pending, issue(next(batches, None))
+        yield batch
+
+
 def train_step(model, head: VerifierHead, batch: dict, optimizer, scheduler, params, noise, args) -> tuple[torch.Tensor, ...]:
     """One optimizer step; returns (loss, per-step stats, grad norm), all still on the device."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch["input_ids"].is_cuda):
@@ -336,8 +364,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         while step < total_steps and epoch < args.epochs:
             loader.batch_sampler.set_epoch(epoch, start_batch)
             batch_index = start_batch
-            for batch in loader:
-                batch = batch_to(batch, ctx.device, dtype)
+            for batch in prefetch_to_device(loader, ctx.device, dtype):
                 lr = scheduler.get_last_lr()[0]
                 loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, noise, args)
                 step += 1

@@ -117,3 +117,24 @@ def test_loader_with_worker_processes(prepared_data: Path) -> None:
     for epoch in (0, 1):
         loader.batch_sampler.set_epoch(epoch)
         assert sum(batch["input_ids"].shape[0] for batch in loader) == len(dataset)
+
+
+def test_batches_read_straight_from_disk_equal_safetensors_own_reader(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    files = []
+    for i, length in enumerate((5, 12, 9, 7)):  # cut to 10: the longer are cut, the shorter padded
+        sample = {"input_ids": torch.randint(0, 500, (length,)), "loss_mask": torch.randint(0, 2, (length,), dtype=torch.uint8),
+                  "hidden_states": torch.randn(length, 24).to(torch.bfloat16), "last_hidden_state": torch.randn(length, 8).to(torch.bfloat16)}
+        files.append(tmp_path / f"sample_{i:06d}.safetensors")
+        save_file(sample, str(files[-1]), metadata={"source": "test"})
+    dataset = HiddenStatesDataset(tmp_path, max_seq_len=10)
+    expected = collate([{k: v[:10] for k, v in load_file(str(f)).items()} for f in files])
+    assert expected["attention_mask"].sum(1).tolist() == [5, 10, 9, 7]
+    direct = dataset.__getitems__(range(4))
+    (from_worker,) = list(make_loader(dataset, 4, num_workers=1, shuffle=False))
+    for batch in (direct, from_worker):
+        assert batch.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert batch[name].dtype == tensor.dtype and torch.equal(batch[name], tensor), name
+    assert torch.equal(dataset[2]["hidden_states"], load_file(str(files[2]))["hidden_states"])

@@ -200,3 +200,20 @@ def test_init_from_loads_weights_but_starts_a_new_run(tiny, tmp_path, in_process
     assert warm_metrics[0]["step"] == 1 and warm_metrics[0]["ttt_steps"] == 5
     assert [k for k in warm_metrics[0] if k.startswith("acc_")] == [f"acc_{k}" for k in range(5)]
     assert warm_metrics[0]["loss_0"] < fresh_metrics[0]["loss_0"] - 0.3
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+])
+def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(device):
+    from trainer.train import prefetch_to_device
+
+    batches = [{"input_ids": torch.full((1, 8), i), "hidden_states": torch.randn(1, 8, 12),
+                "last_hidden_state": torch.randn(1, 8, 4)} for i in range(5)]
+    got = list(prefetch_to_device(iter(batches), torch.device(device), torch.bfloat16))
+    assert [int(b["input_ids"][0, 0]) for b in got] == [0, 1, 2, 3, 4]
+    for sent, received in zip(batches, got, strict=True):
+        assert received["hidden_states"].dtype == torch.bfloat16 and received["hidden_states"].device.type == device
+        assert torch.equal(received["hidden_states"].cpu(), sent["hidden_states"].to(torch.bfloat16))
+        assert received["input_ids"].dtype == torch.long
+    assert list(prefetch_to_device(iter([]), torch.device(device), torch.bfloat16)) == []

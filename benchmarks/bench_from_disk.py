@@ -1,0 +1,168 @@
+"""Does the data loader keep the GPU busy? The real trainer, training from files on disk, watched by nvidia-smi.
+
+    python benchmarks/bench_from_disk.py --work /tmp/disk --out result.json [--seq 2048 --ttt 3 --nproc 1]
+
+Writes a Llama-3.1-8B-shaped verifier directory (config + embedding, final norm and lm_head, random), a
+vocab mapping, and --samples per-sample files in `trainer.prepare`'s layout (random features: ~67 MB
+each at 2048 tokens), drops the page cache when it may (root), then runs the production command
+(`torchrun -m trainer.train ... --num-workers 4`) for --steps steps while sampling each GPU's
+utilisation every 0.2 s. Reports, over the steps after the first --skip: utilisation per GPU
+(mean, and the share of samples at or above 95%), tokens/s and ms/step from the trainer's own metrics.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainer.vocab import save_vocab_mapping  # noqa: E402
+
+H, INTERMEDIATE, V, DRAFT_V = 4096, 14336, 128256, 32000
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random tensors are drawn
+
+
+def write_verifier(path: Path) -> None:
+    from transformers import LlamaConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(hidden_size=H, intermediate_size=INTERMEDIATE, num_attention_heads=32, num_key_value_heads=8,
+                num_hidden_layers=32, vocab_size=V, max_position_embeddings=131072, rope_theta=500000.0,
+                tie_word_embeddings=False, architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    with torch.device(DEVICE):
+        tensors = {"model.embed_tokens.weight": torch.randn(V, H, dtype=torch.bfloat16) * 0.02,
+                   "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
+                   "lm_head.weight": torch.randn(V, H, dtype=torch.bfloat16) * 0.02}
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(path / "model.safetensors"))
+
+
+def write_data(path: Path, samples: int, seq: int) -> None:
+    (path / "hidden_states").mkdir(parents=True, exist_ok=True)
+    ids = torch.randperm(V)[:DRAFT_V].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    save_vocab_mapping(path / "vocab_mapping", ids - torch.arange(DRAFT_V), t2d)
+    (path / "prepare.json").write_text(json.dumps({"layer_ids": [2, 16, 29], "hidden_size": H, "vocab_size": V}))
+    for i in range(samples):
+        with torch.device(DEVICE):
+            sample = {"input_ids": torch.randint(0, V, (seq,)), "loss_mask": torch.ones(seq, dtype=torch.uint8),
+                      "hidden_states": torch.randn(seq, 3 * H, dtype=torch.bfloat16),
+                      "last_hidden_state": torch.randn(seq, H, dtype=torch.bfloat16)}
+        save_file({k: v.cpu() for k, v in sample.items()}, str(path / "hidden_states" / f"sample_{i:06d}.safetensors"))
+
+
+def read_rate(files: list[Path], readers: int = 4) -> float:
+    """GB/s of reading these files whole with `readers` threads (the loader's worker count)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(path: Path) -> int:
+        with open(path, "rb", buffering=0) as f:
+            return sum(iter(lambda: len(f.read(1 << 24)), 0))
+
+    t = time.time()
+    with ThreadPoolExecutor(readers) as pool:
+        total = sum(pool.map(read, files))
+    return total / (time.time() - t) / 1e9
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+class Utilisation(threading.Thread):
+    def __init__(self, every: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.every, self.samples, self.stop = every, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout
+            now = time.time()
+            for line in out.strip().splitlines():
+                fields = [x.strip() for x in line.split(",")]
+                if len(fields) == 2 and fields[0].isdigit():
+                    self.samples.append((now, int(fields[0]), float(fields[1])))
+            time.sleep(self.every)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the JSON result")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--ttt", type=int, default=3)
+    p.add_argument("--samples", type=int, default=240)
+    p.add_argument("--steps", type=int, default=220,
+                   help="keep it under one epoch: the epoch end validates and checkpoints")
+    p.add_argument("--skip", type=int, default=10, help="first steps left out of the figures (warm-up)")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--warm", action="store_true", help="keep the page cache (files read from memory)")
+    args = p.parse_args()
+    verifier, data, output = args.work / "verifier", args.work / "data", args.work / "out"
+    t0 = time.time()
+    if not (verifier / "model.safetensors").exists():
+        write_verifier(verifier)
+    if len(list((data / "hidden_states").glob("sample_*.safetensors"))) != args.samples:
+        write_data(data, args.samples, args.seq)
+    written_s = time.time() - t0
+    subprocess.run(["rm", "-rf", str(output)], check=True)
+    cache_dropped, disk_gb_s = False, None
+    if not args.warm and drop_page_cache():
+        disk_gb_s = read_rate(sorted((data / "hidden_states").glob("sample_*.safetensors"))[-24:], args.num_workers)
+        cache_dropped = drop_page_cache()
+    sampler = Utilisation()
+    sampler.start()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m", "trainer.train",
+               "--verifier-path", str(verifier), "--data-dir", str(data / "hidden_states"),
+               "--vocab-mapping-dir", str(data / "vocab_mapping"), "--output-dir", str(output), "--epochs", "5",
+               "--lr", "3e-5", "--max-seq-len", str(args.seq), "--num-workers", str(args.num_workers),
+               "--ttt-steps", str(args.ttt), "--noise-std", "0.05", "--scheduler", "cosine", "--warmup-ratio", "0.01",
+               "--val-ratio", "0.05", "--max-steps", str(args.steps)]
+    started = time.time()
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        return proc.returncode
+    steps = [r for r in map(json.loads, (output / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    window = steps[args.skip:]
+    begin, end = window[0]["time"], window[-1]["time"]
+    result = {
+        "command": " ".join(command), "seq": args.seq, "ttt": args.ttt, "nproc": args.nproc,
+        "samples_on_disk": args.samples, "sample_mb": round((data / "hidden_states" / "sample_000000.safetensors").stat().st_size / 1e6, 1),
+        "page_cache_dropped": cache_dropped, "cold_read_gb_s": disk_gb_s and round(disk_gb_s, 2), "write_s": round(written_s, 1), "startup_s": round(steps[0]["time"] - started, 1),
+        "steps_measured": len(window), "ms_per_step": round((end - begin) / max(1, len(window) - 1) * 1000, 2),
+        "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in window)),
+        "gpus": {},
+    }
+    for gpu in sorted({i for _, i, _ in sampler.samples}):
+        utils = [u for t, i, u in sampler.samples if i == gpu and begin <= t <= end]
+        if utils:
+            result["gpus"][gpu] = {"samples": len(utils), "mean_util": round(statistics.mean(utils), 1),
+                                   "share_at_least_95": round(sum(u >= 95 for u in utils) / len(utils), 3),
+                                   "min_util": min(utils)}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
