@@ -43,7 +43,7 @@ def train_and_evaluate(args: argparse.Namespace, verifier: Path, data: Path, ttt
     eval_s = run([sys.executable, "-m", "trainer.evaluate", "--verifier-path", str(verifier), "--draft-path", str(out),
                   "--corpus", str(verifier / "corpus" / "heldout.txt"), "--max-depth", str(args.max_depth),
                   "--max-samples", str(args.samples), "--max-new-tokens", str(args.new_tokens),
-                  "--output", str(report_path)], args.out / f"evaluate-ttt{ttt}.log", env)
+                  "--measure-depths", args.measure_depths, "--output", str(report_path)], args.out / f"evaluate-ttt{ttt}.log", env)
     report = json.loads(report_path.read_text())
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last = [x for x in lines if "loss" in x][-1]
@@ -62,6 +62,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=16, help="held-out prompts")
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--max-depth", type=int, default=16)
+    p.add_argument("--measure-depths", default="",
+                   help="depths decoded for real besides max-depth (default none: τ at every depth comes from "
+                        "the max-depth decoding; a real decode per depth costs as much again per depth)")
     p.add_argument("--max-samples", type=int, default=2000, help="training samples prepared")
     p.add_argument("--parallel", type=int, default=1, help="drafts trained at once (one GPU each)")
     args = p.parse_args()

@@ -15,7 +15,8 @@ The JSON report:
   max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d}
   position_acceptance[i]). It never falls with depth and equals the measurement at max depth.
 - `by_depth[d-1].measured_accepted`: tokens per pass of a real decoding at depth d. Rounds then start
-  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic).
+  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic). With
+  --measure-depths, only those depths (and max-depth) are decoded; the others report null.
 
 Prompts: for chat records, everything before the first assistant token; for plain text, the first
 --prompt-tokens tokens of each chunk. The draft recomputes its step-0 pass over the whole context
@@ -185,11 +186,13 @@ def corpus_prompts(tokenizer, corpus: Path, max_samples: int, prompt_tokens: int
 
 def evaluate(
     verifier: Verifier, propose: Proposer, prompts: Sequence[Sequence[int]], max_depth: int, max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: int | None, measure_depths: Sequence[int] | None = None,
 ) -> dict:
-    """The acceptance report (see the module docstring) from real decoding at every depth 1..max_depth."""
-    measured = {}
-    for depth in range(1, max_depth + 1):
+    """The acceptance report (see the module docstring) from real decoding at max_depth and at each of
+    `measure_depths` (default: every depth 1..max_depth)."""
+    depths = range(1, max_depth + 1) if measure_depths is None else {d for d in measure_depths if 0 < d < max_depth}
+    measured: dict[int, DecodeStats] = {}
+    for depth in sorted({*depths, max_depth}):
         measured[depth] = DecodeStats()
         for prompt in prompts:
             speculative_decode(verifier, propose, prompt, depth, max_new_tokens, eos_token_id, measured[depth])
@@ -198,10 +201,10 @@ def evaluate(
         {
             "depth": depth,
             "mean_accepted": deepest.mean_accepted(depth),
-            "measured_accepted": stats.mean_accepted(),
-            "verifier_passes": stats.passes,
+            "measured_accepted": measured[depth].mean_accepted() if depth in measured else None,
+            "verifier_passes": measured[depth].passes if depth in measured else None,
         }
-        for depth, stats in measured.items()
+        for depth in range(1, max_depth + 1)
     ]
     return {"by_depth": by_depth, "position_acceptance": deepest.position_acceptance(max_depth),
             "conditional_acceptance": deepest.conditional_acceptance(max_depth)}
@@ -216,6 +219,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-samples", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length taken from plain-text samples")
+    p.add_argument("--measure-depths", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+                   help="comma-separated depths to decode for real besides max-depth (default: all)")
     p.add_argument("--output", type=Path, help="also write the JSON report here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -225,7 +230,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth: int = 16, max_samples: int = 16,
-                   max_new_tokens: int = 128, prompt_tokens: int = 64, device: str | None = None) -> dict:
+                   max_new_tokens: int = 128, prompt_tokens: int = 64, device: str | None = None,
+                   measure_depths: Sequence[int] | None = None) -> dict:
     """Load the verifier and the draft, decode held-out prompts at every depth, return the acceptance report."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -236,7 +242,8 @@ def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth:
     if not prompts:
         raise SystemExit(f"no prompts in {corpus}")
     verifier = Verifier(model, read_draft_config(draft_path).aux_hidden_state_layer_ids)
-    report = evaluate(verifier, DraftProposer(draft), prompts, max_depth, max_new_tokens, tokenizer.eos_token_id)
+    report = evaluate(verifier, DraftProposer(draft), prompts, max_depth, max_new_tokens, tokenizer.eos_token_id,
+                      measure_depths)
     report.update(samples=len(prompts), max_new_tokens=max_new_tokens, draft_ttt_steps=draft.config.ttt_steps)
     return report
 
@@ -244,7 +251,7 @@ def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = evaluate_draft(args.verifier_path, args.draft_path, args.corpus, args.max_depth, args.max_samples,
-                            args.max_new_tokens, args.prompt_tokens, args.device)
+                            args.max_new_tokens, args.prompt_tokens, args.device, args.measure_depths)
     text = json.dumps(report)
     if args.output:
         args.output.write_text(text + "\n")

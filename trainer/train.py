@@ -168,16 +168,40 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     return draft, head
 
 
-def step_metrics(
-    ctx: Distributed, loss: torch.Tensor, stats: torch.Tensor, grad_norm: torch.Tensor, tokens: torch.Tensor,
-    stop_requested: bool,
-) -> tuple[dict, float, bool]:
-    """One all-reduce for a step's metrics: (per-step metrics averaged over ranks, tokens on all ranks,
-    whether any rank was asked to stop)."""
+@dataclass
+class StepMetrics:
+    """A finished step's metrics, all-reduced on the device and not read yet."""
+
+    step: int
+    epoch: float
+    lr: float
+    values: torch.Tensor  # [loss, grad norm, tokens, stop flag, *stats] summed over ranks, on the host
+    stats_shape: torch.Size
+    ready: torch.cuda.Event | None  # recorded after the copy to the host (GPU only)
+
+
+def reduce_step_metrics(
+    ctx: Distributed, step: int, epoch: float, lr: float, loss: torch.Tensor, stats: torch.Tensor,
+    grad_norm: torch.Tensor, tokens: torch.Tensor, stop_requested: bool,
+) -> StepMetrics:
+    """One all-reduce for a step's metrics and whether any rank was asked to stop; queued, not waited for."""
     flag = torch.ones(1, device=loss.device) * float(stop_requested)
-    packed = torch.cat([loss.float()[None], grad_norm.float()[None], tokens.float()[None], flag, stats.flatten()])
-    values = ctx.sum(packed).cpu()
-    stats_sum = values[4:].view_as(stats).clone()
+    packed = ctx.sum(torch.cat([loss.float()[None], grad_norm.float()[None], tokens.float()[None], flag, stats.flatten()]))
+    if not packed.is_cuda:
+        return StepMetrics(step, epoch, lr, packed, stats.shape, None)
+    # copied now, in stream order, so that reading it waits for this step only, not for the next one queued
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True).copy_(packed, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return StepMetrics(step, epoch, lr, host, stats.shape, ready)
+
+
+def read_step_metrics(ctx: Distributed, pending: StepMetrics) -> tuple[dict, float, bool]:
+    """(per-step metrics averaged over ranks, tokens on all ranks, whether any rank was asked to stop)."""
+    if pending.ready is not None:
+        pending.ready.synchronize()
+    values = pending.values
+    stats_sum = values[4:].view(pending.stats_shape).clone()
     stats_sum[:, 0] /= ctx.world_size
     metrics = {"loss": values[0].item() / ctx.world_size, **summarize_stats(stats_sum), "grad_norm": values[1].item() / ctx.world_size}
     return metrics, values[2].item(), values[3].item() > 0
@@ -361,6 +385,34 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
 
     try:
         last_time = time.time()
+        # A step's metrics are read once the next step is queued: reading them at once would make the CPU
+        # wait for the GPU every step, and the GPU then waits for the CPU to queue the next one.
+        in_flight: StepMetrics | None = None
+
+        def publish() -> bool:
+            """Write the step in flight's metrics line; True when a rank was asked to stop."""
+            nonlocal in_flight, last_time
+            if in_flight is None:
+                return False
+            metrics, tokens, stopping = read_step_metrics(ctx, in_flight)
+            now = time.time()
+            reporter.train_step({
+                "step": in_flight.step,
+                "total_steps": total_steps,
+                "epoch": in_flight.epoch,
+                **metrics,
+                "lr": in_flight.lr,
+                "tokens_per_s": tokens / max(now - last_time, 1e-9),
+                "ttt_steps": args.ttt_steps,
+            })
+            last_time, in_flight = now, None
+            return stopping
+
+        def stopped() -> int:
+            publish()  # the step after the one that saw the request ran too
+            log(f"stopping at step {step} on SIGTERM", flush=True)
+            return EXIT_TERMINATED
+
         while step < total_steps and epoch < args.epochs:
             loader.batch_sampler.set_epoch(epoch, start_batch)
             batch_index = start_batch
@@ -369,27 +421,21 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                 loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, noise, args)
                 step += 1
                 batch_index += 1
-                metrics, tokens, stopping = step_metrics(
-                    ctx, loss, stats, grad_norm, batch["attention_mask"].sum(), stop.requested
+                previous_stops = publish()
+                in_flight = reduce_step_metrics(
+                    ctx, step, epoch + batch_index / steps_per_epoch, lr, loss, stats, grad_norm,
+                    batch["attention_mask"].sum(), stop.requested,
                 )
-                now = time.time()
-                reporter.train_step({
-                    "step": step,
-                    "total_steps": total_steps,
-                    "epoch": epoch + batch_index / steps_per_epoch,
-                    **metrics,
-                    "lr": lr,
-                    "tokens_per_s": tokens / max(now - last_time, 1e-9),
-                    "ttt_steps": args.ttt_steps,
-                })
-                last_time = now
-                if stopping:
-                    log(f"stopping at step {step} on SIGTERM", flush=True)
-                    return EXIT_TERMINATED
+                if previous_stops:
+                    return stopped()
                 if step >= total_steps:
                     break
                 if args.save_every and step % args.save_every == 0:
+                    if publish():  # a checkpoint never runs ahead of the metrics on disk
+                        return stopped()
                     checkpoint((epoch, batch_index))
+            if publish():
+                return stopped()
             epoch_done = batch_index >= steps_per_epoch
             position = (epoch + 1, 0) if epoch_done else (epoch, batch_index)
             if val_loader is not None:

@@ -93,6 +93,9 @@ def test_oracle_draft_is_accepted_at_every_position(one_thread, verifier_model, 
     assert report["position_acceptance"] == [1.0, 1.0, 1.0]
     assert [d["mean_accepted"] for d in report["by_depth"]] == [2.0, 3.0, 4.0]
     assert [d["measured_accepted"] for d in report["by_depth"]] == [2.0, 3.0, 4.0]
+    only_deepest = evaluate(Verifier(model, [2, 4, 5]), GreedyOracle(model), prompts, 3, 12, None, measure_depths=[])
+    assert [d["mean_accepted"] for d in only_deepest["by_depth"]] == [2.0, 3.0, 4.0]
+    assert [d["measured_accepted"] for d in only_deepest["by_depth"]] == [None, None, 4.0]
 
 
 def test_speculative_decoding_reproduces_plain_greedy_decoding(partial):
