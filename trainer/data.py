@@ -8,6 +8,7 @@ A batch from `collate` / `make_loader`:
 import json
 import math
 import random
+import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -150,6 +151,13 @@ def collate(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     return out
 
 
+def _leave_sigterm_to_the_trainer(worker_id: int) -> None:
+    # A cancel signals every process of the run. A worker that died of it would make its rank raise
+    # mid-step while the other ranks wait in a collective; the rank stops cleanly and ends its workers
+    # itself (and workers also exit when their rank dies).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _collate_unless_collated(batch: Sequence[dict[str, torch.Tensor]] | dict[str, torch.Tensor]) -> dict:
     # HiddenStatesDataset.__getitems__ returns the batch already padded; other datasets give a list of items
     return batch if isinstance(batch, dict) else collate(batch)
@@ -248,5 +256,6 @@ def make_loader(
         collate_fn=_collate_unless_collated,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=workers,
+        worker_init_fn=_leave_sigterm_to_the_trainer,
         prefetch_factor=4 if workers else None,
     )

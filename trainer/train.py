@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,16 +114,24 @@ class Distributed:
 
 
 class StopRequest:
-    """SIGTERM asks the loop to stop after the current step; a second one leaves at once."""
+    """SIGTERM asks the loop to stop after the current step, on every rank at the same step.
 
-    def __init__(self):
+    A cancel's SIGTERM reaches a rank twice within milliseconds (from the supervisor, and forwarded by
+    torchrun): repeats within `repeat_window` seconds count as one. Leaving mid-step would strand the
+    other ranks in a collective (with NCCL, until its timeout). A SIGTERM after that window leaves at once."""
+
+    def __init__(self, repeat_window: float = 5.0):
         self.requested = False
+        self.requested_at = 0.0
+        self.repeat_window = repeat_window
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
+        now = time.monotonic()
+        if not self.requested:
+            self.requested, self.requested_at = True, now
+        elif now - self.requested_at > self.repeat_window:
             raise SystemExit(128 + signum)
-        self.requested = True
 
 
 def aux_layer_ids(data_dir: Path, default: list[int]) -> list[int]:
@@ -166,6 +175,26 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"initialised the draft from {path}", flush=True)
     return draft, head
+
+
+class Throughput:
+    """Tokens per second over the last `window` steps. A single step's interval is noisy: its metrics are
+    read when the next step is queued, which a slow batch can delay."""
+
+    def __init__(self, window: int = 10, clock=time.time):
+        self.clock = clock
+        self.marks: deque[tuple[float, float]] = deque(maxlen=window + 1)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over (after a pause that is not training: validation, a checkpoint)."""
+        self.marks.clear()
+        self.marks.append((self.clock(), 0.0))
+
+    def add(self, tokens: float) -> float:
+        now = self.clock()
+        self.marks.append((now, tokens))
+        return sum(t for _, t in list(self.marks)[1:]) / max(now - self.marks[0][0], 1e-9)
 
 
 @dataclass
@@ -384,28 +413,27 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         )
 
     try:
-        last_time = time.time()
+        throughput = Throughput()
         # A step's metrics are read once the next step is queued: reading them at once would make the CPU
         # wait for the GPU every step, and the GPU then waits for the CPU to queue the next one.
         in_flight: StepMetrics | None = None
 
         def publish() -> bool:
             """Write the step in flight's metrics line; True when a rank was asked to stop."""
-            nonlocal in_flight, last_time
+            nonlocal in_flight
             if in_flight is None:
                 return False
             metrics, tokens, stopping = read_step_metrics(ctx, in_flight)
-            now = time.time()
             reporter.train_step({
                 "step": in_flight.step,
                 "total_steps": total_steps,
                 "epoch": in_flight.epoch,
                 **metrics,
                 "lr": in_flight.lr,
-                "tokens_per_s": tokens / max(now - last_time, 1e-9),
+                "tokens_per_s": throughput.add(tokens),
                 "ttt_steps": args.ttt_steps,
             })
-            last_time, in_flight = now, None
+            in_flight = None
             return stopping
 
         def stopped() -> int:
@@ -444,7 +472,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                     reporter.validation({"step": step, "total_steps": total_steps, "epoch": epoch + batch_index / steps_per_epoch, **metrics})
             checkpoint(position)
             epoch, start_batch = position
-            last_time = time.time()
+            throughput.reset()
         log(f"done: {step} steps; draft exported to {output_dir}", flush=True)
         if args.eval_corpus and ctx.rank == 0:
             report_acceptance(args, reporter, step, total_steps, ctx.device)

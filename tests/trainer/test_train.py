@@ -217,3 +217,34 @@ def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(devic
         assert torch.equal(received["hidden_states"].cpu(), sent["hidden_states"].to(torch.bfloat16))
         assert received["input_ids"].dtype == torch.long
     assert list(prefetch_to_device(iter([]), torch.device(device), torch.bfloat16)) == []
+
+
+def test_sigterm_to_every_process_stops_at_a_step_with_loader_workers(tiny, tmp_path):
+    # What a cancel does: SIGTERM to every process carrying the run's token, data-loader workers included.
+    # Workers dying under a rank mid-step must not leave the other rank waiting in an all-reduce.
+    out = tmp_path / "out"
+    command = train_command(tiny, out, nproc=2, num_workers=2, epochs=50, scheduler="constant")
+    first = subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    wait_for(lambda: (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 5, first)
+    tree = process_tree(first.pid)
+    assert len(tree) >= 7, tree  # torchrun, 2 ranks, 2 x 2 loader workers
+    signalled = time.time()
+    for pid in tree:
+        os.kill(pid, signal.SIGTERM)
+    output = first.communicate(timeout=60)[0]
+    assert time.time() - signalled < 10, "a cancel would have had to SIGKILL it"
+    assert "stopping at step" in output, output[-3000:]
+    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+
+
+def test_throughput_is_tokens_over_the_last_steps_time():
+    from trainer.train import Throughput
+
+    clock = iter([100.0, 101.0, 101.1, 103.0, 104.0, 104.5])
+    rate = Throughput(window=2, clock=lambda: next(clock))  # starts at t=100
+    assert rate.add(1000) == pytest.approx(1000 / 1.0)
+    assert rate.add(1000) == pytest.approx(2000 / 1.1)  # a step read late next to its predecessor: no spike
+    assert rate.add(1000) == pytest.approx(2000 / 2.0)  # window of 2: from t=101
+    rate.reset()  # t=104: validation and a checkpoint are not counted
+    assert rate.add(500) == pytest.approx(500 / 0.5)
