@@ -77,3 +77,25 @@ def test_warm_restart_starts_from_the_last_draft_even_with_clean(
     first, second = (service.series(run["id"], "loss_0", attempt=n) for n in (1, 2))
     assert second[0]["step"] == 1, "a fresh schedule, not a resume of attempt 1's checkpoints"
     assert second[0]["value"] < first[0]["value"], "warm: it starts where the TTT=3 draft ended"
+
+
+def test_restart_mid_run_stops_the_trainer_at_a_step_not_by_sigkill(
+        service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
+    # With data-loader workers, as in production: the cancel's SIGTERM reaches every process of the run.
+    # Seen on two H200s: a worker dying under its rank left the other rank in an NCCL all-reduce until
+    # the grace ran out and the attempt was SIGKILLed (exit 137).
+    spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
+    spec["trainer"].update(epochs=500, num_workers=2)
+    del spec["trainer"]["eval_corpus"]
+    run = service.submit(spec)
+    service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 5, what="attempt 1 training")
+    r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_steps": 5}})
+    assert r.status_code == 202, r.text
+    second = service.wait(run["id"], lambda r: r["attempt"] == 2 and "loss_4" in r["latest"], timeout=120,
+                          what="attempt 2 reporting loss_4")
+    first = second["attempts"][0]
+    log = service.logs(run["id"], attempt=1, tail=50)
+    assert any("stopping at step" in line for line in log), log[-20:]
+    assert first["exit_code"] != 137, "attempt 1 had to be SIGKILLed"
+    service.client.post(f"/v1/runs/{run['id']}/cancel")
+    assert service.wait_status(run["id"], "cancelled", timeout=60)["attempts"][1]["exit_code"] != 137
