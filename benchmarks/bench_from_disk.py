@@ -114,6 +114,8 @@ def main() -> int:
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--warm", action="store_true", help="keep the page cache (files read from memory)")
+    p.add_argument("--profile", type=Path, help="also profile steps 41-50 into this dir (trainer/profiling.py); "
+                   "the figures then carry the profiler's overhead")
     args = p.parse_args()
     verifier, data, output = args.work / "verifier", args.work / "data", args.work / "out"
     t0 = time.time()
@@ -136,7 +138,10 @@ def main() -> int:
                "--ttt-steps", str(args.ttt), "--noise-std", "0.05", "--scheduler", "cosine", "--warmup-ratio", "0.01",
                "--val-ratio", "0.05", "--max-steps", str(args.steps)]
     started = time.time()
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ)
+    if args.profile:
+        env.update(LONGRUN_PROFILE_DIR=str(args.profile), LONGRUN_PROFILE_STEPS="37:10")
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     sampler.stop.set()
     sampler.join()
     if proc.returncode:

@@ -29,6 +29,7 @@ from trainer.data import HiddenStatesDataset, make_loader, split_files
 from trainer.metrics import MetricsReporter, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
+from trainer.profiling import StepProfiler
 from trainer.ttt import STAT_FIELDS, TTTObjective, add_feature_noise, summarize_stats, verifier_targets
 from trainer.verifier_head import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
@@ -412,6 +413,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
             output_dir, step, draft, optimizer, scheduler, state, {"noise": noise.get_state()}, ctx.rank, ctx.barrier
         )
 
+    profiler = StepProfiler(ctx.rank)
     try:
         throughput = Throughput()
         # A step's metrics are read once the next step is queued: reading them at once would make the CPU
@@ -450,6 +452,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                 step += 1
                 batch_index += 1
                 previous_stops = publish()
+                profiler.step()
                 in_flight = reduce_step_metrics(
                     ctx, step, epoch + batch_index / steps_per_epoch, lr, loss, stats, grad_norm,
                     batch["attention_mask"].sum(), stop.requested,
@@ -478,6 +481,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
             report_acceptance(args, reporter, step, total_steps, ctx.device)
         return 0
     finally:
+        profiler.close()
         reporter.close()
 
 

@@ -248,3 +248,13 @@ def test_throughput_is_tokens_over_the_last_steps_time():
     assert rate.add(1000) == pytest.approx(2000 / 2.0)  # window of 2: from t=101
     rate.reset()  # t=104: validation and a checkpoint are not counted
     assert rate.add(500) == pytest.approx(500 / 0.5)
+
+
+def test_profile_window_writes_a_trace_and_a_per_step_summary(tiny, tmp_path, in_process, monkeypatch):
+    monkeypatch.setenv("LONGRUN_PROFILE_DIR", str(tmp_path / "profile"))
+    monkeypatch.setenv("LONGRUN_PROFILE_STEPS", "2:3")
+    assert in_process(train_command(tiny, tmp_path / "out", max_steps=12)) == 0
+    summary = (tmp_path / "profile" / "summary.txt").read_text()
+    assert summary.startswith("steps recorded: 3;") and "aten::" in summary
+    trace = json.loads((tmp_path / "profile" / "trace.json").read_text())
+    assert any(event.get("name", "").startswith("aten::mm") for event in trace["traceEvents"])

@@ -1,0 +1,74 @@
+"""torch.profiler over a window of training steps, on rank 0, when asked through the environment.
+
+    LONGRUN_PROFILE_DIR=D [LONGRUN_PROFILE_STEPS=WAIT:ACTIVE] torchrun ... -m trainer.train ...
+
+Skips WAIT steps (default 20), warms up over 3, records ACTIVE steps (default 10), then writes
+D/trace.json (chrome://tracing or Perfetto: the CPU launch timeline against the GPU's) and
+D/summary.txt: wall time per step, the share of it the GPU spent running kernels, and the ops that
+took the most host and device time.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+PROFILE_DIR_ENV = "LONGRUN_PROFILE_DIR"
+PROFILE_STEPS_ENV = "LONGRUN_PROFILE_STEPS"
+WARMUP = 3
+
+
+class StepProfiler:
+    """Call `step()` after every optimizer step and `close()` at the end; a no-op unless asked for."""
+
+    def __init__(self, rank: int):
+        self.directory = os.environ.get(PROFILE_DIR_ENV)
+        self.profiler: profile | None = None
+        self.step_times: list[float] = []
+        if not self.directory or rank != 0:
+            return
+        wait, active = (int(x) for x in os.environ.get(PROFILE_STEPS_ENV, "20:10").split(":"))
+        self.active = active
+        self.recording_from = wait + WARMUP
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.profiler = profile(activities=activities, schedule=schedule(wait=wait, warmup=WARMUP, active=active, repeat=1),
+                                on_trace_ready=self._save)
+        self.profiler.start()
+        self.steps = 0
+
+    def step(self) -> None:
+        if self.profiler is None:
+            return
+        # call n ends step n; the profiler records steps recording_from .. recording_from + active - 1
+        if self.recording_from - 1 <= self.steps <= self.recording_from + self.active - 1:
+            self.step_times.append(time.perf_counter())
+        self.steps += 1
+        self.profiler.step()
+
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler = None
+
+    def _save(self, prof: profile) -> None:
+        directory = Path(self.directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(directory / "trace.json"))
+        averages = prof.key_averages()
+        steps = max(1, len(self.step_times) - 1)
+        wall = (self.step_times[-1] - self.step_times[0]) if len(self.step_times) > 1 else 0.0
+        device = sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e6  # µs -> s
+        gpu = torch.cuda.is_available()
+        lines = [
+            f"steps recorded: {steps}; wall {1000 * wall / steps:.2f} ms/step"
+            + (f"; kernels {1000 * device / steps:.2f} ms/step; GPU busy {device / wall:.1%} of the wall time"
+               if gpu and wall else ""),
+            "",
+            "by host time:",
+            averages.table(sort_by="self_cpu_time_total", row_limit=25),
+        ]
+        if gpu:
+            lines += ["by device time:", averages.table(sort_by="self_device_time_total", row_limit=25)]
+        (directory / "summary.txt").write_text("\n".join(lines) + "\n")
