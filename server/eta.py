@@ -38,6 +38,7 @@ class Measured:
     sec_per_step: float
     total_steps: int
     startup_seconds: float = 0.0
+    wrapup_seconds: float = 0.0  # after the last step: final validation, evaluation, export (finished attempts)
 
 
 def step_cost_model(measured: list[Measured]) -> tuple[float, float, str]:
@@ -90,6 +91,7 @@ def predict_duration(measured: list[Measured], new_spec: dict[str, Any]) -> tupl
     if seq_old and seq_new and seq_old != seq_new:
         sec *= seq_new / seq_old
         notes.append(f"step time scaled for max_seq_len {seq_new} instead of {seq_old}")
-    startup = latest.startup_seconds
-    return startup + steps * sec, (f"{startup:.0f}s start-up + {round(steps)} steps x {sec:.3f} s/step; "
-                                   + "; ".join(notes))
+    startup, wrapup = latest.startup_seconds, latest.wrapup_seconds
+    wrap = f" + {wrapup:.0f}s after the last step (validation, evaluation, export)" if wrapup >= 0.5 else ""
+    return startup + steps * sec + wrapup, (f"{startup:.0f}s start-up + {round(steps)} steps x {sec:.3f} s/step"
+                                            f"{wrap}; " + "; ".join(notes))

@@ -204,10 +204,13 @@ def measured_attempts(session: Session, run: Run) -> list[eta.Measured]:
 
 
 def _measured(a: Attempt) -> eta.Measured:
-    startup = 0.0
+    startup = wrapup = 0.0
     if a.first_step_at and a.started_at:
         startup = max(0.0, (a.first_step_at - a.started_at).total_seconds() - a.sec_per_step)
-    return eta.Measured(a.spec, a.sec_per_step, a.total_steps, startup)
+        if a.status == "succeeded" and a.ended_at:  # all its steps ran: the rest of its time is the wrap-up
+            taken = (a.ended_at - a.started_at).total_seconds()
+            wrapup = max(0.0, taken - startup - a.total_steps * a.sec_per_step)
+    return eta.Measured(a.spec, a.sec_per_step, a.total_steps, startup, wrapup)
 
 
 def similar_attempts(session: Session, spec: dict[str, Any], exclude_run: str | None = None,

@@ -30,6 +30,14 @@ def test_deeper_ttt_is_predicted_from_one_measured_depth() -> None:
     assert "TTT=3" in basis
 
 
+def test_a_finished_attempts_start_up_and_wrap_up_are_added() -> None:
+    # the final validation and evaluation of a finished attempt do not depend on the TTT depth
+    seconds, basis = predict_duration([Measured(_trainer(3), 2.0, 1000, startup_seconds=15, wrapup_seconds=40)],
+                                      _trainer(5))
+    assert seconds == pytest.approx(15 + 1000 * 3.0 + 40)
+    assert "15s start-up" in basis and "40s after the last step" in basis
+
+
 def test_two_measured_depths_fit_the_line() -> None:
     measured = [Measured(_trainer(5), 3.5, 1000), Measured(_trainer(3), 2.5, 1000)]
     seconds, basis = predict_duration(measured, _trainer(7))
