@@ -26,9 +26,10 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_trainer import LLAMA_8B, random_vocab_mapping  # noqa: E402
 from trainer.vocab import save_vocab_mapping  # noqa: E402
 
-H, INTERMEDIATE, V, DRAFT_V = 4096, 14336, 128256, 32000
+H, INTERMEDIATE, V, DRAFT_V = (LLAMA_8B[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "draft_vocab_size"))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random tensors are drawn
 
 
@@ -36,8 +37,9 @@ def write_verifier(path: Path) -> None:
     from transformers import LlamaConfig
 
     path.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(hidden_size=H, intermediate_size=INTERMEDIATE, num_attention_heads=32, num_key_value_heads=8,
-                num_hidden_layers=32, vocab_size=V, max_position_embeddings=131072, rope_theta=500000.0,
+    LlamaConfig(hidden_size=H, intermediate_size=INTERMEDIATE, num_attention_heads=LLAMA_8B["num_attention_heads"],
+                num_key_value_heads=LLAMA_8B["num_key_value_heads"], num_hidden_layers=32, vocab_size=V,
+                max_position_embeddings=131072, rope_theta=LLAMA_8B["rope_theta"],
                 tie_word_embeddings=False, architectures=["LlamaForCausalLM"]).save_pretrained(path)
     with torch.device(DEVICE):
         tensors = {"model.embed_tokens.weight": torch.randn(V, H, dtype=torch.bfloat16) * 0.02,
@@ -48,9 +50,7 @@ def write_verifier(path: Path) -> None:
 
 def write_data(path: Path, samples: int, seq: int) -> None:
     (path / "hidden_states").mkdir(parents=True, exist_ok=True)
-    ids = torch.randperm(V)[:DRAFT_V].sort().values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
+    ids, t2d = random_vocab_mapping(V, DRAFT_V)
     save_vocab_mapping(path / "vocab_mapping", ids - torch.arange(DRAFT_V), t2d)
     (path / "prepare.json").write_text(json.dumps({"layer_ids": [2, 16, 29], "hidden_size": H, "vocab_size": V}))
     for i in range(samples):

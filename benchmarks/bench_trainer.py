@@ -46,6 +46,14 @@ TINY = dict(
 )
 
 
+def random_vocab_mapping(vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted target ids of a random draft vocabulary, t2d mask over the target vocabulary)."""
+    draft_ids = torch.randperm(vocab)[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_ids] = True
+    return draft_ids, t2d
+
+
 def make_config(shape: dict, ttt_steps: int) -> DraftConfig:
     return DraftConfig(
         **shape, rms_norm_eps=1e-5, target_hidden_size=shape["hidden_size"], aux_hidden_state_layer_ids=[2, 16, 29],
@@ -95,9 +103,7 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     v, h, k = cfg.vocab_size, cfg.hidden_size, cfg.draft_vocab_size
-    draft_ids = torch.randperm(v)[:k].sort().values
-    t2d = torch.zeros(v, dtype=torch.bool)
-    t2d[draft_ids] = True
+    draft_ids, t2d = random_vocab_mapping(v, k)
     target_to_draft = torch.full((v,), -1, dtype=torch.long)
     target_to_draft[draft_ids] = torch.arange(k)
     # build on the device: initialising ~0.7B parameters on the CPU took longer than measuring them

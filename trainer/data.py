@@ -10,7 +10,9 @@ import math
 import random
 import signal
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
@@ -22,16 +24,15 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "
 
 
 class SampleFile:
-    """One per-sample safetensors file, read row-wise straight into a caller's buffer.
+    """One open per-sample safetensors file, read row-wise straight into a caller's buffer.
 
     safetensors stores each tensor row-major at a known offset, so the first n rows are one contiguous
     range: `read_rows` puts them where they belong with a single `readinto`, with no intermediate tensor."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
+    def __init__(self, file: BinaryIO, path: Path):
+        self.file, self.path = file, path
+        size = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(size))
         self.base = 8 + size
         self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
         missing = set(TENSOR_NAMES) - set(self.entries)
@@ -44,12 +45,11 @@ class SampleFile:
     def dtype_and_row_shape(self, name: str) -> tuple[torch.dtype, list[int]]:
         return _DTYPES[self.entries[name]["dtype"]], self.entries[name]["shape"][1:]
 
-    def read_rows(self, f, name: str, out: torch.Tensor) -> None:
+    def read_rows(self, name: str, out: torch.Tensor) -> None:
         """Fill the contiguous `out` (shape [n, *row_shape]) with the tensor's first n rows."""
-        entry = self.entries[name]
         nbytes = out.numel() * out.element_size()
-        f.seek(self.base + entry["data_offsets"][0])
-        if nbytes and f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != nbytes:
+        self.file.seek(self.base + self.entries[name]["data_offsets"][0])
+        if nbytes and self.file.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != nbytes:
             raise OSError(f"{self.path}: short read of {name}")
 
 
@@ -111,24 +111,24 @@ class HiddenStatesDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        batch = self.__getitems__([index])
-        return {name: batch[name][0, : int(batch["attention_mask"][0].sum())] for name in TENSOR_NAMES}
+        batch = self.__getitems__([index])  # one sample: nothing is padded
+        return {name: batch[name][0] for name in TENSOR_NAMES}
 
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         """The padded batch of these samples, as `collate` makes it, read from disk straight into place.
 
         DataLoader calls this for a whole batch; reading only the first max_seq_len rows of each file."""
-        samples = [SampleFile(self.files[i]) for i in indices]
-        lengths = [min(s.rows("input_ids"), self.max_seq_len) for s in samples]
-        longest = max(lengths)
-        out: dict[str, torch.Tensor] = {}
-        for name in TENSOR_NAMES:
-            dtype, row_shape = samples[0].dtype_and_row_shape(name)
-            out[name] = _empty((len(samples), longest, *row_shape), dtype)
-        for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
-            with open(sample.path, "rb", buffering=0) as f:
-                for name in TENSOR_NAMES:
-                    sample.read_rows(f, name, out[name][row, :length])
+        with ExitStack() as files:
+            samples = [SampleFile(files.enter_context(open(self.files[i], "rb", buffering=0)), self.files[i])
+                       for i in indices]
+            lengths = [min(s.rows("input_ids"), self.max_seq_len) for s in samples]
+            longest = max(lengths)
+            out: dict[str, torch.Tensor] = {}
+            for name in TENSOR_NAMES:
+                dtype, row_shape = samples[0].dtype_and_row_shape(name)
+                out[name] = _empty((len(samples), longest, *row_shape), dtype)
+                for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
+                    sample.read_rows(name, out[name][row, :length])
                     out[name][row, length:] = 0
         positions = torch.arange(longest)
         out["attention_mask"] = (positions[None, :] < torch.tensor(lengths)[:, None]).long()
