@@ -26,20 +26,21 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_trainer import LLAMA_8B, random_vocab_mapping  # noqa: E402
+from benchmarks.bench_trainer import LLAMA_8B, TINY, random_vocab_mapping  # noqa: E402
 from trainer.vocab import save_vocab_mapping  # noqa: E402
 
-H, INTERMEDIATE, V, DRAFT_V = (LLAMA_8B[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "draft_vocab_size"))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random tensors are drawn
 
 
-def write_verifier(path: Path) -> None:
+def write_verifier(path: Path, shape: dict = LLAMA_8B) -> None:
+    """A verifier directory of this shape: config, and random embedding, final norm and lm_head."""
     from transformers import LlamaConfig
 
+    H, V = shape["hidden_size"], shape["vocab_size"]
     path.mkdir(parents=True, exist_ok=True)
-    LlamaConfig(hidden_size=H, intermediate_size=INTERMEDIATE, num_attention_heads=LLAMA_8B["num_attention_heads"],
-                num_key_value_heads=LLAMA_8B["num_key_value_heads"], num_hidden_layers=32, vocab_size=V,
-                max_position_embeddings=131072, rope_theta=LLAMA_8B["rope_theta"],
+    LlamaConfig(hidden_size=H, intermediate_size=shape["intermediate_size"], num_attention_heads=shape["num_attention_heads"],
+                num_key_value_heads=shape["num_key_value_heads"], num_hidden_layers=32, vocab_size=V,
+                max_position_embeddings=131072, rope_theta=shape["rope_theta"],
                 tie_word_embeddings=False, architectures=["LlamaForCausalLM"]).save_pretrained(path)
     with torch.device(DEVICE):
         tensors = {"model.embed_tokens.weight": torch.randn(V, H, dtype=torch.bfloat16) * 0.02,
@@ -48,7 +49,9 @@ def write_verifier(path: Path) -> None:
     save_file({k: v.cpu() for k, v in tensors.items()}, str(path / "model.safetensors"))
 
 
-def write_data(path: Path, samples: int, seq: int) -> None:
+def write_data(path: Path, samples: int, seq: int, shape: dict = LLAMA_8B) -> None:
+    """`samples` per-sample files of random features in `prepare`'s layout, and a random vocab mapping."""
+    H, V, DRAFT_V = shape["hidden_size"], shape["vocab_size"], shape["draft_vocab_size"]
     (path / "hidden_states").mkdir(parents=True, exist_ok=True)
     ids, t2d = random_vocab_mapping(V, DRAFT_V)
     save_vocab_mapping(path / "vocab_mapping", ids - torch.arange(DRAFT_V), t2d)
@@ -116,13 +119,18 @@ def main() -> int:
     p.add_argument("--warm", action="store_true", help="keep the page cache (files read from memory)")
     p.add_argument("--profile", type=Path, help="also profile steps 41-50 into this dir (trainer/profiling.py); "
                    "the figures then carry the profiler's overhead")
+    p.add_argument("--trainer", default="trainer.train",
+                   help="the module (or a .py script) torchrun runs: a patched trainer, for experiments")
+    p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
+    p.add_argument("--no-sampler", action="store_true", help="do not run nvidia-smi during training")
     args = p.parse_args()
+    shape = TINY if args.tiny else LLAMA_8B
     verifier, data, output = args.work / "verifier", args.work / "data", args.work / "out"
     t0 = time.time()
     if not (verifier / "model.safetensors").exists():
-        write_verifier(verifier)
+        write_verifier(verifier, shape)
     if len(list((data / "hidden_states").glob("sample_*.safetensors"))) != args.samples:
-        write_data(data, args.samples, args.seq)
+        write_data(data, args.samples, args.seq, shape)
     written_s = time.time() - t0
     subprocess.run(["rm", "-rf", str(output)], check=True)
     cache_dropped, disk_gb_s = False, None
@@ -130,8 +138,10 @@ def main() -> int:
         disk_gb_s = read_rate(sorted((data / "hidden_states").glob("sample_*.safetensors"))[-24:], args.num_workers)
         cache_dropped = drop_page_cache()
     sampler = Utilisation()
-    sampler.start()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m", "trainer.train",
+    if not args.no_sampler:
+        sampler.start()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+               *([args.trainer] if args.trainer.endswith(".py") else ["-m", args.trainer]),
                "--verifier-path", str(verifier), "--data-dir", str(data / "hidden_states"),
                "--vocab-mapping-dir", str(data / "vocab_mapping"), "--output-dir", str(output), "--epochs", "5",
                "--lr", "3e-5", "--max-seq-len", str(args.seq), "--num-workers", str(args.num_workers),
@@ -143,7 +153,8 @@ def main() -> int:
         env.update(LONGRUN_PROFILE_DIR=str(args.profile), LONGRUN_PROFILE_STEPS="37:10")
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     sampler.stop.set()
-    sampler.join()
+    if sampler.is_alive():
+        sampler.join()
     if proc.returncode:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
         return proc.returncode

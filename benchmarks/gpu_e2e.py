@@ -7,6 +7,12 @@ sampling nvidia-smi to prove attempt 1 left the GPUs before attempt 2 started, w
 cancels, and writes a JSON report plus the server's view of the run.
 
     python benchmarks/gpu_e2e.py --out OUT [--verifier-size small] [--watch 60]
+    python benchmarks/gpu_e2e.py --out OUT --synthetic-8b --samples 2000 --epochs 5   # GPUs busy as in production
+
+The demo verifier's draft (hidden 384) is too small to fill an H200. With --synthetic-8b the run
+trains a Llama-3.1-8B-shaped draft instead, on random features in `prepare`'s layout: 240 distinct
+files of 67 MB (benchmarks/bench_from_disk.py writes them; its --work is reused as it is), listed
+--samples times over through symbolic links, so that an epoch is long without 130 GB of disk.
 """
 
 import argparse
@@ -82,6 +88,33 @@ def watch(svc: Service, run_id: str, seconds: float, every: float = 2.0) -> list
     return seen
 
 
+DISTINCT_FILES = 240
+
+
+def link_samples(data: Path, to: Path, samples: int) -> Path:
+    """A data dir at `to` whose `samples` sample files are links to data's, in turn."""
+    files = sorted((data / "hidden_states").glob("sample_*.safetensors"))
+    (to / "hidden_states").mkdir(parents=True, exist_ok=True)
+    for i in range(samples):
+        link = to / "hidden_states" / f"sample_{i:06d}.safetensors"
+        if not link.is_symlink():
+            link.symlink_to(files[i % len(files)])
+    for name in ("vocab_mapping", "prepare.json"):
+        if not (to / name).exists():
+            (to / name).symlink_to(data / name)
+    return to
+
+
+def prepare_demo_data(args: argparse.Namespace, verifier: Path, data: Path, report: dict[str, Any]) -> None:
+    """The demo verifier, trained here, and its hidden states over its own corpus."""
+    report["verifier_build_s"] = sh([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier),
+                                     "--size", args.verifier_size], args.out / "verifier.log")
+    report["prepare_s"] = sh([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
+                              "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),
+                              "--max-seq-len", str(args.seq), "--max-samples", str(args.samples),
+                              "--draft-vocab-size", str(args.draft_vocab)], args.out / "prepare.log")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -93,6 +126,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--watch", type=float, default=60)
     p.add_argument("--nproc", type=int, help="default: every GPU")
+    p.add_argument("--synthetic-8b", action="store_true",
+                   help="an 8B-shaped verifier and random features instead of the demo verifier and prepare")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work
@@ -104,15 +139,21 @@ def main() -> int:
     report["nproc_per_node"] = ngpu
 
     verifier, data = work / "verifier", work / "data"
-    report["verifier_build_s"] = sh([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier),
-                                     "--size", args.verifier_size], args.out / "verifier.log")
-    report["prepare_s"] = sh([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
-                              "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),
-                              "--max-seq-len", str(args.seq), "--max-samples", str(args.samples),
-                              "--draft-vocab-size", str(args.draft_vocab)], args.out / "prepare.log")
-    print(f"verifier {report['verifier_build_s']:.0f}s, prepare {report['prepare_s']:.0f}s", flush=True)
+    t0 = time.time()
+    if args.synthetic_8b:
+        from benchmarks.bench_from_disk import write_data, write_verifier
 
-    svc = Service(work / "home", gpu_sample_interval=2)
+        if not (verifier / "model.safetensors").exists():
+            write_verifier(verifier)
+        if len(list((data / "hidden_states").glob("sample_*.safetensors"))) != DISTINCT_FILES:
+            write_data(data, DISTINCT_FILES, args.seq)
+        report["synthetic_write_s"] = time.time() - t0
+        data = link_samples(data, work / f"data_x{args.samples}", args.samples)
+    else:
+        prepare_demo_data(args, verifier, data, report)
+    print(f"data ready in {time.time() - t0:.0f}s", flush=True)
+
+    svc = Service(args.out / "home", gpu_sample_interval=2)  # a fresh server per run; --work keeps the data
     svc.home.mkdir(exist_ok=True)
     svc.start()
     sampler = GpuSampler()

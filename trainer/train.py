@@ -46,7 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--num-workers", type=int, default=2, help="data loader processes per rank")
+    p.add_argument("--num-workers", type=int, default=2, help="threads per rank that read batches ahead (0: read in line)")
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--ttt-step-decay", type=float, default=0.8, help="loss weight w^k of TTT step k")
     p.add_argument("--noise-std", type=float, default=0.05, help="uniform noise in [-s, s] on the captured features")
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args, ctx, stop)
     except Exception:
-        if stop.requested:  # e.g. a data-loader worker killed by the same SIGTERM
+        if stop.requested:  # e.g. a collective broken by a rank that stopped
             return EXIT_TERMINATED
         raise
     finally:

@@ -65,6 +65,9 @@ def test_collate_pads_to_longest_with_masks_off(prepared_data: Path) -> None:
 class IndexDataset(torch.utils.data.Dataset):
     """Items shaped like HiddenStatesDataset's whose input_ids carry the item's index."""
 
+    def read_batch(self, indices, pin=False):
+        return collate([self[i] for i in indices])
+
     def __init__(self, size: int):
         self.size = size
 
@@ -110,13 +113,25 @@ def test_batch_sampler_resume_and_epochs() -> None:
     assert sorted(i for batches in strict for batch in batches for i in batch) == list(range(5))
 
 
-def test_loader_with_worker_processes(prepared_data: Path) -> None:
+def test_reader_threads_give_the_batches_in_the_sampler_order(prepared_data: Path) -> None:
     dataset = HiddenStatesDataset(prepared_data, max_seq_len=16)
-    loader = make_loader(dataset, 8, num_workers=1, shuffle=False, seed=0, rank=0, world_size=1, epoch=0)
-    assert loader.persistent_workers and loader.prefetch_factor == 4
+    inline = make_loader(dataset, 3, num_workers=0, shuffle=True, seed=5)
+    threaded = make_loader(dataset, 3, num_workers=3, shuffle=True, seed=5)
+    assert threaded.read_ahead == 12
     for epoch in (0, 1):
-        loader.batch_sampler.set_epoch(epoch)
-        assert sum(batch["input_ids"].shape[0] for batch in loader) == len(dataset)
+        for loader in (inline, threaded):
+            loader.batch_sampler.set_epoch(epoch)
+        pairs = list(zip(inline, threaded, strict=True))
+        assert sum(b["input_ids"].shape[0] for b, _ in pairs) == len(dataset)
+        assert all(torch.equal(a[k], b[k]) for a, b in pairs for k in a)
+
+
+def test_a_loader_left_early_can_be_read_again(prepared_data: Path) -> None:
+    dataset = HiddenStatesDataset(prepared_data, max_seq_len=16)
+    loader = make_loader(dataset, 1, num_workers=2, shuffle=False)
+    first = next(iter(loader))  # the epoch is abandoned with reads in flight
+    again = list(loader)
+    assert len(again) == len(dataset) and torch.equal(again[0]["input_ids"], first["input_ids"])
 
 
 def test_batches_read_straight_from_disk_equal_safetensors_own_reader(tmp_path: Path) -> None:
@@ -131,10 +146,18 @@ def test_batches_read_straight_from_disk_equal_safetensors_own_reader(tmp_path: 
     dataset = HiddenStatesDataset(tmp_path, max_seq_len=10)
     expected = collate([{k: v[:10] for k, v in load_file(str(f)).items()} for f in files])
     assert expected["attention_mask"].sum(1).tolist() == [5, 10, 9, 7]
-    direct = dataset.__getitems__(range(4))
-    (from_worker,) = list(make_loader(dataset, 4, num_workers=1, shuffle=False))
-    for batch in (direct, from_worker):
+    direct = dataset.read_batch(range(4))
+    (from_thread,) = list(make_loader(dataset, 4, num_workers=1, shuffle=False))
+    for batch in (direct, from_thread):
         assert batch.keys() == expected.keys()
         for name, tensor in expected.items():
             assert batch[name].dtype == tensor.dtype and torch.equal(batch[name], tensor), name
     assert torch.equal(dataset[2]["hidden_states"], load_file(str(files[2]))["hidden_states"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_batches_are_read_into_pinned_memory(prepared_data: Path) -> None:
+    # the GPU copies a batch straight from where the read put it, asynchronously
+    loader = make_loader(HiddenStatesDataset(prepared_data, max_seq_len=16), 2, num_workers=2)
+    batch = next(iter(loader))
+    assert all(tensor.is_pinned() for tensor in batch.values())

@@ -219,16 +219,17 @@ def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(devic
     assert list(prefetch_to_device(iter([]), torch.device(device), torch.bfloat16)) == []
 
 
-def test_sigterm_to_every_process_stops_at_a_step_with_loader_workers(tiny, tmp_path):
-    # What a cancel does: SIGTERM to every process carrying the run's token, data-loader workers included.
-    # Workers dying under a rank mid-step must not leave the other rank waiting in an all-reduce.
+def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
+    # What a cancel does: SIGTERM to every process carrying the run's token. Each rank gets it twice, from
+    # here and forwarded by torchrun, while its reader threads are busy; a rank leaving mid-step would leave
+    # the other waiting in an all-reduce.
     out = tmp_path / "out"
     command = train_command(tiny, out, nproc=2, num_workers=2, epochs=50, scheduler="constant")
     first = subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     wait_for(lambda: (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 5, first)
     tree = process_tree(first.pid)
-    assert len(tree) >= 7, tree  # torchrun, 2 ranks, 2 x 2 loader workers
+    assert len(tree) >= 3, tree  # torchrun and 2 ranks
     signalled = time.time()
     for pid in tree:
         os.kill(pid, signal.SIGTERM)
