@@ -259,3 +259,17 @@ def test_profile_window_writes_a_trace_and_a_per_step_summary(tiny, tmp_path, in
     assert summary.startswith("steps recorded: 3;") and "aten::" in summary
     trace = json.loads((tmp_path / "profile" / "trace.json").read_text())
     assert any(event.get("name", "").startswith("aten::mm") for event in trace["traceEvents"])
+
+
+def test_device_busy_time_counts_work_on_several_streams_once():
+    from trainer.profiling import device_busy_seconds
+
+    def event(cat, ts, dur):
+        return {"ph": "X", "cat": cat, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        event("kernel", 0, 100), event("gpu_memcpy", 50, 100),  # a copy on a side stream overlaps: 0-150
+        event("kernel", 200, 10), event("gpu_memset", 205, 2),  # 200-210
+        event("cpu_op", 0, 1000), event("gpu_user_annotation", 0, 1000),  # not device work
+    ]}
+    assert device_busy_seconds(trace) == pytest.approx(160e-6)
