@@ -120,7 +120,7 @@ def main() -> int:
     p.add_argument("--profile", type=Path, help="also profile steps 41-50 into this dir (trainer/profiling.py); "
                    "the figures then carry the profiler's overhead")
     p.add_argument("--trainer", default="trainer.train",
-                   help="the module (or a .py script) torchrun runs: a patched trainer, for experiments")
+                   help="the module (or a .py script) torchrun runs, e.g. benchmarks/loader_variants.py")
     p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
     p.add_argument("--no-sampler", action="store_true", help="do not run nvidia-smi during training")
     args = p.parse_args()

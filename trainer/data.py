@@ -122,10 +122,9 @@ class HiddenStatesDataset(Dataset):
                 for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
                     sample.read_rows(name, out[name][row, :length])
                     out[name][row, length:] = 0
-        positions = torch.arange(longest)
-        out["attention_mask"] = (positions[None, :] < torch.tensor(lengths)[:, None]).long()
-        if pin:
-            out["attention_mask"] = out["attention_mask"].pin_memory()
+        out["attention_mask"] = torch.zeros((len(samples), longest), dtype=torch.long, pin_memory=pin)
+        for row, length in enumerate(lengths):
+            out["attention_mask"][row, :length] = 1
         return out
 
 

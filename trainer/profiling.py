@@ -4,8 +4,8 @@
 
 Skips WAIT steps (default 20), warms up over 3, records ACTIVE steps (default 10), then writes
 D/trace.json (chrome://tracing or Perfetto: the CPU launch timeline against the GPU's) and
-D/summary.txt: wall time per step, the share of it the GPU spent running kernels, and the ops that
-took the most host and device time.
+D/summary.txt: wall time per step, the share of it in which the GPU was busy (kernels, copies,
+memsets), and the ops that took the most host and device time.
 """
 
 import json
@@ -19,9 +19,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 PROFILE_DIR_ENV = "LONGRUN_PROFILE_DIR"
 PROFILE_STEPS_ENV = "LONGRUN_PROFILE_STEPS"
 WARMUP = 3
-
-
-DEVICE_ACTIVITY = ("kernel", "gpu_memcpy", "gpu_memset")
+DEVICE_ACTIVITY = ("kernel", "gpu_memcpy", "gpu_memset")  # trace event categories of work on the device
 
 
 def device_busy_seconds(trace: dict) -> float:
