@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from server.advisor import Advice
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -233,3 +235,37 @@ class LogsPublic(BaseModel):
     log_path: str | None
     lines: list[str]
     next_offset: int = Field(description="pass as since_offset to follow the log")
+
+
+class DepthAcceptance(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    depth: int
+    mean_accepted: float = Field(description="tokens accepted per round at this depth, the bonus token included")
+    measured_accepted: float | None = Field(None, description="the same from decoding at this depth for real")
+    verifier_passes: int | None = None
+
+
+class AttemptEvaluation(BaseModel):
+    """One attempt's acceptance report, as `python -m trainer.evaluate` prints it (more fields are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    attempt: int
+    ttt_steps: int | None = Field(description="the TTT depth the attempt trained with (trainer runs)")
+    by_depth: list[DepthAcceptance] = Field(default_factory=list)
+    position_acceptance: list[float] = Field(
+        default_factory=list, description="[i]: the probability that drafted tokens 1..i+1 are all accepted")
+    conditional_acceptance: list[float] | None = None
+
+
+class EvaluationPublic(AttemptEvaluation):
+    """The newest evaluated attempt's report, and every attempt's in `by_attempt`, oldest first."""
+
+    by_attempt: list[AttemptEvaluation]
+
+
+class RunAdvicePublic(Advice):
+    """The advice for one attempt's evaluated draft (`attempt`), its retrain times predicted from measured steps."""
+
+    attempt: int

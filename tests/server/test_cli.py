@@ -11,7 +11,7 @@ from tests.service import ROOT, Service, toy_spec
 
 def longrun(service: Service, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "LONGRUN_URL": service.url}
-    proc = subprocess.run([sys.executable, "-m", "server.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "longrun.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -51,7 +51,7 @@ def test_advise_from_an_evaluation_file(tmp_path: Path) -> None:
               "position_acceptance": [0.8, 0.6, 0.45, 0.3]}
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(report))
-    out = subprocess.run([sys.executable, "-m", "server.cli", "advise", "--evaluation", str(path), "--interconnect",
+    out = subprocess.run([sys.executable, "-m", "longrun.cli", "advise", "--evaluation", str(path), "--interconnect",
                           "both", "--tp", "8"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     advice = json.loads(out.stdout)
