@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import event
 
 from server.models import Attempt, Host, LogChunk, MetricPoint, Run, utcnow
@@ -49,7 +50,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
 def test_with_a_token_set_every_v1_route_is_a_401_without_it(tmp_path: Path, tmp_path_factory) -> None:
     guarded = App(tmp_path / "home", tmp_path_factory.getbasetemp(), token="s3cret")
     try:
-        bare = httpx.Client(transport=guarded.client._transport, base_url="http://testserver")
+        bare = TestClient(guarded.app)
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path.startswith("/v1") for method in methods]
