@@ -97,11 +97,14 @@ class Client:
     """A connection to one longrun server. Use as a context manager, or call close()."""
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+                 http: httpx.Client | None = None):
+        """url and token default to LONGRUN_URL and LONGRUN_API_TOKEN; `http` sends through a given httpx
+        client instead of a new one (FastAPI's TestClient, in tests)."""
         self.url = url or os.environ.get("LONGRUN_URL", DEFAULT_URL)
         token = token if token is not None else os.environ.get("LONGRUN_API_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
 
     def __enter__(self) -> Client:
         return self
