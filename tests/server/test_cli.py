@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.service import ROOT, Service, toy_spec
 
 
@@ -18,6 +20,7 @@ def longrun(service: Service, *args: str, check: bool = True) -> subprocess.Comp
     return proc
 
 
+@pytest.mark.slow
 def test_submit_watch_restart_logs_and_status(service: Service, tmp_path: Path) -> None:
     spec_file = tmp_path / "run.json"
     spec_file.write_text(json.dumps(toy_spec(steps=20, sleep=0.05, nproc=1)))
@@ -37,6 +40,7 @@ def test_submit_watch_restart_logs_and_status(service: Service, tmp_path: Path) 
     assert "local" in longrun(service, "hosts").stdout
 
 
+@pytest.mark.slow
 def test_errors_say_what_was_wrong(service: Service, tmp_path: Path) -> None:
     spec_file = tmp_path / "bad.json"
     spec_file.write_text(json.dumps(toy_spec(nproc=0)))

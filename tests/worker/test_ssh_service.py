@@ -18,6 +18,8 @@ from tests.sshd import SshServer
 # fail fast while a host is away, so outages in these tests stay a few seconds long
 SSH_SETTINGS = {"ssh_connect_timeout": 2, "ssh_command_timeout": 5}
 
+pytestmark = pytest.mark.slow  # a real server and sshd
+
 
 class Rig:
     """Services, sshd servers, namespaces and host workspaces of one test, all torn down after it."""

@@ -19,6 +19,8 @@ from worker.ssh_transport import AuthError, SSHTransport
 from worker.transport import HostKeyError, TransportError
 from worker.transports import TransportPool, transport_for
 
+pytestmark = pytest.mark.slow  # a real sshd
+
 
 @pytest.fixture(scope="module")
 def sshd():
