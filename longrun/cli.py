@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from longrun.client import Client, LongrunError
+from longrun.client import TERMINAL, Client, LongrunError
 
 
 def _print(obj: Any) -> None:
@@ -136,7 +136,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         page = client.logs(args.id, since_offset=page["next_offset"], attempt=page["attempt"])
         for line in page["lines"]:
             print(line, flush=True)
-        if not page["lines"] and client.get(args.id)["status"] in ("succeeded", "failed", "cancelled"):
+        if not page["lines"] and client.get(args.id)["status"] in TERMINAL:
             return 0
     return 0
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+# the statuses a run stays in until restarted (DESIGN.md); the client does not import the server's lifecycle
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 

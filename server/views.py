@@ -1,6 +1,9 @@
 """Response building: ORM rows (loaded by the caller) into the API's schemas. Runs no query."""
 
+from pydantic import ValidationError
+
 from server import eta, pace
+from server.errors import Conflict
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import AttemptEvaluation, AttemptPublic, GpuSnapshotPublic, HostPublic, RunPublic
 from server.states import TERMINAL, RunStatus
@@ -54,9 +57,18 @@ def run_public(run: Run, history: list[pace.PastAttempt]) -> RunPublic:
 
 
 def evaluations(run: Run) -> list[AttemptEvaluation]:
-    """Every attempt's acceptance report, oldest first."""
-    return [AttemptEvaluation.model_validate({"attempt": a.number, "ttt_steps": eta.ttt_of(a.spec), **a.evaluation})
-            for a in run.attempts if a.evaluation]
+    """Every attempt's acceptance report, oldest first; Conflict when a job reported one of another shape."""
+    reports = []
+    for a in run.attempts:
+        if a.evaluation:
+            try:
+                reports.append(AttemptEvaluation.model_validate(
+                    {**a.evaluation, "attempt": a.number, "ttt_steps": eta.ttt_of(a.spec)}))
+            except ValidationError as exc:
+                raise Conflict(f"attempt {a.number} reported an evaluation that is not an acceptance report "
+                               f"(see python -m trainer.evaluate): {exc.errors()[0]['msg']} at "
+                               f"{'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    return reports
 
 
 def host_public(host: Host) -> HostPublic:

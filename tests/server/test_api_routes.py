@@ -359,3 +359,10 @@ def test_advice_for_an_evaluated_run_and_its_errors(api: App) -> None:
     rising = evaluated_run(api, {"position_acceptance": [0.5, 0.7]})
     refused = api.client.get(f"/v1/runs/{rising}/advice")
     assert refused.status_code == 409 and "must not increase" in refused.json()["detail"]
+
+
+def test_a_report_of_another_shape_is_a_409_saying_where(api: App) -> None:
+    odd = evaluated_run(api, {"position_acceptance": ["high", "low"]})
+    for path in ("evaluation", "advice"):
+        r = api.client.get(f"/v1/runs/{odd}/{path}")
+        assert r.status_code == 409 and "position_acceptance.0" in r.json()["detail"], path
