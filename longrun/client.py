@@ -100,9 +100,10 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
                  http: httpx.Client | None = None):
         """url and token default to LONGRUN_URL and LONGRUN_API_TOKEN; `http` sends through a given httpx
-        client instead of a new one (FastAPI's TestClient, in tests)."""
+        client instead of a new one (FastAPI's TestClient, in tests); it stays open when this one closes."""
         self.url = url or os.environ.get("LONGRUN_URL", DEFAULT_URL)
         token = token if token is not None else os.environ.get("LONGRUN_API_TOKEN")
+        self._owns_http = http is None
         self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
@@ -114,7 +115,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import ROOT, Service, toy_spec
+from longrun import Client
+from longrun.cli import main
+from tests.inprocess import App
+from tests.service import ROOT, Service, free_port, toy_spec
 
 
 def longrun(service: Service, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -60,3 +63,45 @@ def test_advise_from_an_evaluation_file(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     advice = json.loads(out.stdout)
     assert advice["pcie"]["recommended_depth"] >= advice["nvlink"]["recommended_depth"] >= 1
+
+
+@pytest.fixture
+def cli(api: App, monkeypatch: pytest.MonkeyPatch) -> App:
+    """`longrun` commands in this process, talking to the in-process API (no worker)."""
+    monkeypatch.setattr("longrun.cli.Client", lambda: Client(api.client.base_url, http=api.client))
+    return api
+
+
+def test_status_restart_and_hosts_print_what_the_api_answers(cli: App, tmp_path: Path, capsys) -> None:
+    spec_file = tmp_path / "run.json"
+    spec_file.write_text(json.dumps({"name": "toy", "host": "local", "entrypoint": "/opt/train.py"}))
+    assert main(["submit", str(spec_file), "--idempotency-key", "k"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert main(["status"]) == 0
+    line = capsys.readouterr().out
+    assert run["id"] in line and "queued" in line and "attempt 1" in line
+    assert main(["status", run["id"]]) == 0
+    assert "  attempt 1: pending exit=None" in capsys.readouterr().out
+    assert main(["hosts"]) == 0
+    hosts = capsys.readouterr().out
+    assert hosts.startswith("local ") and "not contacted yet" in hosts
+    assert main(["restart", run["id"], "--set", 'args=["--steps","3"]', "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["new_spec"]["args"] == ["--steps", "3"]
+    assert main(["cancel", run["id"]]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelling"
+
+
+def test_refusals_exit_1_with_the_servers_message(cli: App, capsys) -> None:
+    with pytest.raises(SystemExit, match="longrun: 404 no run with id 'nope'"):
+        main(["status", "nope"])
+    with pytest.raises(SystemExit, match="longrun: 422 overrides.colour: unknown override"):
+        run = cli.submit()
+        main(["restart", run["id"], "--set", "colour=red"])
+    with pytest.raises(SystemExit, match="--set takes KEY=VALUE"):
+        main(["restart", "x", "--set", "colour"])
+
+
+def test_a_server_that_is_not_there_says_how_to_start_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LONGRUN_URL", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SystemExit, match=r"longrun: cannot reach the server at http://127.0.0.1:\d+ \(start it with `longrun serve`"):
+        main(["status"])
