@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import secrets
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -13,7 +12,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from server import eta
-from server.models import Attempt, Event, Host, LogChunk, MetricPoint, Run, utcnow
+from server.lifecycle import (
+    TERMINAL,
+    RunStatus,
+    TransitionError,
+    drop_unstarted_attempt,
+    open_attempt,
+    queue_new_run,
+    transition,
+)
+from server.models import Attempt, Host, LogChunk, MetricPoint, Run, utcnow
 from server.schemas import (
     RESTART_TOP_LEVEL,
     TRAINER_FIELDS,
@@ -23,9 +31,6 @@ from server.schemas import (
     RunCreate,
     RunPublic,
 )
-from server.states import TERMINAL, RunStatus, TransitionError, transition
-
-ENDED_ATTEMPT = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class NotFound(Exception):
@@ -73,16 +78,6 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     return [hosts[n] for n in names]
 
 
-def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) -> Attempt:
-    attempt = Attempt(run_id=run.id, number=number, spec=spec, token=secrets.token_hex(16), nodes=[],
-                      status="pending", created_at=utcnow(), metrics_lines=0)
-    run.attempts.append(attempt)
-    run.attempt = number
-    run.spec = spec
-    session.add(attempt)
-    return attempt
-
-
 def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None) -> tuple[Run, bool]:
     """Create a queued run; with an idempotency key a repeat of the same request returns the first run."""
     body = spec_dict(spec)
@@ -94,13 +89,12 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
     _check_hosts(session, spec)
-    run = Run(id=uuid.uuid4().hex[:12], name=spec.name, status=RunStatus.QUEUED, spec=body,
+    run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
     session.add(run)
     open_attempt(session, run, body, 1)
-    session.flush()
-    session.add(Event(run_id=run.id, kind="status", data={"from": None, "to": run.status, "attempt": 1}))
+    queue_new_run(session, run)
     return run, True
 
 
@@ -180,8 +174,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run.max_retries = spec.max_retries
     run.retries_used = 0
     run.latest = {}
-    if previous.status not in ENDED_ATTEMPT and previous.started_at is None:
-        previous.status, previous.ended_at, previous.message = "cancelled", utcnow(), "never started"
+    drop_unstarted_attempt(previous)
     return run
 
 

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server import runs
 from server.api.deps import DB, ReadSession, WriteSession
+from server.lifecycle import TERMINAL, RunStatus
 from server.models import Event
 from server.schemas import (
     DryRunPublic,
@@ -19,7 +20,6 @@ from server.schemas import (
     RunPage,
     RunPublic,
 )
-from server.states import TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from server.db import Database
+from server.lifecycle import ACTIVE, ALLOWED, TERMINAL, RunStatus, TransitionError, transition
 from server.models import Event, Run
-from server.states import ACTIVE, ALLOWED, TERMINAL, RunStatus, TransitionError, transition
 
 
 @pytest.fixture
