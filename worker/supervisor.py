@@ -58,8 +58,7 @@ class Supervisor:
             except Exception:
                 log.exception("worker tick failed")
             self._stop.wait(self.settings.poll_interval)
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.transports.close_all()
+        self.close()
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve, name="longrun-worker", daemon=True)
@@ -68,6 +67,11 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def close(self) -> None:
+        """Wait for the work in hand, drop queued work, and close every host connection."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.transports.close_all()
 
     def tick(self) -> None:
         """Ask each service for its work once, and hand the work to the pool."""

@@ -5,7 +5,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service import ROOT, Service, kill_leftovers, toy_spec
+
+pytestmark = pytest.mark.slow
 
 
 def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_path: Path) -> None:

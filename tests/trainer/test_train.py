@@ -65,6 +65,7 @@ def read_metrics(output_dir: Path) -> tuple[list[dict], list[dict]]:
     return [x for x in lines if "loss" in x], [x for x in lines if "val_loss" in x]
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
     out = tmp_path / "out"
     result = run(train_command(tiny, out, nproc=2, num_workers=1, epochs=10))
@@ -121,6 +122,7 @@ def checkpoint_step(out: Path) -> int:
     return int(latest.name.removeprefix("step_")) if latest else 0
 
 
+@pytest.mark.slow
 def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
     out = tmp_path / "out"
     command = train_command(tiny, out, nproc=2, epochs=8, save_every=15, scheduler="constant")
@@ -219,6 +221,7 @@ def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(devic
     assert list(prefetch_to_device(iter([]), torch.device(device), torch.bfloat16)) == []
 
 
+@pytest.mark.slow
 def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
     # What a cancel does: SIGTERM to every process carrying the run's token. Each rank gets it twice, from
     # here and forwarded by torchrun, while its reader threads are busy; a rank leaving mid-step would leave

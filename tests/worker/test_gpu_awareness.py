@@ -11,6 +11,9 @@ import pytest
 
 from tests.service import ROOT, Service, kill_leftovers, toy_spec
 
+# real sshd, servers and torchrun: excluded from the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def gpu_service(tmp_path: Path) -> Iterator[tuple[Service, Path]]:

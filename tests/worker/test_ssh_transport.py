@@ -21,6 +21,9 @@ from worker.protocol import CleanAnswer, LaunchRequest, ReadFrom
 from worker.ssh_transport import SSHTransport
 from worker.transports import TransportPool, transport_for
 
+# real sshd, servers and torchrun: excluded from the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sshd():
