@@ -303,3 +303,14 @@ def test_the_gpu_snapshot_responder_answers_a_wanted_snapshot(rig: Rig) -> None:
     assert a.gpu_wanted_at is None and len(a.gpu_snapshot["gpus"]) == 2 and a.reachable
     assert b.gpu_wanted_at is None and b.reachable is False and "refused" in b.last_error
     assert responder.run_once() == []
+
+
+def test_a_supervisor_tick_hands_each_services_work_to_the_pool(rig: Rig) -> None:
+    run_id = rig.submit()
+    with rig.db.writing() as s:
+        s.scalar(select(Host).where(Host.name == "b")).gpu_wanted_at = rig.clock.now()
+    rig.supervisor.tick()
+    rig.supervisor.close()  # waits for the work in hand
+    assert rig.run(run_id).status == "launching" and rig.run(run_id).lease_owner == "w1"
+    with rig.db.reading() as s:
+        assert s.scalar(select(Host).where(Host.name == "b")).gpu_snapshot is not None
