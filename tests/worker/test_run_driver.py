@@ -314,3 +314,27 @@ def test_a_supervisor_tick_hands_each_services_work_to_the_pool(rig: Rig) -> Non
     assert rig.run(run_id).status == "launching" and rig.run(run_id).lease_owner == "w1"
     with rig.db.reading() as s:
         assert s.scalar(select(Host).where(Host.name == "b")).gpu_snapshot is not None
+
+
+def test_a_queued_run_cancelled_before_launch_is_cancelled_without_touching_a_host(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.cancel(run_id)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "cancelled" and run.attempts[0].status == "cancelled"
+    assert rig.hosts["a"].calls == []
+
+
+def test_a_restart_waits_while_the_old_attempts_processes_survive(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    old = rig.hosts["a"].job(run_id, 1)
+    old.stubborn = True
+    rig.restart(run_id)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "restarting" and run.message == f"restarting: processes {old.pids} still alive; trying again"
+    assert rig.hosts["a"].verbs().count("launch") == 1, "the new attempt does not start beside the old one"
+    old.stubborn = False
+    rig.step(run_id)
+    assert rig.run(run_id).status == "running" and rig.hosts["a"].job(run_id, 2).alive
