@@ -5,7 +5,6 @@ The worker uses `get_run` and `open_attempt` too; reads for responses live in se
 
 import hashlib
 import json
-import secrets
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -16,12 +15,17 @@ from sqlalchemy.orm import Session
 
 from server import eta, queries
 from server.errors import Conflict, FieldError
-from server.models import Attempt, Event, Host, Run, utcnow
+from server.lifecycle import (
+    RunStatus,
+    TransitionError,
+    drop_unstarted_attempt,
+    open_attempt,
+    queue_new_run,
+    transition,
+)
+from server.models import Host, Run, utcnow
 from server.queries import get_run
 from server.schemas import RESTART_TOP_LEVEL, TRAINER_FIELDS, DryRunPublic, RestartRequest, RunCreate
-from server.states import RunStatus, TransitionError, transition
-
-ENDED_ATTEMPT = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def spec_dict(spec: RunCreate) -> dict[str, Any]:
@@ -41,16 +45,6 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     return [hosts[n] for n in names]
 
 
-def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) -> Attempt:
-    attempt = Attempt(run_id=run.id, number=number, spec=spec, token=secrets.token_hex(16), nodes=[],
-                      status="pending", created_at=utcnow(), metrics_lines=0)
-    run.attempts.append(attempt)
-    run.attempt = number
-    run.spec = spec
-    session.add(attempt)
-    return attempt
-
-
 def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None) -> tuple[Run, bool]:
     """Create a queued run; with an idempotency key a repeat of the same request returns the first run."""
     body = spec_dict(spec)
@@ -62,13 +56,12 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
     _check_hosts(session, spec)
-    run = Run(id=uuid.uuid4().hex[:12], name=spec.name, status=RunStatus.QUEUED, spec=body,
+    run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
     session.add(run)
     open_attempt(session, run, body, 1)
-    session.flush()
-    session.add(Event(run_id=run.id, kind="status", data={"from": None, "to": run.status, "attempt": 1}))
+    queue_new_run(session, run)
     return run, True
 
 
@@ -143,8 +136,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run.max_retries = spec.max_retries
     run.retries_used = 0
     run.latest = {}
-    if previous.status not in ENDED_ATTEMPT and previous.started_at is None:
-        previous.status, previous.ended_at, previous.message = "cancelled", utcnow(), "never started"
+    drop_unstarted_attempt(previous)
     return run
 
 

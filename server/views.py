@@ -4,9 +4,9 @@ from pydantic import ValidationError
 
 from server import eta, pace
 from server.errors import Conflict
+from server.lifecycle import TERMINAL, RunStatus
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import AttemptEvaluation, AttemptPublic, GpuSnapshotPublic, HostPublic, RunPublic
-from server.states import TERMINAL, RunStatus
 
 
 def attempt_public(a: Attempt) -> AttemptPublic:

@@ -13,8 +13,8 @@ from server.api.app import create_app
 from server.config import Settings
 from server.db import Database
 from server.hosts import ensure_local_host
+from server.lifecycle import RunStatus, transition
 from server.models import Run
-from server.states import RunStatus, transition
 
 _migrated: dict[str, Path] = {}
 

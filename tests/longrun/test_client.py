@@ -7,8 +7,8 @@ import time
 import pytest
 
 from longrun import Client, Conflict, InvalidRequest, NotFound, ServerUnreachable, Unauthorized, Unavailable
+from server.lifecycle import RunStatus as S
 from server.models import Attempt, MetricPoint, utcnow
-from server.states import RunStatus as S
 from tests.inprocess import App
 
 SPEC = {"name": "toy", "host": "local", "entrypoint": "/opt/train.py", "args": ["--steps", "10"]}

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
+from server.lifecycle import RunStatus as S
 from server.models import Attempt, Host, LogChunk, MetricPoint, Run, utcnow
-from server.states import RunStatus as S
 from tests.inprocess import App
 
 EVALUATION = {"by_depth": [{"depth": 1, "mean_accepted": 1.8}, {"depth": 2, "mean_accepted": 2.3},

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from server import queries, runs, views
 from server.api.deps import DB, ReadSession, WriteSession
 from server.errors import NotFound
+from server.lifecycle import TERMINAL, RunStatus
 from server.models import Event, Run
 from server.schemas import (
     DryRunPublic,
@@ -22,7 +23,6 @@ from server.schemas import (
     RunPage,
     RunPublic,
 )
-from server.states import TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
