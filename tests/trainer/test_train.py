@@ -206,7 +206,7 @@ def test_init_from_loads_weights_but_starts_a_new_run(tiny, tmp_path, in_process
     "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
 ])
 def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(device):
-    from trainer.train import prefetch_to_device
+    from trainer.data import prefetch_to_device
 
     batches = [{"input_ids": torch.full((1, 8), i), "hidden_states": torch.randn(1, 8, 12),
                 "last_hidden_state": torch.randn(1, 8, 4)} for i in range(5)]
@@ -240,7 +240,7 @@ def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
 
 
 def test_throughput_is_tokens_over_the_last_steps_time():
-    from trainer.train import Throughput
+    from trainer.metrics import Throughput
 
     clock = iter([100.0, 101.0, 101.1, 103.0, 104.0, 104.5])
     rate = Throughput(window=2, clock=lambda: next(clock))  # starts at t=100
