@@ -5,7 +5,6 @@ import torch
 
 from trainer.data import (
     HiddenStatesDataset,
-    PackedBatchSampler,
     ShardBatchSampler,
     list_samples,
     make_loader,

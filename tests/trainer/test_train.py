@@ -273,3 +273,21 @@ def test_device_busy_time_counts_work_on_several_streams_once():
         event("cpu_op", 0, 1000), event("gpu_user_annotation", 0, 1000),  # not device work
     ]}
     assert device_busy_seconds(trace) == pytest.approx(160e-6)
+
+
+def test_torchrun_packs_samples_and_accumulates_to_the_global_batch(tiny, tmp_path):
+    from trainer.data import HiddenStatesDataset, PackedBatchSampler, split_files
+
+    out = tmp_path / "out"
+    # samples are 48 tokens: two per 100-token row; 2 ranks x 1 row x 2 micro-batches = 4 rows per step
+    result = run(train_command(tiny, out, nproc=2, epochs=2, max_seq_len=100, pack_samples=True, global_batch_size=4))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 packed rows per step (2 micro-batches of 1 per rank)" in result.stdout
+    train_files, _ = split_files(tiny["data"], 0.1, 0)
+    lengths = HiddenStatesDataset(None, 100, files=train_files).lengths()
+    rows = [PackedBatchSampler(lengths, 100, 1, seed=0, world_size=2).batches_in_epoch(e) for e in (0, 1)]
+    assert rows[0] == -(-len(train_files) // 2 // 2)  # every row holds two samples
+    train, val = read_metrics(out)
+    assert [x["step"] for x in train] == list(range(1, sum(-(-r // 2) for r in rows) + 1))
+    assert len(val) == 2 and all(x["tokens_per_s"] > 0 for x in train)
+    assert latest_checkpoint(out).name == f"step_{len(train):08d}"
