@@ -224,3 +224,14 @@ def test_a_packed_loader_reads_packed_rows(samples):
     batches = list(loader)
     assert all("documents" in b and b["position_ids"].shape == b["input_ids"].shape for b in batches)
     assert sum(int(b["attention_mask"].sum()) for b in batches) == sum(LENGTHS)
+
+
+def test_a_run_spec_passes_the_new_options_to_the_trainer():
+    from server.schemas import TrainerSpec
+    from worker.jobs import trainer_flags
+
+    spec = TrainerSpec(verifier_path="/v", data_dir="/d", vocab_mapping_dir="/m", output_dir="/o",
+                       global_batch_tokens=65536, pack_samples=True, init_lm_head_from_verifier=True)
+    args = parse_args(trainer_flags(spec.model_dump()))
+    assert (args.global_batch_tokens, args.pack_samples, args.init_lm_head_from_verifier) == (65536, True, True)
+    assert args.global_batch_size is None
