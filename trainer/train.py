@@ -215,6 +215,8 @@ def open_datasets(args: argparse.Namespace) -> tuple[HiddenStatesDataset, Hidden
 
 @dataclass
 class TrainingData:
+    """This rank's training and validation loaders, and how many of their batches make one optimizer step."""
+
     train: BatchLoader
     val: BatchLoader | None
     train_samples: int
@@ -243,7 +245,8 @@ def micro_batches_per_step(args: argparse.Namespace, world_size: int) -> int:
     return 1
 
 
-def training_data(args: argparse.Namespace, ctx: "Distributed", target_hidden_size: int) -> TrainingData:
+def training_data(args: argparse.Namespace, ctx: Distributed, target_hidden_size: int) -> TrainingData:
+    """This rank's loaders over `open_datasets` (the one call to swap for another data layout)."""
     train_set, val_set = open_datasets(args)
     width = train_set[0]["hidden_states"].shape[-1]
     if width != 3 * target_hidden_size:
@@ -297,15 +300,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx.close()
 
 
-def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
-    output_dir = Path(args.output_dir)
+def checkpoint_to_resume(output_dir: Path, no_resume: bool, ctx: Distributed) -> Path | None:
+    """The latest complete checkpoint in `output_dir` as rank 0 reads it (None: a new run)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    resume_from = ctx.from_rank0(latest_checkpoint(output_dir))
-    if resume_from is not None and args.no_resume:
+    latest = ctx.from_rank0(latest_checkpoint(output_dir))
+    if latest is not None and no_resume:
         raise SystemExit(
-            f"{output_dir} already has checkpoints (latest {resume_from.name}) and --no-resume was given: "
+            f"{output_dir} already has checkpoints (latest {latest.name}) and --no-resume was given: "
             "choose an empty --output-dir, or drop --no-resume to continue that run"
         )
+    return latest
+
+
+def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
+    output_dir = Path(args.output_dir)
+    resume_from = checkpoint_to_resume(output_dir, args.no_resume, ctx)
     dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     log = print if ctx.rank == 0 else (lambda *a, **k: None)
 
