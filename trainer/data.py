@@ -270,7 +270,9 @@ class PackedBatchSampler(Sampler[list[list[int]]]):
         order = shard_order(len(self.lengths), self.shuffle, self.seed, epoch)
         every_rank = [self._pack(order[r :: self.world_size]) for r in range(self.world_size)]
         own, count = every_rank[self.rank], max(len(batches) for batches in every_rank)
-        return [own[i % len(own)] for i in range(count)] if own else []
+        if count and not own:
+            raise ValueError(f"{len(self.lengths)} samples leave rank {self.rank} of {self.world_size} without any")
+        return [own[i % len(own)] for i in range(count)]
 
     def __iter__(self) -> Iterator[list[list[int]]]:
         yield from self._batches(self.epoch)[self.start_batch :]

@@ -200,7 +200,7 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
 
 @torch.no_grad()
 def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
-    """Draft id i's lm_head row := the verifier's lm_head row of target id d2t-mapped i."""
+    """Row i of the draft's lm_head := the verifier's lm_head row of draft id i's target id (i + d2t[i])."""
     draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
 
 
@@ -340,12 +340,12 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         {"total_steps": total_steps, "ttt_steps": args.ttt_steps, "args": vars(args)},
         args.save_every, ctx.rank, ctx.world_size, ctx.barrier,
     )
-    at = Position()
+    position = Position()
     if resume_from is not None:
-        at, saved = checkpointer.restore(resume_from)
+        position, saved = checkpointer.restore(resume_from)
         if saved.get("ttt_steps") != args.ttt_steps:
             log(f"note: {resume_from.name} was trained with {saved.get('ttt_steps')} TTT steps, continuing with {args.ttt_steps}")
-        log(f"resuming from {resume_from} at step {at.step} (epoch {at.epoch}, batch {at.batch})")
+        log(f"resuming from {resume_from} at step {position.step} (epoch {position.epoch}, batch {position.batch})")
     log(describe_run(draft, args, data, ctx, total_steps), flush=True)
 
     reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0)
@@ -355,44 +355,44 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
 
     def stopped() -> int:
         metrics.publish()  # the step after the one that saw the request ran too
-        log(f"stopping at step {at.step} on SIGTERM", flush=True)
+        log(f"stopping at step {position.step} on SIGTERM", flush=True)
         return EXIT_TERMINATED
 
     try:
-        while at.step < total_steps and at.epoch < args.epochs:
-            data.train.batch_sampler.set_epoch(at.epoch, at.batch)
-            epoch_batches = data.micro_batches(at.epoch)
+        while position.step < total_steps and position.epoch < args.epochs:
+            data.train.batch_sampler.set_epoch(position.epoch, position.batch)
+            epoch_batches = data.micro_batches(position.epoch)
             for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype),
                                                  data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
                 result = train_step(micro_batches)
-                at.step += 1
-                at.batch += len(micro_batches)
+                position.step += 1
+                position.batch += len(micro_batches)
                 previous_stops = metrics.publish()  # the step before this one: its figures are ready by now
                 profiler.step()
-                metrics.queue(at.step, at.epoch + at.batch / epoch_batches, lr, result.loss, result.stats,
-                              result.grad_norm, result.tokens, stop.requested)
+                metrics.queue(position.step, position.epoch + position.batch / epoch_batches, lr, result.loss,
+                              result.stats, result.grad_norm, result.tokens, stop.requested)
                 if previous_stops:
                     return stopped()
-                if at.step >= total_steps:
+                if position.step >= total_steps:
                     break
-                if checkpointer.due(at.step):
+                if checkpointer.due(position.step):
                     if metrics.publish():  # a checkpoint never runs ahead of the metrics on disk
                         return stopped()
-                    checkpointer.save(at)
+                    checkpointer.save(position)
             if metrics.publish():
                 return stopped()
             val_metrics = validator()
             if val_metrics is not None:
-                reporter.validation({"step": at.step, "total_steps": total_steps,
-                                     "epoch": at.epoch + at.batch / epoch_batches, **val_metrics})
-            if at.batch >= epoch_batches:
-                at.epoch, at.batch = at.epoch + 1, 0
-            checkpointer.save(at)
+                reporter.validation({"step": position.step, "total_steps": total_steps,
+                                     "epoch": position.epoch + position.batch / epoch_batches, **val_metrics})
+            if position.batch >= epoch_batches:
+                position.epoch, position.batch = position.epoch + 1, 0
+            checkpointer.save(position)
             metrics.pause()
-        log(f"done: {at.step} steps; draft exported to {output_dir}", flush=True)
+        log(f"done: {position.step} steps; draft exported to {output_dir}", flush=True)
         if args.eval_corpus and ctx.rank == 0:
-            report_acceptance(args, reporter, at.step, total_steps, ctx.device)
+            report_acceptance(args, reporter, position.step, total_steps, ctx.device)
         return 0
     finally:
         profiler.close()
