@@ -113,6 +113,10 @@ class TrainerSpec(Strict):
     warmup_ratio: float | None = Field(None, ge=0, le=1)
     val_ratio: float | None = Field(None, ge=0, lt=1)
     batch_size: int | None = Field(None, gt=0)
+    global_batch_size: int | None = Field(None, gt=0, description="sequences per optimizer step over all ranks")
+    global_batch_tokens: int | None = Field(None, gt=0)
+    pack_samples: bool | None = None
+    init_lm_head_from_verifier: bool | None = None
     grad_clip: float | None = Field(None, gt=0)
     save_every: int | None = Field(None, ge=0)
     max_steps: int | None = Field(None, gt=0)
