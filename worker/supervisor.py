@@ -25,7 +25,7 @@ from server.runs import ENDED_ATTEMPT, get_run, open_attempt
 from server.states import ACTIVE, RunStatus, transition
 from worker.gpu_placement import WaitForGpus, gpu_holders, gpu_readings, placement_env, visible_devices
 from worker.host_agent import AgentError, GpuView, HostAgent, gpu_view
-from worker.ingest import store_log, store_metrics
+from worker.ingest import store_log, store_log_metrics, store_metrics
 from worker.jobs import job_argv
 from worker.ssh_transport import AuthError
 from worker.transport import HostKeyError, TransportError
@@ -372,6 +372,9 @@ class Supervisor:
                 continue
             if p.index == 0 and a["metrics"]:
                 store_metrics(s, run, attempt, a["metrics"])
+            if p.index == 0:
+                # the read ends mid-record only while the job runs or the read was cut short
+                store_log_metrics(s, run, attempt, node, a["log"], a["state"] != "running" and not a["more"])
             store_log(s, run.id, attempt.number, p.index, node.get("log_offset", 0), a["log_offset"], a["log"])
             if a.get("gpus"):
                 host = s.scalar(select(Host).where(Host.name == node["host"]))
