@@ -131,12 +131,16 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
     chunk = read_log(text, first, node.get("log_midline", False), complete, config)
     node.update(log_records=first + chunk.consumed, log_midline=chunk.midline)
     step = attempt.last_step
+    shown = dict(run.latest or {}) if attempt.number == run.attempt else {}
     records = []
     for record in chunk.records:
         if "step" not in record.values and step is not None:
             # a loss printed on a line of its own belongs to the step the bar or the last line reached
             record.values["step"] = step
+        if all(shown.get(k) == v for k, v in record.values.items()):
+            continue  # a bar redrawn with nothing new
         step = record.values.get("step", step)
+        shown.update(record.values)
         records.append((-1 - record.index, record.values, record.step_seconds))
     if records:
         store_metric_records(session, run, attempt, records)

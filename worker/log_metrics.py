@@ -195,16 +195,16 @@ def _take(pairs: dict[str, Any], out: dict[str, Any]) -> None:
             out[name] = value
 
 
-def parse_tqdm(text: str) -> tuple[dict[str, Any], float | None] | None:
-    """A tqdm bar with a total: step, total_steps and the postfix's numbers, and seconds per iteration."""
+def parse_tqdm(text: str) -> tuple[dict[str, Any], float | None, int] | None:
+    """A tqdm bar with a total: step, total_steps and the postfix's numbers, seconds per iteration, and where
+    the bar ends (a log line printed while the bar is drawn follows it on the same line)."""
     bar = TQDM_RE.search(text)
     if bar is None:
         return None
-    out: dict[str, Any] = {}
     n, total = _scaled(bar["n"]), _scaled(bar["total"])
     if n is None or not total:
         return None
-    out.update(step=n, total_steps=total)
+    out: dict[str, Any] = {"step": n, "total_steps": total}
     if bar["postfix"]:
         _take({m[1]: m[2] for m in PAIR_RE.finditer(bar["postfix"])}, out)
     rate = _number(bar["rate"]) if bar["rate"] != "?" else None
@@ -213,37 +213,45 @@ def parse_tqdm(text: str) -> tuple[dict[str, Any], float | None] | None:
         seconds = 1.0 / rate
     elif rate and rate > 0 and bar["unit"].startswith("s/"):
         seconds = rate
-    return out, seconds
+    return out, seconds, bar.end()
+
+
+def parse_line(text: str, formats: frozenset[str]) -> dict[str, Any]:
+    """A log line's metrics (a JSON object or dict literal, or key=value pairs), or {} when it is no progress
+    line: one that names neither a step nor a loss."""
+    phrase = STEP_PHRASE_RE.search(text)
+    pairs: dict[str, Any] = {}
+    obj = _object_in(text) if "json" in formats else None
+    if obj is not None:
+        pairs.update(obj)
+    elif "key_value" in formats:
+        pairs.update((m[1], m[2]) for m in PAIR_RE.finditer(text))
+        if phrase is not None:
+            for m in SPACED_PAIR_RE.finditer(text):
+                pairs.setdefault(m[1], m[2])
+    if phrase is not None:
+        pairs.setdefault("step", phrase[1])
+        if phrase[2] is not None:
+            pairs.setdefault("total_steps", phrase[2])
+    out: dict[str, Any] = {}
+    _take(pairs, out)
+    # numbers with neither a step nor a loss are a configuration dump, not progress
+    return out if "step" in out or any(_is_loss(k) for k in out) else {}
 
 
 def parse_record(text: str, config: LogMetricsConfig) -> tuple[dict[str, Any], float | None] | None:
-    """The metrics of one record, or None when it is no progress line; `text` has no line ends."""
+    """The metrics of one record, or None when it has none; `text` has no line ends."""
     if len(text) > MAX_RECORD_CHARS:
         return None
     text = ANSI_RE.sub("", text)
     out: dict[str, Any] = {}
     seconds = None
     if "tqdm" in config.formats and (bar := parse_tqdm(text)) is not None:
-        out, seconds = bar
-    elif config.formats & {"json", "key_value"}:
-        phrase = STEP_PHRASE_RE.search(text)
-        pairs: dict[str, Any] = {}
-        obj = _object_in(text) if "json" in config.formats else None
-        if obj is not None:
-            pairs.update(obj)
-        elif "key_value" in config.formats:
-            pairs.update((m[1], m[2]) for m in PAIR_RE.finditer(text))
-            if phrase is not None:
-                for m in SPACED_PAIR_RE.finditer(text):
-                    pairs.setdefault(m[1], m[2])
-        if phrase is not None:
-            pairs.setdefault("step", phrase[1])
-            if phrase[2] is not None:
-                pairs.setdefault("total_steps", phrase[2])
-        _take(pairs, out)
-        # a line of numbers with neither a step nor a loss is a configuration dump, not progress
-        if "step" not in out and not any(_is_loss(k) for k in out):
-            out = {}
+        out, seconds, end = bar
+        text = text[end:]
+    if config.formats & {"json", "key_value"}:
+        for name, value in parse_line(text, config.formats).items():
+            out.setdefault(name, value)
     for pattern in config.patterns:
         try:
             found = pattern.search(text)
