@@ -1,7 +1,7 @@
 """Storing what a host reported: metric lines and log text, each exactly once.
 
 A metric line's identity is (run, attempt, line number); metrics read from the log are numbered apart
-(negative lines, see store_log_metrics). Offsets and counters advance in the
+(lines from LOG_LINES_FROM on, see store_log_metrics). Offsets and counters advance in the
 same transaction as the inserts, so a crash between reading and storing re-reads the same
 bytes and the unique key turns the replay into a no-op.
 """
@@ -22,6 +22,9 @@ from worker.log_metrics import LogMetricsConfig, read_log
 
 # progress fields, not series
 NOT_SERIES = frozenset({"step", "total_steps", "time"})
+# metric lines from this number on are records of the log; the metrics file's lines stay below it
+LOG_LINES_FROM = 1 << 30
+MAX_LINE = 2**31 - 1
 
 
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
@@ -123,7 +126,8 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
     """Metrics from what node 0 printed (worker/log_metrics.py), for jobs that write no metrics file.
 
     A record's identity is its index in the log, counted in `node` (which moves with the log offset) and
-    stored as line -1 - index, apart from the metrics file's lines; `complete` says the log ends here."""
+    stored as line LOG_LINES_FROM + index, apart from the metrics file's lines; `complete` says the log ends
+    here."""
     config = LogMetricsConfig.from_spec(attempt.spec)
     if config is None or attempt.metrics_lines or not text:
         return
@@ -137,11 +141,11 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
         if "step" not in record.values and step is not None:
             # a loss printed on a line of its own belongs to the step the bar or the last line reached
             record.values["step"] = step
-        if all(shown.get(k) == v for k, v in record.values.items()):
-            continue  # a bar redrawn with nothing new
+        if all(shown.get(k) == v for k, v in record.values.items()) or LOG_LINES_FROM + record.index > MAX_LINE:
+            continue  # a bar redrawn with nothing new (or a log of more than a billion records)
         step = record.values.get("step", step)
         shown.update(record.values)
-        records.append((-1 - record.index, record.values, record.step_seconds))
+        records.append((LOG_LINES_FROM + record.index, record.values, record.step_seconds))
     if records:
         store_metric_records(session, run, attempt, records)
 
@@ -149,7 +153,7 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
 def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:
     """The job writes longrun's metrics file after all: that, not its log, is the source of its series."""
     dropped = session.execute(delete(MetricPoint).where(
-        MetricPoint.run_id == run.id, MetricPoint.attempt == attempt.number, MetricPoint.line < 0)).rowcount
+        MetricPoint.run_id == run.id, MetricPoint.attempt == attempt.number, MetricPoint.line >= LOG_LINES_FROM)).rowcount
     if dropped:
         attempt.sec_per_step = attempt.last_step = attempt.total_steps = None
         attempt.first_step_at = attempt.last_metric_at = None
