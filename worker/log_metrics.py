@@ -12,8 +12,11 @@ import ast
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 FORMATS = ("tqdm", "key_value", "json")
 # a longer record is not a progress line (and would be slow to scan)
@@ -21,6 +24,9 @@ MAX_RECORD_CHARS = 16384
 MAX_SERIES_PER_RECORD = 64
 MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 1000
+# a run's own pattern may backtrack without end: each search, and all of one read's, get a time limit
+PATTERN_SECONDS = 0.05
+PATTERNS_SECONDS_PER_READ = 1.0
 # steps and totals are 32-bit columns in the database
 MAX_STEP = 2**31 - 1
 MAX_ABS_VALUE = 1e300
@@ -48,13 +54,14 @@ RICH_HEADER_RE = re.compile(r"^(?:\[[^\]]{1,40}\]|\s+)\s*(?:DEBUG|INFO|WARNING|E
 RICH_CONTINUATION_RE = re.compile(r"^\s{8,}\S")
 
 
-def compile_pattern(text: str) -> re.Pattern[str]:
-    """A per-run pattern: a regular expression with at least one named group; ValueError says what is wrong."""
+def compile_pattern(text: str) -> regex.Pattern[str]:
+    """A per-run pattern: a regular expression (Python syntax) with at least one named group; ValueError says
+    what is wrong. Compiled with `regex`, whose searches take a time limit."""
     if len(text) > MAX_PATTERN_CHARS:
         raise ValueError(f"a pattern may be at most {MAX_PATTERN_CHARS} characters")
     try:
-        pattern = re.compile(text)
-    except (re.error, RecursionError, OverflowError) as exc:
+        pattern = regex.compile(text)
+    except (regex.error, RecursionError, OverflowError, ValueError) as exc:
         raise ValueError(f"not a regular expression: {exc}") from None
     if not pattern.groupindex:
         raise ValueError("a pattern needs a named group, such as (?P<loss>[0-9.]+); each names a series")
@@ -69,7 +76,7 @@ class LogMetricsConfig:
     """How a run's log is read: which built-in formats, which patterns, and a total when the log has none."""
 
     formats: frozenset[str] = frozenset(FORMATS)
-    patterns: tuple[re.Pattern[str], ...] = ()
+    patterns: tuple[regex.Pattern[str], ...] = ()
     total_steps: int | None = None
 
     @classmethod
@@ -239,8 +246,10 @@ def parse_line(text: str, formats: frozenset[str]) -> dict[str, Any]:
     return out if "step" in out or any(_is_loss(k) for k in out) else {}
 
 
-def parse_record(text: str, config: LogMetricsConfig) -> tuple[dict[str, Any], float | None] | None:
-    """The metrics of one record, or None when it has none; `text` has no line ends."""
+def parse_record(text: str, config: LogMetricsConfig,
+                 patterns_until: float = math.inf) -> tuple[dict[str, Any], float | None] | None:
+    """The metrics of one record, or None when it has none; `text` has no line ends. The run's patterns are
+    searched until the monotonic time `patterns_until`."""
     if len(text) > MAX_RECORD_CHARS:
         return None
     text = ANSI_RE.sub("", text)
@@ -253,9 +262,12 @@ def parse_record(text: str, config: LogMetricsConfig) -> tuple[dict[str, Any], f
         for name, value in parse_line(text, config.formats).items():
             out.setdefault(name, value)
     for pattern in config.patterns:
+        left = patterns_until - time.monotonic()
+        if left <= 0:
+            break
         try:
-            found = pattern.search(text)
-        except (RecursionError, MemoryError):
+            found = pattern.search(text, timeout=min(left, PATTERN_SECONDS))
+        except (TimeoutError, RecursionError, MemoryError):
             found = None
         if found is not None:
             _take({k: v for k, v in found.groupdict().items() if v is not None}, out)
@@ -289,9 +301,10 @@ def _records(text: str, midline: bool, complete: bool) -> tuple[list[tuple[int, 
 def read_log(text: str, first_index: int, midline: bool, complete: bool, config: LogMetricsConfig) -> LogChunk:
     """The metric records in one read of the log, which starts at record `first_index`."""
     pieces, consumed, ends_midline = _records(text, midline, complete)
+    patterns_until = time.monotonic() + PATTERNS_SECONDS_PER_READ
     records = []
     for i, piece in pieces:
-        parsed = parse_record(piece, config)
+        parsed = parse_record(piece, config, patterns_until)
         if parsed is not None:
             values, seconds = parsed
             if config.total_steps and "step" in values:

@@ -3,12 +3,15 @@
 import json
 import math
 import random
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from server.db import Database
 from server.models import Attempt, MetricPoint, Run
+from worker.host_agent import HostAgent
 from worker.ingest import store_log_metrics, store_metrics
 from worker.log_metrics import (
     MAX_STEP,
@@ -19,6 +22,7 @@ from worker.log_metrics import (
     parse_record,
     read_log,
 )
+from worker.transport import LocalTransport
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "trainer_logs"
 DEFAULT = LogMetricsConfig()
@@ -250,3 +254,40 @@ def test_a_total_from_the_spec_gives_progress_to_a_log_without_one(db: Database)
         assert attempt.total_steps == 12 and attempt.last_step == 11
     assert [step for step, _ in _points(db, "train/loss")] == list(range(12))
     assert _points(db, "val/loss_epoch") == [(5, 2.5), (11, 1.5)], "a line without a step takes the last one"
+
+
+def test_a_pattern_that_backtracks_without_end_cannot_hold_the_worker() -> None:
+    config = LogMetricsConfig(patterns=(compile_pattern(r"(?P<x>(a|aa)+)$"),))
+    text = "".join(f"step={i} loss=1.0 " + "a" * 60 + "!\n" for i in range(2000))
+    started = time.monotonic()
+    records = read_log(text, 0, False, False, config).records
+    # alone, one search of one line takes minutes; regex checks its time limit coarsely on a busy machine
+    assert time.monotonic() - started < 8.0, "about a second for the run's patterns per read, and the rest"
+    assert [r.values["step"] for r in records] == list(range(2000)), "the built-in formats still read every line"
+
+
+def test_a_full_read_of_a_chatty_log_parses_in_reasonable_time() -> None:
+    line = "train:  45%|####5     | 450/1000 [01:23<01:40,  5.43it/s, loss=2.31, lr=3e-05]\r"
+    noisy = "[rank0] " + "word " * 50 + "key=value other: thing 1.2.3.4 path/to/file.py:42\n"
+    text = (line * 12000 + noisy * 8000)[: 4 << 20]  # the host's largest read
+    started = time.monotonic()
+    records = read_log(text, 0, False, False, DEFAULT).records
+    assert len(records) == 12000 and time.monotonic() - started < 20
+
+
+def test_the_host_hands_out_a_running_bar_up_to_its_last_redraw(tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.attempt_dir("bar", 1)
+    # a bar that never ends its line while the job runs, and half a redraw still being written
+    script = ("import sys, time; sys.stderr.write('\\r 10%|#   | 1/10 [00:01<00:09, 1.00it/s]"
+              "\\r 20%|##  | 2/10 [00:02<00:08, 1.00it/s]\\r 30%|##'); sys.stderr.flush(); time.sleep(30)")
+    agent.launch(d, "tokbar", [sys.executable, "-c", script], {})
+    deadline = time.time() + 20
+    while not (probe := agent.probe(d, 0, 0))["log"] and time.time() < deadline:
+        time.sleep(0.1)
+    try:
+        assert probe["state"] == "running" and probe["log"].endswith("1.00it/s]\r"), probe["log"]
+        chunk = read_log(probe["log"], 0, False, False, DEFAULT)
+        assert [r.values["step"] for r in chunk.records] == [1, 2] and not chunk.midline
+    finally:
+        agent.cancel(d, grace=2)
