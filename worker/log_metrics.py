@@ -103,7 +103,7 @@ class LogRecord:
 
 
 @dataclass
-class LogChunk:
+class LogRead:
     """What one read of the log gave: its records, how many it consumed, and whether it ended mid-record."""
 
     records: list[LogRecord]
@@ -198,7 +198,7 @@ def _take(pairs: dict[str, Any], out: dict[str, Any]) -> None:
             total = _count(raw)
             if total:
                 out["total_steps"] = total
-        elif lower not in ("time", "epochs") and (value := _value(raw)) is not None:
+        elif lower != "time" and (value := _value(raw)) is not None:  # a metrics line's `time` is its timestamp
             out[name] = value
 
 
@@ -298,7 +298,7 @@ def _records(text: str, midline: bool, complete: bool) -> tuple[list[tuple[int, 
     return out, len(pieces), ends_midline
 
 
-def read_log(text: str, first_index: int, midline: bool, complete: bool, config: LogMetricsConfig) -> LogChunk:
+def read_log(text: str, first_index: int, midline: bool, complete: bool, config: LogMetricsConfig) -> LogRead:
     """The metric records in one read of the log, which starts at record `first_index`."""
     pieces, consumed, ends_midline = _records(text, midline, complete)
     patterns_until = time.monotonic() + PATTERNS_SECONDS_PER_READ
@@ -310,4 +310,4 @@ def read_log(text: str, first_index: int, midline: bool, complete: bool, config:
             if config.total_steps and "step" in values:
                 values.setdefault("total_steps", config.total_steps)
             records.append(LogRecord(first_index + i, values, seconds))
-    return LogChunk(records, consumed, ends_midline)
+    return LogRead(records, consumed, ends_midline)
