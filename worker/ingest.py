@@ -132,12 +132,12 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
     if config is None or attempt.metrics_lines or not text:
         return
     first = node.get("log_records", 0)
-    chunk = read_log(text, first, node.get("log_midline", False), complete, config)
-    node.update(log_records=first + chunk.consumed, log_midline=chunk.midline)
+    got = read_log(text, first, node.get("log_midline", False), complete, config)
+    node.update(log_records=first + got.consumed, log_midline=got.midline)
     step = attempt.last_step
     shown = dict(run.latest or {}) if attempt.number == run.attempt else {}
     records = []
-    for record in chunk.records:
+    for record in got.records:
         if "step" not in record.values and step is not None:
             # a loss printed on a line of its own belongs to the step the bar or the last line reached
             record.values["step"] = step
@@ -153,7 +153,8 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, node: dict[s
 def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:
     """The job writes longrun's metrics file after all: that, not its log, is the source of its series."""
     dropped = session.execute(delete(MetricPoint).where(
-        MetricPoint.run_id == run.id, MetricPoint.attempt == attempt.number, MetricPoint.line >= LOG_LINES_FROM)).rowcount
+        MetricPoint.run_id == run.id, MetricPoint.attempt == attempt.number,
+        MetricPoint.line >= LOG_LINES_FROM)).rowcount
     if dropped:
         attempt.sec_per_step = attempt.last_step = attempt.total_steps = None
         attempt.first_step_at = attempt.last_metric_at = None
