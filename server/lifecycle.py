@@ -176,12 +176,15 @@ class AttemptNode:
     pid: int | None = None
     exit_code: int | None = None
     gpus: list[int] | None = None
+    log_records: int = 0  # records of the log read into metrics (worker/log_metrics.py), and
+    log_midline: bool = False  # whether the log offset stands inside one
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
         return cls(host=raw["host"], dir=raw["dir"], state=NodeState(raw.get("state", NodeState.PENDING)),
                    metrics_offset=raw.get("metrics_offset", 0), log_offset=raw.get("log_offset", 0),
-                   pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"))
+                   pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"),
+                   log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": str(self.state)}
@@ -214,11 +217,12 @@ def nodes_launched(attempt: Attempt, pids: list[int], gpus: list[list[int] | Non
 
 
 def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: int, state: NodeState,
-                exit_code: int | None) -> None:
+                exit_code: int | None, log_position: tuple[int, bool]) -> None:
     """What the host said of one node: how far its files were read, and whether it still runs."""
     nodes = nodes_of(attempt)
     node = nodes[index]
     node.metrics_offset, node.log_offset, node.state, node.exit_code = metrics_offset, log_offset, state, exit_code
+    node.log_records, node.log_midline = log_position
     set_nodes(attempt, nodes)
 
 

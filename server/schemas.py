@@ -8,6 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from server.advisor import Advice
+from server.log_patterns import FORMATS as LOG_FORMATS
+from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
+from server.log_patterns import compile_pattern
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -129,6 +132,23 @@ class TrainerSpec(Strict):
     eval_new_tokens: int | None = Field(None, gt=0)
 
 
+def _log_pattern(value: str) -> str:
+    compile_pattern(value)
+    return value
+
+
+class LogMetricsSpec(Strict):
+    """How progress is read from an `entrypoint` run's log (README: "Progress from your own trainer")."""
+
+    formats: list[Literal["tqdm", "key_value", "json"]] = Field(
+        default_factory=lambda: list(LOG_FORMATS), description="built-in formats recognised; [] for none")
+    patterns: list[Annotated[str, AfterValidator(_log_pattern)]] = Field(
+        default_factory=list, max_length=MAX_LOG_PATTERNS,
+        description="regular expressions searched in each log line; each named group that matches a number is a "
+                    "series (`step` and `total_steps` give progress), e.g. `it (?P<step>\\d+) loss (?P<loss>\\S+)`")
+    total_steps: int | None = Field(None, gt=0, lt=2**31, description="the run's steps, when its log does not say")
+
+
 class RunCreate(Strict):
     name: SafeStr = Field("run", min_length=1, max_length=255)
     host: str | None = None
@@ -141,6 +161,7 @@ class RunCreate(Strict):
     cwd: AbsPath | None = None
     output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
     max_retries: int = Field(0, ge=0, le=100)
+    log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
 
     @model_validator(mode="after")
     def _one_target(self) -> "RunCreate":
@@ -150,6 +171,8 @@ class RunCreate(Strict):
             raise ValueError("give exactly one of `trainer` or `entrypoint`")
         if self.trainer is not None and self.args:
             raise ValueError("`args` goes with `entrypoint`; trainer runs take their flags in `trainer`")
+        if self.trainer is not None and self.log_metrics is not None:
+            raise ValueError("`log_metrics` goes with `entrypoint`; the bundled trainer writes its metrics itself")
         return self
 
     @property
@@ -162,7 +185,8 @@ class RunCreate(Strict):
 
 
 # top-level fields a restart may override; any trainer field may be overridden too
-RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd"})
+RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
+                               "log_metrics"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

@@ -6,11 +6,11 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.lifecycle import node_probed, nodes_of
+from server.lifecycle import NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
-from worker.ingest import store_log, store_metrics
+from worker.ingest import store_log, store_log_metrics, store_metrics
 from worker.protocol import GpuView, ProbeAnswer, ReadFrom
 
 
@@ -48,11 +48,16 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
             continue
         if p.index == 0 and a.metrics:
             store_metrics(session, run, attempt, a.metrics)
+        log_position = (node.log_records, node.log_midline)
+        if p.index == 0:
+            # the read ends mid-record only while the job runs or the read was cut short
+            log_position = store_log_metrics(session, run, attempt, log_position, a.log,
+                                             a.state != NodeState.RUNNING and not a.more)
         store_log(session, run.id, attempt.number, p.index, node.log_offset, a.log_offset, a.log)
         if a.gpus is not None:
             host = session.scalar(select(Host).where(Host.name == node.host))
             store_gpu_sample(session, run, attempt, p.index, a.gpus.view(), host, now)
-        node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code)
+        node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code, log_position)
 
 
 def store_gpu_sample(session: Session, run: Run, attempt: Attempt, index: int, view: GpuView, host: Host,

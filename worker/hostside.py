@@ -167,7 +167,7 @@ def _status(d):
 
 
 def _read_from(path, offset, limit, whole_lines=True):
-    """Text from byte offset on, at most `limit` bytes, ending at a line end unless told otherwise.
+    """Text from byte offset on, at most `limit` bytes, ending at a line end (\\n or \\r) unless told otherwise.
 
     Returns (text, new_offset, more): `more` says the limit cut the read short."""
     try:
@@ -178,7 +178,8 @@ def _read_from(path, offset, limit, whole_lines=True):
         return "", offset, False
     more = len(data) == limit
     if whole_lines:
-        cut = data.rfind(b"\n")
+        # tqdm redraws its bar after a carriage return, without a newline until the bar closes
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
         # one line longer than the limit goes through in pieces rather than blocking the stream
         data = data[: cut + 1] if cut >= 0 or not more else data
     return data.decode("utf-8", "replace"), offset + len(data), more

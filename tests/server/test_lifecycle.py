@@ -105,7 +105,7 @@ def test_node_states_are_typed_and_the_abandoned_mark_follows_them(db: Database)
         attempt = open_attempt(s, run, {}, 1)
         plan_nodes(attempt, [("a", "/ws/.longrun/r1/1"), ("b", "/ws/.longrun/r1/1/node1")])
         nodes_launched(attempt, [10, 20], [[0], None])
-        node_probed(attempt, 1, 5, 7, NodeState.EXITED, 0)
+        node_probed(attempt, 1, 5, 7, NodeState.EXITED, 0, (0, False))
         abandon_nodes(attempt)
     with db.reading() as s:
         attempt = s.query(Attempt).one()
