@@ -31,7 +31,7 @@ from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StepProfiler
 from trainer.ttt import STAT_FIELDS, TTTObjective, add_feature_noise, summarize_stats, verifier_targets
-from trainer.verifier_head import VerifierHead, load_verifier_head, read_verifier_config
+from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
 
 EXIT_TERMINATED = 128 + signal.SIGTERM

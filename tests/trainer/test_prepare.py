@@ -7,13 +7,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer.conftest import PREPARED_DRAFT_VOCAB, PREPARED_MAX_SAMPLES, PREPARED_MAX_SEQ_LEN
-from trainer.prepare import (
-    capture_hidden_states,
-    default_layer_ids,
-    iter_samples,
-    prepare,
-    tokenize_chat,
-)
+from trainer.prepare import iter_samples, prepare, tokenize_chat
+from trainer.verifier_io import capture_hidden_states, default_layer_ids
 from trainer.vocab import draft_to_target_ids, load_vocab_mapping
 
 CONVERSATION = [
