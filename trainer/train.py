@@ -10,7 +10,6 @@ code 143.
 """
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -25,7 +24,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.data import HiddenStatesDataset, make_loader, split_files
+from trainer.data import make_loader, split_files
+from trainer.formats import DATA_FORMATS, open_training_data
 from trainer.metrics import MetricsReporter, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
@@ -40,8 +40,10 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
-    p.add_argument("--data-dir", required=True, help="per-sample safetensors written by trainer.prepare")
-    p.add_argument("--vocab-mapping-dir", required=True, help="directory with vocab_mapping.safetensors")
+    p.add_argument("--data-dir", required=True, help="per-sample files: trainer.prepare's, speculators' or SpecForge's")
+    p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default="auto", help="layout of --data-dir")
+    p.add_argument("--vocab-mapping-dir", required=True,
+                   help="vocab_mapping.safetensors, speculators' d2t.npy + t2d.npy or SpecForge's vocab_mapping.pt")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -135,14 +137,6 @@ class StopRequest:
             raise SystemExit(128 + signum)
 
 
-def aux_layer_ids(data_dir: Path, default: list[int]) -> list[int]:
-    """The layers `prepare` captured (its prepare.json sits next to the hidden_states dir)."""
-    for candidate in (data_dir / "prepare.json", data_dir.parent / "prepare.json"):
-        if candidate.is_file():
-            return list(json.loads(candidate.read_text()).get("layer_ids", default))
-    return default
-
-
 def init_weights_path(path: str) -> Path:
     """A directory with model.safetensors (a checkpoint or an exported draft), or an output dir's latest checkpoint."""
     candidate = Path(path)
@@ -165,8 +159,10 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
     d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
     config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
-    config.aux_hidden_state_layer_ids = aux_layer_ids(Path(args.data_dir), config.aux_hidden_state_layer_ids)
+    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    config.aux_hidden_state_layer_ids = data.layer_ids
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
+    head.input_is_normed = data.last_hidden_state_normed
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     draft = EagleDraft(config, embed_weight.to(dtype))
     draft.set_vocab_mapping(d2t, t2d)
@@ -359,10 +355,11 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         )
     params = [p for p in draft.parameters() if p.requires_grad]
 
-    train_files, val_files = split_files(args.data_dir, args.val_ratio, args.seed)
+    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
     if not train_files:
         raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
-    train_set = HiddenStatesDataset(None, args.max_seq_len, files=train_files)
+    train_set = data.dataset(train_files, args.max_seq_len)
     width = train_set[0]["hidden_states"].shape[-1]
     if width != 3 * config.target_hidden_size:
         raise SystemExit(
@@ -376,7 +373,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         total_steps = min(total_steps, args.max_steps)
     val_loader = None
     if val_files:
-        val_set = HiddenStatesDataset(None, args.max_seq_len, files=val_files)
+        val_set = data.dataset(val_files, args.max_seq_len)
         val_loader = make_loader(val_set, args.batch_size, 0, False, args.seed, ctx.rank, ctx.world_size)
 
     optimizer = build_optimizer(params, args.lr)
