@@ -269,7 +269,7 @@ def prepare(
         raise FileNotFoundError(f"corpus {corpus} does not exist")
     device = device or ("auto" if torch.cuda.is_available() else "cpu")
     # bf16 on GPU as in serving; fp32 on CPU, where bf16 matmuls are slow and the features are cast anyway.
-    model_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model_dtype = torch.bfloat16 if device != "cpu" and torch.cuda.is_available() else torch.float32
     model, tokenizer = load_verifier(verifier_path, device, model_dtype, trust_remote_code)
     config = model.config.get_text_config()
     num_layers, hidden_size, vocab_size = config.num_hidden_layers, config.hidden_size, config.vocab_size

@@ -232,3 +232,23 @@ def test_prepare_with_other_settings_starts_over(tiny_verifier: Path, tiny_corpu
         other = prepare(tiny_verifier, tiny_corpus, tmp_path, max_seq_len=24, max_samples=4, draft_vocab_size=64, device="cpu")
     assert again["resumed_samples"] == 4 and other["resumed_samples"] == 0
     assert len(_samples(tmp_path)) == 4 and all(s["input_ids"].numel() <= 24 for s in _samples(tmp_path))
+
+
+def test_device_auto_spreads_the_verifier_and_writes_the_same_samples(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    """Without CUDA, accelerate's device_map="auto" keeps every layer on the CPU; with two GPUs or more, the layers
+    are spread over them (each layer's device is in prepare.json) and the features match the CPU's to bf16."""
+    with one_cpu_thread():
+        cpu = prepare(tiny_verifier, tiny_corpus, tmp_path / "cpu", max_seq_len=32, max_samples=4, draft_vocab_size=64,
+                      device="cpu")
+        auto = prepare(tiny_verifier, tiny_corpus, tmp_path / "auto", max_seq_len=32, max_samples=4, draft_vocab_size=64,
+                       device="auto")
+    assert len(auto["layer_devices"]) == cpu["num_hidden_layers"] == 8
+    if torch.cuda.device_count() >= 2:
+        assert len(set(auto["layer_devices"])) >= 2
+    else:
+        assert set(auto["layer_devices"]) == set(cpu["layer_devices"]) == {"cpu"}
+    for got, want in zip(_samples(tmp_path / "auto"), _samples(tmp_path / "cpu"), strict=True):
+        assert torch.equal(got["input_ids"], want["input_ids"])
+        for name in ("hidden_states", "last_hidden_state"):
+            similarity = torch.nn.functional.cosine_similarity(got[name].float(), want[name].float(), dim=-1)
+            assert float(similarity.min()) > 0.99, name  # bf16 on GPUs against fp32 on the CPU
