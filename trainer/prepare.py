@@ -330,12 +330,12 @@ def prepare(
                 break
             if max(ids) >= vocab_size:
                 raise ValueError(f"tokenizer produced id {max(ids)} >= the model's vocab size {vocab_size}")
-            ids_tensor, mask_tensor = torch.tensor(ids), torch.tensor(mask, dtype=torch.bool)
-            counts.add_(torch.bincount(ids_tensor[mask_tensor], minlength=vocab_size))
+            targets = torch.tensor(ids)[torch.tensor(mask, dtype=torch.bool)]
+            counts.index_add_(0, targets, torch.ones_like(targets))  # no vocab-sized temporary per sample
             path = _sample_path(sample_dir, stats["samples"])
             stats["samples"] += 1
             stats["tokens"] += len(ids)
-            stats["loss_tokens"] += int(mask_tensor.sum())
+            stats["loss_tokens"] += targets.numel()
             if resume and _written_sample_matches(path, ids):
                 stats["skipped"] += 1
                 continue

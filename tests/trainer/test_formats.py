@@ -8,14 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from server.schemas import RunCreate
 from tests.trainer.peer_layouts import write_specforge, write_speculators
 from tests.trainer.test_train import read_metrics, run
 from tests.trainer.tiny_setup import DRAFT_VOCAB, LAYERS, build_dataset, build_verifier
 from trainer.data import HiddenStatesDataset, list_samples
 from trainer.formats import detect_format, open_training_data
 from trainer.model import read_draft_config
+from trainer.train import parse_args
 from trainer.verifier_io import load_verifier_head
 from trainer.vocab import load_vocab_mapping
+from worker.jobs import trainer_flags
 
 SAMPLES = 8
 SEED_FLAGS = ["--epochs", "5", "--lr", "3e-5", "--max-seq-len", "4096", "--num-workers", "4", "--ttt-steps", "5",
@@ -117,3 +120,16 @@ def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to
     assert read_draft_config(tmp_path / "ttt5").aux_hidden_state_layer_ids == [2, 4, 5]
     config = json.loads((tmp_path / "ttt5" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # what vLLM captures
+
+
+def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_command():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Bring your own data and model"):]
+    start = section.index("```json") + len("```json")
+    spec = RunCreate.model_validate(json.loads(section[start : section.index("```", start)]))
+    args = parse_args(trainer_flags(spec.model_dump(mode="json", exclude_none=True)["trainer"]))
+    assert args.data_format == "speculators"
+    seed = parse_args(["--verifier-path", "V", "--data-dir", "D", "--vocab-mapping-dir", "M", "--output-dir", "O",
+                       *SEED_FLAGS])
+    for name in ("epochs", "lr", "max_seq_len", "num_workers", "noise_std", "scheduler", "warmup_ratio", "val_ratio"):
+        assert getattr(args, name) == getattr(seed, name), name
