@@ -158,8 +158,9 @@ def load_weights_with_same_vocab(draft: EagleDraft, path: Path) -> None:
 def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | None) -> tuple[EagleDraft, VerifierHead]:
     """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
     d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
-    config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
-    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    verifier = read_verifier_config(args.verifier_path)
+    config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps)
+    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"])
     config.aux_hidden_state_layer_ids = data.layer_ids
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
     head.input_is_normed = data.last_hidden_state_normed
