@@ -86,7 +86,8 @@ def _field(record: dict, key: str, path: Path, layout: str):
     return record[key]
 
 
-def read_speculators_sample(path: Path) -> dict[str, torch.Tensor]:
+def read_speculators_sample(path: Path, rows: int) -> dict[str, torch.Tensor]:
+    """The first `rows` positions of a speculators sample (only those are read from the memory-mapped file)."""
     record = _torch_file(path)
     layers = _field(record, "hidden_states", path, "speculators")
     if not isinstance(layers, list | tuple) or len(layers) != 4:
@@ -95,39 +96,40 @@ def read_speculators_sample(path: Path) -> dict[str, torch.Tensor]:
             f"found {len(layers) if isinstance(layers, list | tuple) else type(layers).__name__}"
         )
     return {
-        "input_ids": _field(record, "input_ids", path, "speculators").long(),
-        "loss_mask": _field(record, "loss_mask", path, "speculators").to(torch.uint8),
-        "hidden_states": torch.cat(list(layers[:3]), dim=-1),
-        "last_hidden_state": layers[3],
+        "input_ids": _field(record, "input_ids", path, "speculators")[:rows].long(),
+        "loss_mask": _field(record, "loss_mask", path, "speculators")[:rows].to(torch.uint8),
+        "hidden_states": torch.cat([layer[:rows] for layer in layers[:3]], dim=-1),
+        "last_hidden_state": layers[3][:rows],
     }
 
 
-def read_specforge_sample(path: Path) -> dict[str, torch.Tensor]:
+def read_specforge_sample(path: Path, rows: int) -> dict[str, torch.Tensor]:
+    """The first `rows` positions of a SpecForge sample."""
     record = _torch_file(path)
     return {
-        "input_ids": _field(record, "input_ids", path, "SpecForge").reshape(-1).long(),
-        "loss_mask": _field(record, "loss_mask", path, "SpecForge").reshape(-1).to(torch.uint8),
-        "hidden_states": _field(record, "aux_hidden_state", path, "SpecForge").squeeze(0),
-        "last_hidden_state": _field(record, "hidden_state", path, "SpecForge").squeeze(0),
+        "input_ids": _field(record, "input_ids", path, "SpecForge").reshape(-1)[:rows].long(),
+        "loss_mask": _field(record, "loss_mask", path, "SpecForge").reshape(-1)[:rows].to(torch.uint8),
+        "hidden_states": _field(record, "aux_hidden_state", path, "SpecForge").squeeze(0)[:rows],
+        "last_hidden_state": _field(record, "hidden_state", path, "SpecForge").squeeze(0)[:rows],
     }
 
 
 class TorchSampleDataset(Dataset):
     """Per-sample torch files (speculators', SpecForge's), batched exactly as `HiddenStatesDataset` batches."""
 
-    def __init__(self, files: Sequence[Path], max_seq_len: int, read: Callable[[Path], dict[str, torch.Tensor]]):
+    def __init__(self, files: Sequence[Path], max_seq_len: int, read: Callable[[Path, int], dict[str, torch.Tensor]]):
         self.files, self.max_seq_len, self.read = list(files), max_seq_len, read
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        sample = self.read(self.files[index])
+        sample = self.read(self.files[index], self.max_seq_len)
         length = sample["input_ids"].shape[0]
         for name in TENSOR_NAMES:
             if sample[name].shape[0] != length:
                 raise ValueError(f"{self.files[index]}: {name} has {sample[name].shape[0]} rows for {length} tokens")
-        return {name: sample[name][: self.max_seq_len] for name in TENSOR_NAMES}
+        return sample
 
     def read_batch(self, indices: Sequence[int], pin: bool = False) -> dict[str, torch.Tensor]:
         """The right-padded batch of these samples (zeros on pads, attention_mask 1 on real tokens)."""
