@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup test lint demo system-deps clean
+.PHONY: setup test test-fast lint demo system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(BIN)/python:
 # torch first, pinned, when none is present: a loose range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,trainer]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -32,6 +32,10 @@ lint: setup
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# unit and in-process API tests only: no server, sshd or torchrun is started
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 demo: setup
 	$(BIN)/python examples/demo.py

@@ -2,10 +2,11 @@
 
     python benchmarks/bench_trainer.py 2048x3 4096x16        # Llama-3.1-8B-shaped draft, one GPU
     python benchmarks/bench_trainer.py --tiny 64x3            # a tiny draft; runs on the CPU too
+    python benchmarks/bench_trainer.py --documents 8 2048x3    # each sequence packs 8 samples (--pack-samples)
 
 Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
 32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
-Each step is the trainer's own `train_step`: verifier targets (final norm + lm_head over the full
+Each step is the trainer's own `TrainingStep`: verifier targets (final norm + lm_head over the full
 vocabulary), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 
 - ms_per_step, tokens_per_s (sequence tokens per second), peak_gib;
@@ -22,7 +23,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.model import DraftConfig, EagleDraft  # noqa: E402
 from trainer.optim import build_optimizer, build_scheduler  # noqa: E402
-from trainer.train import train_step  # noqa: E402
+from trainer.step import TrainingStep  # noqa: E402
 from trainer.ttt import TTTObjective  # noqa: E402
 from trainer.verifier_io import VerifierHead  # noqa: E402
 
@@ -98,7 +98,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int) -> dict:
+def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1) -> dict:
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -114,20 +114,24 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     draft.set_vocab_mapping((draft_ids - torch.arange(k)).to(device), t2d.to(device))
     draft.to(device)
     objective = TTTObjective(draft, ttt, 0.8)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, 1e-4)
+    optimizer = build_optimizer(draft.parameters(), 1e-4)
     scheduler = build_scheduler(optimizer, "constant", 10**6, 0.0)
     batch = {
         "hidden_states": torch.randn(1, seq, 3 * h, device=device, dtype=dtype),
         "last_hidden_state": torch.randn(1, seq, h, device=device, dtype=dtype),
         "input_ids": torch.randint(0, v, (1, seq), device=device),
         "loss_mask": torch.ones(1, seq, dtype=torch.uint8, device=device),
+        "attention_mask": torch.ones(1, seq, dtype=torch.long, device=device),
     }
+    if documents > 1:  # a packed row: `documents` samples of equal length (the last takes the remainder)
+        lengths = [seq // documents] * (documents - 1) + [seq - seq // documents * (documents - 1)]
+        batch["documents"] = (tuple(lengths),)
+        batch["position_ids"] = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
     noise = torch.Generator(device).manual_seed(0)
-    args = SimpleNamespace(noise_std=0.05, grad_clip=0.5)
+    train_step = TrainingStep(objective, objective, head, optimizer, scheduler, 0.05, noise, 0.5)
 
     def step():
-        train_step(objective, head, batch, optimizer, scheduler, params, noise, args)
+        train_step([batch])
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -141,7 +145,7 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     per_token_step, total = flops(cfg, seq, ttt)
     return dict(
-        trainer="longrun", seq=seq, ttt=ttt, ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
+        trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
         tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
     )
@@ -153,6 +157,7 @@ def main(argv=None) -> None:
     p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--documents", type=int, default=1, help="samples packed in each sequence (1: not packed)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
@@ -165,11 +170,11 @@ def main(argv=None) -> None:
     one_step_seconds: dict[int, float] = {}  # per sequence length, at T=1
     for seq, ttt in configs:
         try:
-            result = bench(shape, seq, ttt, device, args.steps, args.warmup)
+            result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents)
             if ttt == 1:
                 one_step_seconds.setdefault(seq, result["seconds"])
             elif seq not in one_step_seconds:
-                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup)["seconds"]
+                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, args.documents)["seconds"]
             extra = result["seconds"] - one_step_seconds[seq] if ttt > 1 else None
             marginal = (ttt - 1) * seq * result["per_token_step"] / extra / 1e12 if extra and extra > 0 else None
             result.update(

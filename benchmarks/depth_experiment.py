@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.advice import compare_interconnects  # noqa: E402
+from server.advisor import compare_interconnects  # noqa: E402
 
 
 def run(argv: list[str], log: Path, env: dict | None = None) -> float:
@@ -91,7 +91,7 @@ def main() -> int:
         results = [train_and_evaluate(args, verifier, data, t, None) for t in depths]
 
     for r in results:
-        r["advice"] = compare_interconnects(r["evaluation"], tp=8, trained_ttt=r["ttt"])
+        r["advice"] = compare_interconnects(r["evaluation"], tp=8, trained_ttt=r["ttt"]).model_dump()
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "timings": timings, "drafts": results}, indent=1))
     table = ["| trained TTT | " + " | ".join(str(d) for d in range(1, args.max_depth + 1)) + " |",

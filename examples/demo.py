@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"
 sys.path.insert(0, str(ROOT))
 
-from server.cli import progress_line  # noqa: E402
+from longrun.cli import progress_line  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -50,7 +50,7 @@ class Demo:
         env = {**os.environ, "LONGRUN_HOME": str(self.home), "LONGRUN_PORT": str(self.port),
                "LONGRUN_POLL_INTERVAL": "0.5"}
         log = open(self.home / "server.log", "wb")
-        self.server = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], cwd=ROOT, env=env,
+        self.server = subprocess.Popen([sys.executable, "-m", "longrun.cli", "serve"], cwd=ROOT, env=env,
                                        stdout=log, stderr=subprocess.STDOUT)
         for _ in range(300):
             try:

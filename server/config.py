@@ -34,7 +34,3 @@ class Settings(BaseSettings):
     @property
     def local_workspace(self) -> Path:
         return self.home / "workspace"
-
-
-def get_settings() -> Settings:
-    return Settings()

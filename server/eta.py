@@ -14,7 +14,11 @@ def update_step_rate(sec_per_step: float | None, last_step: int | None, last_tim
     """Fold one (step, time) observation into the smoothed seconds per step."""
     if last_step is None or last_time is None or step <= last_step or time <= last_time:
         return sec_per_step
-    sample = (time - last_time) / (step - last_step)
+    return fold_step_time(sec_per_step, (time - last_time) / (step - last_step))
+
+
+def fold_step_time(sec_per_step: float | None, sample: float) -> float:
+    """Fold one measured seconds-per-step sample (from step times, or a progress bar's rate) into the average."""
     return sample if sec_per_step is None else EMA_WEIGHT * sample + (1 - EMA_WEIGHT) * sec_per_step
 
 

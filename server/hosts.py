@@ -1,4 +1,4 @@
-"""Host registration and lookup."""
+"""Host commands and queries: registration, lookup, and asking the worker for a fresh GPU snapshot."""
 
 import sys
 
@@ -6,9 +6,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.config import Settings
-from server.models import Host
-from server.runs import Conflict, NotFound
-from server.schemas import HostCreate, HostPublic
+from server.errors import Conflict, NotFound, Unavailable
+from server.models import Host, utcnow
+from server.schemas import HostCreate
 
 
 def register_host(session: Session, spec: HostCreate) -> Host:
@@ -44,8 +44,23 @@ def ensure_local_host(session: Session, settings: Settings) -> Host:
     return host
 
 
-def host_public(host: Host) -> HostPublic:
-    return HostPublic(name=host.name, address=host.address, port=host.port, username=host.username,
-                      workspace=host.workspace, python=host.python, reachable=host.reachable,
-                      last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
-                      gpus_sampled_at=host.gpu_snapshot_at)
+def request_gpu_snapshot(session: Session, name: str, max_age: float) -> bool:
+    """True when the host's snapshot is at most max_age seconds old; else flags it for the worker and says False."""
+    host = get_host(session, name)
+    if host.gpu_snapshot_at and (utcnow() - host.gpu_snapshot_at).total_seconds() <= max_age:
+        return True
+    host.gpu_wanted_at = utcnow()
+    return False
+
+
+def gpu_snapshot_answered(session: Session, name: str) -> bool:
+    """Whether the worker has answered the last request_gpu_snapshot (it clears the flag when it has)."""
+    return get_host(session, name).gpu_wanted_at is None
+
+
+def gpu_snapshot(session: Session, name: str) -> Host:
+    """The host with its last GPU snapshot; Unavailable while it has none."""
+    host = get_host(session, name)
+    if host.gpu_snapshot is None:
+        raise Unavailable(f"no GPU snapshot of {name} yet: {host.last_error or 'the worker has not answered'}")
+    return host

@@ -18,6 +18,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from server import layout
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -114,8 +116,10 @@ class Attempt(Base):
     ended_at: Mapped[datetime | None]
     exit_code: Mapped[int | None] = mapped_column(Integer)
     message: Mapped[str | None] = mapped_column(Text)
-    # per node: {"host", "dir", "pid", "metrics_offset", "log_offset", "exit_code", "state"}
+    # per node: server.lifecycle.AttemptNode as a dict; changed only through server/lifecycle.py
     nodes: Mapped[list[Any]] = mapped_column(default=list)
+    # some node was given up on while its host was away: the worker's orphan reaper stops what is left there
+    abandoned: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     metrics_lines: Mapped[int] = mapped_column(Integer, default=0)
     last_step: Mapped[int | None] = mapped_column(Integer)
     total_steps: Mapped[int | None] = mapped_column(Integer)
@@ -134,7 +138,7 @@ class Attempt(Base):
 
     @property
     def log_path(self) -> str | None:
-        return f"{self.dir}/output.log" if self.dir else None
+        return layout.log_path(self.dir) if self.dir else None
 
 
 class MetricPoint(Base):

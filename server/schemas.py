@@ -7,6 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from server.advisor import Advice
+from server.log_patterns import FORMATS as LOG_FORMATS
+from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
+from server.log_patterns import compile_pattern
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -112,6 +117,10 @@ class TrainerSpec(Strict):
     warmup_ratio: float | None = Field(None, ge=0, le=1)
     val_ratio: float | None = Field(None, ge=0, lt=1)
     batch_size: int | None = Field(None, gt=0)
+    global_batch_size: int | None = Field(None, gt=0, description="sequences per optimizer step over all ranks")
+    global_batch_tokens: int | None = Field(None, gt=0)
+    pack_samples: bool | None = None
+    init_lm_head_from_verifier: bool | None = None
     grad_clip: float | None = Field(None, gt=0)
     save_every: int | None = Field(None, ge=0)
     max_steps: int | None = Field(None, gt=0)
@@ -122,6 +131,23 @@ class TrainerSpec(Strict):
     eval_max_depth: int | None = Field(None, gt=0, le=64)
     eval_samples: int | None = Field(None, gt=0)
     eval_new_tokens: int | None = Field(None, gt=0)
+
+
+def _log_pattern(value: str) -> str:
+    compile_pattern(value)
+    return value
+
+
+class LogMetricsSpec(Strict):
+    """How progress is read from an `entrypoint` run's log (README: "Progress from your own trainer")."""
+
+    formats: list[Literal["tqdm", "key_value", "json"]] = Field(
+        default_factory=lambda: list(LOG_FORMATS), description="built-in formats recognised; [] for none")
+    patterns: list[Annotated[str, AfterValidator(_log_pattern)]] = Field(
+        default_factory=list, max_length=MAX_LOG_PATTERNS,
+        description="regular expressions searched in each log line; each named group that matches a number is a "
+                    "series (`step` and `total_steps` give progress), e.g. `it (?P<step>\\d+) loss (?P<loss>\\S+)`")
+    total_steps: int | None = Field(None, gt=0, lt=2**31, description="the run's steps, when its log does not say")
 
 
 class RunCreate(Strict):
@@ -136,6 +162,7 @@ class RunCreate(Strict):
     cwd: AbsPath | None = None
     output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
     max_retries: int = Field(0, ge=0, le=100)
+    log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
 
     @model_validator(mode="after")
     def _one_target(self) -> "RunCreate":
@@ -145,6 +172,8 @@ class RunCreate(Strict):
             raise ValueError("give exactly one of `trainer` or `entrypoint`")
         if self.trainer is not None and self.args:
             raise ValueError("`args` goes with `entrypoint`; trainer runs take their flags in `trainer`")
+        if self.trainer is not None and self.log_metrics is not None:
+            raise ValueError("`log_metrics` goes with `entrypoint`; the bundled trainer writes its metrics itself")
         return self
 
     @property
@@ -157,7 +186,8 @@ class RunCreate(Strict):
 
 
 # top-level fields a restart may override; any trainer field may be overridden too
-RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd"})
+RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
+                               "log_metrics"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 
@@ -234,3 +264,37 @@ class LogsPublic(BaseModel):
     log_path: str | None
     lines: list[str]
     next_offset: int = Field(description="pass as since_offset to follow the log")
+
+
+class DepthAcceptance(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    depth: int
+    mean_accepted: float = Field(description="tokens accepted per round at this depth, the bonus token included")
+    measured_accepted: float | None = Field(None, description="the same from decoding at this depth for real")
+    verifier_passes: int | None = None
+
+
+class AttemptEvaluation(BaseModel):
+    """One attempt's acceptance report, as `python -m trainer.evaluate` prints it (more fields are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    attempt: int
+    ttt_steps: int | None = Field(description="the TTT depth the attempt trained with (trainer runs)")
+    by_depth: list[DepthAcceptance] = Field(default_factory=list)
+    position_acceptance: list[float] = Field(
+        default_factory=list, description="[i]: the probability that drafted tokens 1..i+1 are all accepted")
+    conditional_acceptance: list[float] | None = None
+
+
+class EvaluationPublic(AttemptEvaluation):
+    """The newest evaluated attempt's report, and every attempt's in `by_attempt`, oldest first."""
+
+    by_attempt: list[AttemptEvaluation]
+
+
+class RunAdvicePublic(Advice):
+    """The advice for one attempt's evaluated draft (`attempt`), its retrain times predicted from measured steps."""
+
+    attempt: int

@@ -11,6 +11,13 @@ from tests.service import Service, kill_leftovers
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a real server is slow: the fast subset (-m 'not slow') leaves it out."""
+    for item in items:
+        if "service" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
     svc = Service(tmp_path / "home")

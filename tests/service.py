@@ -45,7 +45,7 @@ class Service:
 
     def start(self, worker: bool = True) -> "Service":
         log = open(self.home / "server.log", "ab")
-        argv = [sys.executable, "-m", "server.cli", "serve"] + ([] if worker else ["--no-worker"])
+        argv = [sys.executable, "-m", "longrun.cli", "serve"] + ([] if worker else ["--no-worker"])
         self.proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

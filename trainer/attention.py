@@ -12,6 +12,11 @@ differentiating through the kernel's log-sum-exp.
 Layout: q is [B, Q, heads, d]; keys and values are [B, S, kv_heads, d]; each diagonal entry is
 [B, Q, kv_heads, d]. Either Q == S (every position, causal) or Q == 1 (the newest position
 only, which sees every key: the draft's chain at inference).
+
+Packed rows (several samples in one sequence) pass `documents`: per row, the lengths of the
+samples it holds, in order. The causal block then runs the same fused kernel once per sample, so
+no query sees another sample's keys (a block-diagonal causal mask without a mask tensor); the
+diagonal keys are per position and need nothing. Without `documents` the path is unchanged.
 """
 
 from collections.abc import Sequence
@@ -27,11 +32,14 @@ def ttt_attention(
     diag_keys: Sequence[Tensor],
     diag_values: Sequence[Tensor],
     scale: float,
+    documents: Sequence[Sequence[int]] | None = None,
 ) -> Tensor:
     """Attention output [B, Q, heads, d] of one TTT step (see the module docstring)."""
     if q.shape[1] not in (1, keys.shape[1]):
         raise ValueError(f"queries must cover every key position or only the last one, got {q.shape[1]} of {keys.shape[1]}")
-    return _TTTAttention.apply(scale, q, keys, values, *diag_keys, *diag_values)
+    if documents is not None and any(sum(row) != q.shape[1] for row in documents):
+        raise ValueError(f"the document lengths of each row must add up to its {q.shape[1]} positions")
+    return _TTTAttention.apply(scale, documents, q, keys, values, *diag_keys, *diag_values)
 
 
 def _causal_backend(q: Tensor) -> str:
@@ -94,6 +102,35 @@ def _causal_backward(backend: str, grad, q, k, v, out, lse, scale: float, causal
     return dq.to(q.dtype), _fold_kv_grad(dk, groups).to(k.dtype), _fold_kv_grad(dv, groups).to(v.dtype)
 
 
+def _document_parts(documents: Sequence[Sequence[int]]):
+    """Index of each document's block in [B, heads, S, d] tensors, row by row."""
+    for row, lengths in enumerate(documents):
+        start = 0
+        for length in lengths:
+            yield slice(row, row + 1), slice(None), slice(start, start + length)
+            start += length
+
+
+def _documents_forward(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, documents):
+    """`_causal_forward` run on each document of each row alone: a block-diagonal causal mask."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    states = []
+    for part in _document_parts(documents):
+        out[part], lse[part], state = _causal_forward(backend, q[part], k[part], v[part], scale, True)
+        states.append(state)
+    return out, lse, states
+
+
+def _documents_backward(backend: str, grad, q, k, v, out, lse, scale: float, documents, states):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for part, state in zip(_document_parts(documents), states, strict=True):
+        dq[part], dk[part], dv[part] = _causal_backward(
+            backend, grad[part], q[part], k[part], v[part], out[part], lse[part], scale, True, state
+        )
+    return dq, dk, dv
+
+
 def _math_scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     if causal:
@@ -104,16 +141,21 @@ def _math_scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
 
 class _TTTAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scale: float, q: Tensor, keys: Tensor, values: Tensor, *diag: Tensor) -> Tensor:
+    def forward(ctx, scale: float, documents, q: Tensor, keys: Tensor, values: Tensor, *diag: Tensor) -> Tensor:
         n = len(diag) // 2
         b, nq, heads, d = q.shape
         kv_heads = keys.shape[2]
         causal = nq > 1
         backend = _causal_backend(q)
         with torch.autocast(q.device.type, enabled=False):
-            out_c, lse_c, state = _causal_forward(
-                backend, q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale, causal
-            )
+            if documents is None:
+                out_c, lse_c, state = _causal_forward(
+                    backend, q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale, causal
+                )
+            else:
+                out_c, lse_c, state = _documents_forward(
+                    backend, q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), scale, documents
+                )
             if n == 0:
                 out, lse = out_c.transpose(1, 2), lse_c
             else:
@@ -126,7 +168,7 @@ class _TTTAttention(torch.autograd.Function):
                 out = out + torch.einsum("bqkgn,bqknd->bqkgd", weights, torch.stack(diag[n:], dim=3).float())
                 out = out.reshape(b, nq, heads, d).to(q.dtype)
                 lse = lse_g.reshape(b, nq, heads).transpose(1, 2)
-        ctx.scale, ctx.causal, ctx.backend, ctx.state = scale, causal, backend, state
+        ctx.scale, ctx.causal, ctx.backend, ctx.state, ctx.documents = scale, causal, backend, state, documents
         ctx.save_for_backward(q, keys, values, out, lse, *diag)
         return out
 
@@ -139,13 +181,15 @@ class _TTTAttention(torch.autograd.Function):
         scale = ctx.scale
         with torch.autocast(q.device.type, enabled=False):
             grad = grad.to(out.dtype)
-            dq, dk, dv = _causal_backward(
-                ctx.backend, grad.transpose(1, 2), q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                out.transpose(1, 2), lse, scale, ctx.causal, ctx.state,
-            )
+            causal_inputs = (grad.transpose(1, 2), q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                             out.transpose(1, 2), lse, scale)
+            if ctx.documents is None:
+                dq, dk, dv = _causal_backward(ctx.backend, *causal_inputs, ctx.causal, ctx.state)
+            else:
+                dq, dk, dv = _documents_backward(ctx.backend, *causal_inputs, ctx.documents, ctx.state)
             dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
             if n == 0:
-                return None, dq, dk, dv
+                return None, None, dq, dk, dv
             shape = (b, nq, kv_heads, heads // kv_heads)
             diag_k, diag_v = torch.stack(diag[:n], dim=3).float(), torch.stack(diag[n:], dim=3).float()
             scores = _diag_scores(q, diag[:n], scale)
@@ -158,7 +202,7 @@ class _TTTAttention(torch.autograd.Function):
             d_diag_k = scale * torch.einsum("bqkgn,bqkgd->bqknd", dscores, qg)
             d_diag_v = torch.einsum("bqkgn,bqkgd->bqknd", weights, g)
         return (
-            None, dq.to(q.dtype), dk, dv,
+            None, None, dq.to(q.dtype), dk, dv,
             *(x.to(q.dtype) for x in d_diag_k.unbind(3)), *(x.to(q.dtype) for x in d_diag_v.unbind(3)),
         )
 

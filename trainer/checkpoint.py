@@ -10,6 +10,7 @@ import random
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,62 +54,91 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(
-    output_dir: str | Path,
-    step: int,
-    draft: EagleDraft,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    trainer_state: dict,
-    rank_state: dict | None = None,
-    rank: int = 0,
-    barrier: Callable[[], None] = lambda: None,
-    keep: int = 2,
-) -> Path:
-    """Collective: every rank calls it. Rank 0 writes the shared state, each rank its RNG state and
-    `rank_state` (e.g. its own generators);
-    rank 0 then renames the directory, refreshes the exported draft and prunes old checkpoints."""
-    final = checkpoint_dir(output_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    torch.save({"rng": rng_state(), **(rank_state or {})}, tmp / f"rng_rank{rank}.pt")
-    if rank == 0:
-        save_draft(draft, tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-        (tmp / TRAINER_STATE).write_text(json.dumps({"step": step, **trainer_state}, indent=2) + "\n")
-    barrier()
-    if rank == 0:
-        if final.exists():  # the same step saved by an earlier attempt
-            shutil.rmtree(final)
-        tmp.rename(final)
-        export_draft(output_dir, draft)
-        for old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier()
-    return final
+@dataclass
+class Position:
+    """Where training stands: optimizer steps taken, and the epoch and batch (loader batches) reached."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
 
 
-def load_checkpoint(
-    path: Path,
-    draft: EagleDraft,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    rank: int = 0,
-) -> tuple[dict, dict]:
-    """Restore everything `save_checkpoint` wrote; returns (trainer state, this rank's `rank_state`)."""
-    load_draft_weights(draft, path)
-    state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    rank_state = {}
-    rank_file = path / f"rng_rank{rank}.pt"
-    if rank_file.is_file():  # absent when resuming with more ranks than before
-        rank_state = torch.load(rank_file, weights_only=False)
-        set_rng_state(rank_state.pop("rng"))
-    return json.loads((path / TRAINER_STATE).read_text()), rank_state
+class Checkpointer:
+    """Saves and restores everything a run needs to continue exactly: the draft (engine format), the
+    optimizer and scheduler, each rank's RNG and named generators, and the data position.
+
+    It owns its interval (`due`: every `save_every` steps; the loop saves at epoch ends too) and keeps
+    the newest `keep` checkpoints. `save` and `restore` are collective: every rank calls them."""
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        draft: EagleDraft,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        generators: dict[str, torch.Generator],
+        settings: dict,
+        save_every: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[], None] = lambda: None,
+        keep: int = 2,
+    ):
+        self.output_dir, self.draft, self.optimizer, self.scheduler = Path(output_dir), draft, optimizer, scheduler
+        self.generators, self.settings, self.save_every = generators, settings, save_every
+        self.rank, self.world_size, self.barrier, self.keep = rank, world_size, barrier, keep
+
+    def due(self, step: int) -> bool:
+        return bool(self.save_every) and step % self.save_every == 0
+
+    def save(self, position: Position) -> Path:
+        """Rank 0 writes the shared state, each rank its RNG state and generators; rank 0 then renames the
+        directory, refreshes the exported draft and prunes old checkpoints."""
+        final = checkpoint_dir(self.output_dir, position.step)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.barrier()
+        generators = {name: g.get_state() for name, g in self.generators.items()}
+        torch.save({"rng": rng_state(), **generators}, tmp / f"rng_rank{self.rank}.pt")
+        if self.rank == 0:
+            save_draft(self.draft, tmp)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                       tmp / "optimizer.pt")
+            state = {"step": position.step, "epoch": position.epoch, "batch": position.batch,
+                     "world_size": self.world_size, **self.settings}
+            (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
+        self.barrier()
+        if self.rank == 0:
+            if final.exists():  # the same step saved by an earlier attempt
+                shutil.rmtree(final)
+            tmp.rename(final)
+            export_draft(self.output_dir, self.draft)
+            for old in complete_checkpoints(self.output_dir)[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.barrier()
+        return final
+
+    def restore(self, path: Path) -> tuple[Position, dict]:
+        """Load everything `save` wrote; returns (the position to continue from, the saved trainer state).
+
+        With a different number of ranks than before, the batch position is rescaled to keep the samples
+        seen, roughly, and ranks that did not exist keep their fresh generators."""
+        load_draft_weights(self.draft, path)
+        state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        rank_file = path / f"rng_rank{self.rank}.pt"
+        if rank_file.is_file():
+            rank_state = torch.load(rank_file, weights_only=False)
+            set_rng_state(rank_state.pop("rng"))
+            for name, generator in self.generators.items():
+                if name in rank_state:
+                    generator.set_state(rank_state[name])
+        saved = json.loads((path / TRAINER_STATE).read_text())
+        batch = saved["batch"] * saved.get("world_size", self.world_size) // self.world_size
+        return Position(saved["step"], saved["epoch"], batch), saved
 
 
 def export_draft(output_dir: str | Path, draft: EagleDraft) -> None:

@@ -1,14 +1,17 @@
 """Streaming the per-sample files written by `trainer.prepare` into padded batches, sharded per rank.
 
-A batch from `collate` / `make_loader`:
+A batch from `make_loader`:
 - `input_ids` int64 [B, S] (0 on pads), `loss_mask` uint8 [B, S] (0 on pads), `attention_mask` int64 [B, S]
   (1 on real tokens), `hidden_states` bf16 [B, S, 3H], `last_hidden_state` bf16 [B, S, H] (zeros on pads).
+- with `pack=True` each row holds several samples one after another, up to max_seq_len tokens, and the
+  batch adds `position_ids` int64 [B, S] (restarting at 0 for each sample, and for the pad tail) and
+  `documents`: per row, the lengths of its samples (the pad tail counted as one more), a tuple of ints.
 """
 
 import json
 import random
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from functools import partial
@@ -107,41 +110,60 @@ class HiddenStatesDataset(Dataset):
         batch = self.read_batch([index])  # one sample: nothing is padded
         return {name: batch[name][0] for name in TENSOR_NAMES}
 
+    def lengths(self) -> list[int]:
+        """Each sample's length after the cut to max_seq_len, from the file headers only."""
+        lengths = []
+        for path in self.files:
+            with open(path, "rb") as file:
+                lengths.append(min(SampleFile(file, path).rows("input_ids"), self.max_seq_len))
+        return lengths
+
     def read_batch(self, indices: Sequence[int], pin: bool = False) -> dict[str, torch.Tensor]:
-        """The padded batch of these samples, as `collate` makes it, read from disk straight into place
-        (into pinned memory when `pin`): only the first max_seq_len rows of each file."""
-        with ExitStack() as files:
-            samples = [SampleFile(files.enter_context(open(self.files[i], "rb", buffering=0)), self.files[i])
-                       for i in indices]
-            lengths = [min(s.rows("input_ids"), self.max_seq_len) for s in samples]
-            longest = max(lengths)
-            out: dict[str, torch.Tensor] = {}
-            for name in TENSOR_NAMES:
-                dtype, row_shape = samples[0].dtype_and_row_shape(name)
-                out[name] = torch.empty((len(samples), longest, *row_shape), dtype=dtype, pin_memory=pin)
-                for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
-                    sample.read_rows(name, out[name][row, :length])
-                    out[name][row, length:] = 0
-        out["attention_mask"] = torch.zeros((len(samples), longest), dtype=torch.long, pin_memory=pin)
-        for row, length in enumerate(lengths):
-            out["attention_mask"][row, :length] = 1
+        """The batch of these samples, one per row right-padded to the longest, read from disk straight into
+        place (into pinned memory when `pin`): only the first max_seq_len rows of each file."""
+        return self._read_rows([[i] for i in indices], pin)[0]
+
+    def read_packed_batch(self, rows: Sequence[Sequence[int]], pin: bool = False) -> dict:
+        """Each row the listed samples one after another (each cut to max_seq_len), with `position_ids`
+        and `documents` (see the module docstring)."""
+        out, row_lengths = self._read_rows(rows, pin)
+        longest = out["input_ids"].shape[1]
+        documents = tuple(tuple(lengths) + ((longest - sum(lengths),) if sum(lengths) < longest else ())
+                          for lengths in row_lengths)
+        out["position_ids"] = torch.empty((len(rows), longest), dtype=torch.long, pin_memory=pin)
+        for row, lengths in enumerate(documents):
+            out["position_ids"][row] = torch.cat([torch.arange(length) for length in lengths])
+        out["documents"] = documents
         return out
 
+    def _read_rows(self, rows: Sequence[Sequence[int]], pin: bool) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+        """(the padded batch whose rows are these samples concatenated, each row's sample lengths)."""
+        with ExitStack() as files:
+            samples = [[SampleFile(files.enter_context(open(self.files[i], "rb", buffering=0)), self.files[i])
+                        for i in row] for row in rows]
+            lengths = [[min(s.rows("input_ids"), self.max_seq_len) for s in row] for row in samples]
+            longest = max(sum(row) for row in lengths)
+            out: dict[str, torch.Tensor] = {}
+            for name in TENSOR_NAMES:
+                dtype, row_shape = samples[0][0].dtype_and_row_shape(name)
+                out[name] = torch.empty((len(rows), longest, *row_shape), dtype=dtype, pin_memory=pin)
+                for row, (row_samples, row_lengths) in enumerate(zip(samples, lengths, strict=True)):
+                    start = 0
+                    for sample, length in zip(row_samples, row_lengths, strict=True):
+                        sample.read_rows(name, out[name][row, start : start + length])
+                        start += length
+                    out[name][row, start:] = 0
+        out["attention_mask"] = torch.zeros((len(rows), longest), dtype=torch.long, pin_memory=pin)
+        for row, row_lengths in enumerate(lengths):
+            out["attention_mask"][row, : sum(row_lengths)] = 1
+        return out, lengths
 
-def collate(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pad every tensor to the longest sample; pads have loss_mask 0 and attention_mask 0."""
-    lengths = [item["input_ids"].shape[0] for item in batch]
-    longest = max(lengths)
-    out: dict[str, torch.Tensor] = {}
-    for name in TENSOR_NAMES:
-        first = batch[0][name]
-        padded = first.new_zeros((len(batch), longest, *first.shape[1:]))
-        for row, item in enumerate(batch):
-            padded[row, : lengths[row]] = item[name]
-        out[name] = padded
-    positions = torch.arange(longest)
-    out["attention_mask"] = (positions[None, :] < torch.tensor(lengths)[:, None]).long()
-    return out
+
+def shard_order(num_samples: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The sample order of an epoch, the same on every rank (seed + epoch)."""
+    if not shuffle:
+        return list(range(num_samples))
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
 class ShardBatchSampler(Sampler[list[int]]):
@@ -179,14 +201,13 @@ class ShardBatchSampler(Sampler[list[int]]):
         """The next iteration yields epoch `epoch`'s order, skipping its first `start_batch` batches (resume)."""
         self.epoch, self.start_batch = epoch, start_batch
 
-    def _batches(self) -> list[list[int]]:
+    def batches_in_epoch(self, epoch: int) -> int:
+        return len(self._batches(epoch))
+
+    def _batches(self, epoch: int) -> list[list[int]]:
         if self.num_samples == 0:
             return []
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_samples, generator=generator).tolist()
-        else:
-            order = list(range(self.num_samples))
+        order = shard_order(self.num_samples, self.shuffle, self.seed, epoch)
         shard = order[self.rank :: self.world_size]
         largest_shard = -(-self.num_samples // self.world_size)
         count = -(-largest_shard // self.batch_size)
@@ -202,10 +223,62 @@ class ShardBatchSampler(Sampler[list[int]]):
         return [shard[bounds[i] : bounds[i + 1]] for i in range(count)]
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self._batches()[self.start_batch :]
+        yield from self._batches(self.epoch)[self.start_batch :]
 
     def __len__(self) -> int:
-        return max(0, len(self._batches()) - self.start_batch)
+        return max(0, len(self._batches(self.epoch)) - self.start_batch)
+
+
+class PackedBatchSampler(Sampler[list[list[int]]]):
+    """Batches of packed rows from one rank's shard: each row is consecutive samples of the shard whose
+    lengths add up to at most `max_seq_len` (a longer sample, cut to it, fills a row alone).
+
+    Ranks shard the epoch's permutation as `ShardBatchSampler` does. Every rank packs every rank's shard
+    (lengths are known to all), so all take the same number of batches: a rank with fewer repeats its first
+    ones, as DDP needs every rank in step."""
+
+    def __init__(self, lengths: Sequence[int], max_seq_len: int, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, epoch: int = 0, start_batch: int = 0):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.lengths, self.max_seq_len, self.batch_size = [min(n, max_seq_len) for n in lengths], max_seq_len, batch_size
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """The next iteration yields epoch `epoch`'s order, skipping its first `start_batch` batches (resume)."""
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def _pack(self, shard: Sequence[int]) -> list[list[list[int]]]:
+        rows: list[list[int]] = []
+        used = self.max_seq_len
+        for index in shard:
+            if used + self.lengths[index] > self.max_seq_len:
+                rows.append([])
+                used = 0
+            rows[-1].append(index)
+            used += self.lengths[index]
+        return [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """Packing follows the epoch's order, so the count can differ from epoch to epoch."""
+        return len(self._batches(epoch))
+
+    def _batches(self, epoch: int) -> list[list[list[int]]]:
+        order = shard_order(len(self.lengths), self.shuffle, self.seed, epoch)
+        every_rank = [self._pack(order[r :: self.world_size]) for r in range(self.world_size)]
+        own, count = every_rank[self.rank], max(len(batches) for batches in every_rank)
+        if count and not own:
+            raise ValueError(f"{len(self.lengths)} samples leave rank {self.rank} of {self.world_size} without any")
+        return [own[i % len(own)] for i in range(count)]
+
+    def __iter__(self) -> Iterator[list[list[int]]]:
+        yield from self._batches(self.epoch)[self.start_batch :]
+
+    def __len__(self) -> int:
+        return max(0, len(self._batches(self.epoch)) - self.start_batch)
 
 
 class BatchLoader:
@@ -217,8 +290,8 @@ class BatchLoader:
     through shared memory and copied again by a pinning thread, and on an H200 that left the GPU idle for
     5 of every 40 ms (benchmarks: "Training from disk"). With 0 workers, batches are read in line."""
 
-    def __init__(self, dataset: HiddenStatesDataset, batch_sampler: ShardBatchSampler, num_workers: int,
-                 read_ahead: int, pin: bool):
+    def __init__(self, dataset: HiddenStatesDataset, batch_sampler: ShardBatchSampler | PackedBatchSampler,
+                 num_workers: int, read_ahead: int, pin: bool):
         self.dataset, self.batch_sampler = dataset, batch_sampler
         self.num_workers, self.read_ahead, self.pin = num_workers, max(1, read_ahead), pin
 
@@ -226,7 +299,8 @@ class BatchLoader:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        read = partial(self.dataset.read_batch, pin=self.pin)
+        packed = isinstance(self.batch_sampler, PackedBatchSampler)
+        read = partial(self.dataset.read_packed_batch if packed else self.dataset.read_batch, pin=self.pin)
         if self.num_workers == 0:
             yield from map(read, self.batch_sampler)
             return
@@ -256,15 +330,59 @@ def make_loader(
     epoch: int = 0,
     start_batch: int = 0,
     even_batches: bool = True,
+    pack: bool = False,
 ) -> BatchLoader:
     """A loader over this rank's shard that reads `4 * num_workers` batches ahead, into pinned memory when
     a GPU is present, so the GPU does not wait on the disk.
 
-    Its `batch_sampler` is a `ShardBatchSampler` (see there for how ranks are kept in step): call
+    Its `batch_sampler` is a `ShardBatchSampler`, or with `pack` a `PackedBatchSampler` whose batches are
+    `batch_size` rows of packed samples (see each for how ranks are kept in step): call
     `loader.batch_sampler.set_epoch(e)` between epochs. `start_batch` skips batches of the first epoch
-    without reading them (resume). The dataset needs `read_batch(indices, pin)`.
+    without reading them (resume). The dataset needs `read_batch(indices, pin)`, and with `pack`
+    `lengths()` and `read_packed_batch(rows, pin)`.
     """
-    sampler = ShardBatchSampler(
-        len(dataset), batch_size, shuffle, seed, rank, world_size, epoch, start_batch, even_batches
-    )
+    if pack:
+        sampler = PackedBatchSampler(dataset.lengths(), dataset.max_seq_len, batch_size, shuffle, seed, rank,
+                                     world_size, epoch, start_batch)
+    else:
+        sampler = ShardBatchSampler(
+            len(dataset), batch_size, shuffle, seed, rank, world_size, epoch, start_batch, even_batches
+        )
     return BatchLoader(dataset, sampler, num_workers, 4 * num_workers, pin=torch.cuda.is_available())
+
+
+def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """The batch on `device`, features cast to `dtype`; values that are not tensors (`documents`) as they are."""
+    out = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    for name in ("hidden_states", "last_hidden_state"):
+        out[name] = out[name].to(dtype)
+    return out
+
+
+def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torch.dtype) -> Iterator[dict]:
+    """The loader's batches on `device`; on a GPU, batch i+1 is copied on a side stream while step i runs.
+
+    A 4096-token sample of an 8B verifier carries ~130 MB of features: copied in line, that is milliseconds
+    of idle GPU every step."""
+    if device.type != "cuda":
+        for batch in loader:
+            yield batch_to(batch, device, dtype)
+        return
+    copies = torch.cuda.Stream(device)
+
+    def issue(batch: dict | None) -> dict | None:
+        if batch is None:
+            return None
+        with torch.cuda.stream(copies):
+            return batch_to(batch, device, dtype)
+
+    batches = iter(loader)
+    pending = issue(next(batches, None))
+    while pending is not None:
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(copies)
+        for tensor in pending.values():
+            if isinstance(tensor, torch.Tensor):
+                tensor.record_stream(compute)
+        batch, pending = pending, issue(next(batches, None))
+        yield batch

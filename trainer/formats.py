@@ -114,16 +114,16 @@ def read_specforge_sample(path: Path, rows: int) -> dict[str, torch.Tensor]:
     }
 
 
-class TorchSampleDataset(Dataset):
-    """Per-sample torch files (speculators', SpecForge's), batched exactly as `HiddenStatesDataset` batches."""
+class TorchSampleDataset(HiddenStatesDataset):
+    """Per-sample torch files (speculators', SpecForge's), batched and packed exactly as `HiddenStatesDataset`
+    batches its own files: only the reading of samples differs."""
 
     def __init__(self, files: Sequence[Path], max_seq_len: int, read: Callable[[Path, int], dict[str, torch.Tensor]]):
-        self.files, self.max_seq_len, self.read = list(files), max_seq_len, read
+        super().__init__(None, max_seq_len, files=files)
+        self.read = read
 
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def sample(self, index: int) -> dict[str, torch.Tensor]:
+        """The four tensors of sample `index`, cut to max_seq_len; an error names a file whose rows disagree."""
         sample = self.read(self.files[index], self.max_seq_len)
         length = sample["input_ids"].shape[0]
         for name in TENSOR_NAMES:
@@ -131,20 +131,23 @@ class TorchSampleDataset(Dataset):
                 raise ValueError(f"{self.files[index]}: {name} has {sample[name].shape[0]} rows for {length} tokens")
         return sample
 
-    def read_batch(self, indices: Sequence[int], pin: bool = False) -> dict[str, torch.Tensor]:
-        """The right-padded batch of these samples (zeros on pads, attention_mask 1 on real tokens)."""
-        items = [self[i] for i in indices]
-        lengths = [item["input_ids"].shape[0] for item in items]
+    def lengths(self) -> list[int]:
+        return [self.sample(i)["input_ids"].shape[0] for i in range(len(self))]
+
+    def _read_rows(self, rows: Sequence[Sequence[int]], pin: bool) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+        samples = [[self.sample(i) for i in row] for row in rows]
+        lengths = [[s["input_ids"].shape[0] for s in row] for row in samples]
+        longest = max(sum(row) for row in lengths)
         out: dict[str, torch.Tensor] = {}
         for name in TENSOR_NAMES:
-            first = items[0][name]
-            out[name] = torch.zeros((len(items), max(lengths), *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
-            for row, item in enumerate(items):
-                out[name][row, : lengths[row]] = item[name]
-        out["attention_mask"] = torch.zeros((len(items), max(lengths)), dtype=torch.long, pin_memory=pin)
-        for row, length in enumerate(lengths):
-            out["attention_mask"][row, :length] = 1
-        return out
+            first = samples[0][0][name]
+            out[name] = torch.zeros((len(rows), longest, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
+            for row, (row_samples, row_lengths) in enumerate(zip(samples, lengths, strict=True)):
+                out[name][row, : sum(row_lengths)] = torch.cat([s[name] for s in row_samples])
+        out["attention_mask"] = torch.zeros((len(rows), longest), dtype=torch.long, pin_memory=pin)
+        for row, row_lengths in enumerate(lengths):
+            out["attention_mask"][row, : sum(row_lengths)] = 1
+        return out, lengths
 
 
 def _metadata(data_dir: Path, name: str) -> dict | None:

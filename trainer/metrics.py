@@ -1,10 +1,18 @@
-"""The metrics reporter: JSON lines for the supervisor, a short progress line for people."""
+"""The metrics reporter: JSON lines for the supervisor, a short progress line for people; and the
+training steps' metrics, reduced over ranks on the device and read one step late."""
 
 import json
 import os
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+import torch
+
+from trainer.ttt import summarize_stats
 
 METRICS_FILE_ENV = "LONGRUN_METRICS_FILE"
 
@@ -75,3 +83,93 @@ def progress_line(record: dict, eta: float) -> str:
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Throughput:
+    """Tokens per second over the last `window` steps. A single step's interval is noisy: its metrics are
+    read when the next step is queued, which a slow batch can delay."""
+
+    def __init__(self, window: int = 10, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self.marks: deque[tuple[float, float]] = deque(maxlen=window + 1)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over (after a pause that is not training: validation, a checkpoint)."""
+        self.marks.clear()
+        self.marks.append((self.clock(), 0.0))
+
+    def add(self, tokens: float) -> float:
+        now = self.clock()
+        self.marks.append((now, tokens))
+        return sum(t for _, t in list(self.marks)[1:]) / max(now - self.marks[0][0], 1e-9)
+
+
+@dataclass
+class _QueuedStep:
+    """A finished step's metrics, all-reduced on the device and not read yet."""
+
+    step: int
+    epoch: float
+    lr: float
+    values: torch.Tensor  # [loss, grad norm, tokens, stop flag, *stats] summed over ranks, on the host
+    stats_shape: torch.Size
+    ready: torch.cuda.Event | None  # recorded after the copy to the host (GPU only)
+
+
+class TrainingMetrics:
+    """The per-step metrics line of each optimizer step, written one step late.
+
+    Reading a step's metrics at once would make the CPU wait for the GPU every step, and the GPU then
+    wait for the CPU to queue the next one: `queue` starts one all-reduce (metrics, and whether any rank
+    was asked to stop) and a copy to the host, and `publish`, called once the next step is queued, writes
+    the line."""
+
+    def __init__(self, reporter: MetricsReporter, all_ranks_sum: Callable[[torch.Tensor], torch.Tensor],
+                 world_size: int, total_steps: int, ttt_steps: int):
+        self.reporter, self.all_ranks_sum, self.world_size = reporter, all_ranks_sum, world_size
+        self.total_steps, self.ttt_steps = total_steps, ttt_steps
+        self.throughput = Throughput()
+        self.in_flight: _QueuedStep | None = None
+
+    def queue(self, step: int, epoch: float, lr: float, loss: torch.Tensor, stats: torch.Tensor,
+              grad_norm: torch.Tensor, tokens: torch.Tensor, stop_requested: bool) -> None:
+        flag = torch.ones(1, device=loss.device) * float(stop_requested)
+        packed = self.all_ranks_sum(
+            torch.cat([loss.float()[None], grad_norm.float()[None], tokens.float()[None], flag, stats.flatten()])
+        )
+        if not packed.is_cuda:
+            self.in_flight = _QueuedStep(step, epoch, lr, packed, stats.shape, None)
+            return
+        # copied now, in stream order, so that reading it waits for this step only, not for the next one queued
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True).copy_(packed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        self.in_flight = _QueuedStep(step, epoch, lr, host, stats.shape, ready)
+
+    def publish(self) -> bool:
+        """Write the queued step's line (if any); True when a rank was asked to stop at that step."""
+        pending, self.in_flight = self.in_flight, None
+        if pending is None:
+            return False
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        values = pending.values
+        stats_sum = values[4:].view(pending.stats_shape).clone()
+        stats_sum[:, 0] /= self.world_size
+        self.reporter.train_step({
+            "step": pending.step,
+            "total_steps": self.total_steps,
+            "epoch": pending.epoch,
+            "loss": values[0].item() / self.world_size,
+            **summarize_stats(stats_sum),
+            "grad_norm": values[1].item() / self.world_size,
+            "lr": pending.lr,
+            "tokens_per_s": self.throughput.add(values[2].item()),
+            "ttt_steps": self.ttt_steps,
+        })
+        return values[3].item() > 0
+
+    def pause(self) -> None:
+        """Time from here to the next step is not training (validation, a checkpoint)."""
+        self.throughput.reset()

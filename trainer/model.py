@@ -139,8 +139,8 @@ def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, Q, heads, d]; cos/sin [Q, d] for the positions of those Q rows."""
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    """x [B, Q, heads, d]; cos/sin [Q, d] (or [B, Q, d]: packed rows) for the positions of those Q rows."""
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -159,12 +159,14 @@ class DraftMLP(nn.Module):
 @dataclass
 class TTTCache:
     """What a TTT chain has produced so far: step 0's keys/values at every position, then one
-    diagonal key/value per later step (each at the same positions as the queries)."""
+    diagonal key/value per later step (each at the same positions as the queries). `documents`: per
+    row, the lengths of the samples packed in it (None: one sample per row)."""
 
     keys: Tensor | None = None
     values: Tensor | None = None
     diag_keys: list[Tensor] = field(default_factory=list)
     diag_values: list[Tensor] = field(default_factory=list)
+    documents: tuple[tuple[int, ...], ...] | None = None
 
 
 class DraftAttention(nn.Module):
@@ -190,7 +192,7 @@ class DraftAttention(nn.Module):
         else:
             cache.diag_keys.append(k)
             cache.diag_values.append(v)
-        out = ttt_attention(q, cache.keys, cache.values, cache.diag_keys, cache.diag_values, self.scale)
+        out = ttt_attention(q, cache.keys, cache.values, cache.diag_keys, cache.diag_values, self.scale, cache.documents)
         return self.o_proj(out.reshape(b, nq, self.heads * self.head_dim))
 
 
@@ -247,7 +249,7 @@ class EagleDraft(nn.Module):
         return layer.self_attn.qkv_token(layer.input_layernorm(embedded))
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        freqs = positions.float()[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 

@@ -10,11 +10,11 @@ code 143.
 """
 
 import argparse
+import math
 import os
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +22,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.data import make_loader, split_files
+from trainer.checkpoint import Checkpointer, Position, latest_checkpoint
+from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data
-from trainer.metrics import MetricsReporter, metrics_path
+from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StepProfiler
-from trainer.ttt import STAT_FIELDS, TTTObjective, add_feature_noise, summarize_stats, verifier_targets
+from trainer.step import TrainingStep
+from trainer.ttt import TTTObjective
+from trainer.validation import Validator
 from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
 
@@ -50,18 +53,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--num-workers", type=int, default=2, help="threads per rank that read batches ahead (0: read in line)")
     p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--ttt-step-decay", type=float, default=0.8, help="loss weight w^k of TTT step k")
+    p.add_argument("--ttt-step-decay", type=float, default=0.8,
+                   help="the loss of TTT step k is weighted w^k (EAGLE-3 and SpecForge use 0.8; speculators 1.0, "
+                        "every step equal)")
     p.add_argument("--noise-std", type=float, default=0.05, help="uniform noise in [-s, s] on the captured features")
     p.add_argument("--scheduler", choices=SCHEDULERS, default="cosine")
     p.add_argument("--warmup-ratio", type=float, default=0.01)
     p.add_argument("--val-ratio", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=1, help="samples per rank per optimizer step")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="sequences per rank in one forward and backward (the micro-batch)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-size", type=int, default=None,
+                       help="sequences per optimizer step over all ranks, a multiple of --batch-size x ranks: the "
+                            "gradients of that many micro-batches are accumulated (default: no accumulation)")
+    batch.add_argument("--global-batch-tokens", type=int, default=None,
+                       help="the same in tokens, counting rows of --max-seq-len tokens (as --pack-samples fills them)")
+    p.add_argument("--pack-samples", action="store_true",
+                   help="concatenate samples into rows of up to --max-seq-len tokens; attention, RoPE positions and "
+                        "targets stay within each sample")
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps too (0: epoch ends only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--no-resume", action="store_true", help="refuse to start when the output dir has checkpoints")
     p.add_argument("--init-from", default=None, help="draft weights to start from (a checkpoint or output dir)")
+    p.add_argument("--init-lm-head-from-verifier", action="store_true",
+                   help="start the draft's lm_head from the verifier's lm_head rows of the draft vocabulary")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out text: at the end, measure acceptance by depth (trainer.evaluate) and report it")
     p.add_argument("--eval-max-depth", type=int, default=8)
@@ -70,6 +87,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.ttt_steps < 1 or args.epochs < 1 or args.batch_size < 1 or args.max_seq_len < 2:
         p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
+    if args.init_from and args.init_lm_head_from_verifier:
+        p.error("--init-from brings its own lm_head; drop --init-lm-head-from-verifier")
     return args
 
 
@@ -167,6 +186,8 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     draft = EagleDraft(config, embed_weight.to(dtype))
     draft.set_vocab_mapping(d2t, t2d)
+    if args.init_lm_head_from_verifier:
+        init_lm_head_from_verifier(draft, head)
     if init_from:
         path = init_weights_path(init_from)
         load_weights_with_same_vocab(draft, path)
@@ -175,133 +196,80 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     return draft, head
 
 
-class Throughput:
-    """Tokens per second over the last `window` steps. A single step's interval is noisy: its metrics are
-    read when the next step is queued, which a slow batch can delay."""
+@torch.no_grad()
+def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
+    """Row i of the draft's lm_head := the verifier's lm_head row of draft id i's target id (i + d2t[i])."""
+    draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
 
-    def __init__(self, window: int = 10, clock=time.time):
-        self.clock = clock
-        self.marks: deque[tuple[float, float]] = deque(maxlen=window + 1)
-        self.reset()
 
-    def reset(self) -> None:
-        """Start over (after a pause that is not training: validation, a checkpoint)."""
-        self.marks.clear()
-        self.marks.append((self.clock(), 0.0))
-
-    def add(self, tokens: float) -> float:
-        now = self.clock()
-        self.marks.append((now, tokens))
-        return sum(t for _, t in list(self.marks)[1:]) / max(now - self.marks[0][0], 1e-9)
+def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
+    """(training set, validation set or None) over `--data-dir` in its `--data-format`, split by `--val-ratio`."""
+    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
+    if not train_files:
+        raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
+    val_set = data.dataset(val_files, args.max_seq_len) if val_files else None
+    return data.dataset(train_files, args.max_seq_len), val_set
 
 
 @dataclass
-class StepMetrics:
-    """A finished step's metrics, all-reduced on the device and not read yet."""
+class TrainingData:
+    """This rank's training and validation loaders, and how many of their batches make one optimizer step."""
 
-    step: int
-    epoch: float
-    lr: float
-    values: torch.Tensor  # [loss, grad norm, tokens, stop flag, *stats] summed over ranks, on the host
-    stats_shape: torch.Size
-    ready: torch.cuda.Event | None  # recorded after the copy to the host (GPU only)
+    train: BatchLoader
+    val: BatchLoader | None
+    train_samples: int
+    val_samples: int
+    micro_batches_per_step: int
 
+    def micro_batches(self, epoch: int) -> int:
+        """This rank's batches in `epoch` (the same on every rank)."""
+        return self.train.batch_sampler.batches_in_epoch(epoch)
 
-def reduce_step_metrics(
-    ctx: Distributed, step: int, epoch: float, lr: float, loss: torch.Tensor, stats: torch.Tensor,
-    grad_norm: torch.Tensor, tokens: torch.Tensor, stop_requested: bool,
-) -> StepMetrics:
-    """One all-reduce for a step's metrics and whether any rank was asked to stop; queued, not waited for."""
-    flag = torch.ones(1, device=loss.device) * float(stop_requested)
-    packed = ctx.sum(torch.cat([loss.float()[None], grad_norm.float()[None], tokens.float()[None], flag, stats.flatten()]))
-    if not packed.is_cuda:
-        return StepMetrics(step, epoch, lr, packed, stats.shape, None)
-    # copied now, in stream order, so that reading it waits for this step only, not for the next one queued
-    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True).copy_(packed, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return StepMetrics(step, epoch, lr, host, stats.shape, ready)
+    def steps(self, epochs: int) -> int:
+        """Optimizer steps in the first `epochs` epochs (an epoch's last step may take fewer micro-batches)."""
+        return sum(math.ceil(self.micro_batches(e) / self.micro_batches_per_step) for e in range(epochs))
 
 
-def read_step_metrics(ctx: Distributed, pending: StepMetrics) -> tuple[dict, float, bool]:
-    """(per-step metrics averaged over ranks, tokens on all ranks, whether any rank was asked to stop)."""
-    if pending.ready is not None:
-        pending.ready.synchronize()
-    values = pending.values
-    stats_sum = values[4:].view(pending.stats_shape).clone()
-    stats_sum[:, 0] /= ctx.world_size
-    metrics = {"loss": values[0].item() / ctx.world_size, **summarize_stats(stats_sum), "grad_norm": values[1].item() / ctx.world_size}
-    return metrics, values[2].item(), values[3].item() > 0
+def micro_batches_per_step(args: argparse.Namespace, world_size: int) -> int:
+    """How many micro-batches of --batch-size each rank accumulates into one optimizer step."""
+    per_micro_step = args.batch_size * world_size
+    if args.global_batch_size is not None:
+        if args.global_batch_size % per_micro_step:
+            raise SystemExit(f"--global-batch-size {args.global_batch_size} is not a multiple of --batch-size x ranks "
+                             f"= {per_micro_step}: choose a multiple, or change --batch-size")
+        return args.global_batch_size // per_micro_step
+    if args.global_batch_tokens is not None:
+        return max(1, round(args.global_batch_tokens / (per_micro_step * args.max_seq_len)))
+    return 1
 
 
-def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    for name in ("hidden_states", "last_hidden_state"):
-        out[name] = out[name].to(dtype)
-    return out
+def training_data(args: argparse.Namespace, ctx: Distributed, target_hidden_size: int) -> TrainingData:
+    """This rank's loaders over `open_datasets` (the one call to swap for another data layout)."""
+    train_set, val_set = open_datasets(args)
+    width = train_set[0]["hidden_states"].shape[-1]
+    if width != 3 * target_hidden_size:
+        raise SystemExit(
+            f"{args.data_dir} holds features {width} wide but the verifier needs 3 x {target_hidden_size}: "
+            "was the data prepared with this --verifier-path?"
+        )
+    shard = dict(seed=args.seed, rank=ctx.rank, world_size=ctx.world_size, pack=args.pack_samples)
+    train = make_loader(train_set, args.batch_size, args.num_workers, True, **shard)
+    val = make_loader(val_set, args.batch_size, 0, False, **shard) if val_set is not None else None
+    return TrainingData(train, val, len(train_set), len(val_set) if val_set is not None else 0,
+                        micro_batches_per_step(args, ctx.world_size))
 
 
-def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torch.dtype) -> Iterator[dict]:
-    """The loader's batches on `device`; on a GPU, batch i+1 is copied on a side stream while step i runs.
-
-    A 4096-token sample of an 8B verifier carries ~130 MB of features: copied in line, that is milliseconds
-    of idle GPU every step."""
-    if device.type != "cuda":
-        for batch in loader:
-            yield batch_to(batch, device, dtype)
-        return
-    copies = torch.cuda.Stream(device)
-
-    def issue(batch: dict | None) -> dict | None:
-        if batch is None:
-            return None
-        with torch.cuda.stream(copies):
-            return batch_to(batch, device, dtype)
-
-    batches = iter(loader)
-    pending = issue(next(batches, None))
-    while pending is not None:
-        compute = torch.cuda.current_stream(device)
-        compute.wait_stream(copies)
-        for tensor in pending.values():
-            tensor.record_stream(compute)
-        batch, pending = pending, issue(next(batches, None))
-        yield batch
-
-
-def train_step(model, head: VerifierHead, batch: dict, optimizer, scheduler, params, noise, args) -> tuple[torch.Tensor, ...]:
-    """One optimizer step; returns (loss, per-step stats, grad norm), all still on the device."""
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch["input_ids"].is_cuda):
-        targets = verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"])
-        hidden_states = add_feature_noise(batch["hidden_states"], args.noise_std, noise)
-        loss, stats = model(hidden_states, batch["input_ids"], targets)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), stats, grad_norm
-
-
-@torch.no_grad()
-def validate(objective: TTTObjective, head: VerifierHead, loader, ctx: Distributed, dtype: torch.dtype) -> dict | None:
-    """val_loss (weighted like training, mean over batches), val_loss_k, val_acc_k, val_cond_acc_k."""
-    steps = objective.ttt_steps
-    totals = torch.zeros(steps * len(STAT_FIELDS) + 2, device=ctx.device)
-    for batch in loader:
-        batch = batch_to(batch, ctx.device, dtype)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ctx.device.type == "cuda"):
-            targets = verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"])
-            loss, stats = objective(batch["hidden_states"], batch["input_ids"], targets)
-        totals += torch.cat([loss.float()[None], stats.flatten(), totals.new_ones(1)])
-    totals = ctx.sum(totals).cpu()
-    batches = totals[-1].item()
-    if batches == 0:
-        return None
-    stats = totals[1:-1].view(steps, len(STAT_FIELDS))
-    stats[:, 0] /= batches
-    metrics = summarize_stats(stats, prefix="val_")
-    return {"val_loss": totals[0].item() / batches, **metrics}
+def optimizer_steps(batches: Iterable[dict], micro_batches: int) -> Iterator[list[dict]]:
+    """Consecutive groups of `micro_batches` batches (the last of an epoch may be shorter)."""
+    group: list[dict] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == micro_batches:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def report_acceptance(args: argparse.Namespace, reporter: MetricsReporter, step: int, total_steps: int,
@@ -331,156 +299,118 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx.close()
 
 
-def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
-    output_dir = Path(args.output_dir)
+def checkpoint_to_resume(output_dir: Path, no_resume: bool, ctx: Distributed) -> Path | None:
+    """The latest complete checkpoint in `output_dir` as rank 0 reads it (None: a new run)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    resume_from = ctx.from_rank0(latest_checkpoint(output_dir))
-    if resume_from is not None and args.no_resume:
+    latest = ctx.from_rank0(latest_checkpoint(output_dir))
+    if latest is not None and no_resume:
         raise SystemExit(
-            f"{output_dir} already has checkpoints (latest {resume_from.name}) and --no-resume was given: "
+            f"{output_dir} already has checkpoints (latest {latest.name}) and --no-resume was given: "
             "choose an empty --output-dir, or drop --no-resume to continue that run"
         )
-    cuda = ctx.device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    return latest
+
+
+def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
+    output_dir = Path(args.output_dir)
+    resume_from = checkpoint_to_resume(output_dir, args.no_resume, ctx)
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     log = print if ctx.rank == 0 else (lambda *a, **k: None)
 
     draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
-    config = draft.config
     draft.to(ctx.device)
     head = head.to(ctx.device, dtype)
     objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
-    model = objective
-    if ctx.world_size > 1:
-        model = DistributedDataParallel(
-            objective, device_ids=[ctx.local_rank] if cuda else None, broadcast_buffers=False
-        )
-    params = [p for p in draft.parameters() if p.requires_grad]
-
-    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
-    train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
-    if not train_files:
-        raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
-    train_set = data.dataset(train_files, args.max_seq_len)
-    width = train_set[0]["hidden_states"].shape[-1]
-    if width != 3 * config.target_hidden_size:
-        raise SystemExit(
-            f"{args.data_dir} holds features {width} wide but the verifier needs 3 x {config.target_hidden_size}: "
-            "was the data prepared with this --verifier-path?"
-        )
-    loader = make_loader(train_set, args.batch_size, args.num_workers, True, args.seed, ctx.rank, ctx.world_size)
-    steps_per_epoch = len(loader.batch_sampler)
-    total_steps = steps_per_epoch * args.epochs
+    model = objective if ctx.world_size == 1 else DistributedDataParallel(
+        objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
+    )
+    data = training_data(args, ctx, draft.config.target_hidden_size)
+    total_steps = data.steps(args.epochs)
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
-    val_loader = None
-    if val_files:
-        val_set = data.dataset(val_files, args.max_seq_len)
-        val_loader = make_loader(val_set, args.batch_size, 0, False, args.seed, ctx.rank, ctx.world_size)
 
-    optimizer = build_optimizer(params, args.lr)
+    optimizer = build_optimizer(draft.parameters(), args.lr)
     scheduler = build_scheduler(optimizer, args.scheduler, total_steps, args.warmup_ratio)
-    step, epoch, start_batch = 0, 0, 0
     # The feature noise has its own generator: data loaders draw from the global one as they start.
     noise = torch.Generator(ctx.device).manual_seed(args.seed + 1000 * (ctx.rank + 1))
-    if resume_from is not None:
-        state, rank_state = load_checkpoint(resume_from, draft, optimizer, scheduler, ctx.rank)
-        if "noise" in rank_state:
-            noise.set_state(rank_state["noise"])
-        step, epoch, start_batch = state["step"], state["epoch"], state["batch"]
-        if state.get("world_size", ctx.world_size) != ctx.world_size:  # keep the samples seen, roughly
-            start_batch = start_batch * state["world_size"] // ctx.world_size
-        if state.get("ttt_steps") != args.ttt_steps:
-            log(f"note: {resume_from.name} was trained with {state.get('ttt_steps')} TTT steps, continuing with {args.ttt_steps}")
-        log(f"resuming from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
-
-    n_params = sum(p.numel() for p in params)
-    log(
-        f"draft: {n_params / 1e6:.1f}M trainable parameters, hidden {config.hidden_size}, draft vocab "
-        f"{config.draft_vocab_size}/{config.vocab_size}, TTT steps {args.ttt_steps}; {len(train_files)} train / "
-        f"{len(val_files)} val samples, {ctx.world_size} rank(s) on {ctx.device.type}, {total_steps} steps",
-        flush=True,
+    train_step = TrainingStep(model, objective, head, optimizer, scheduler, args.noise_std, noise, args.grad_clip)
+    checkpointer = Checkpointer(
+        output_dir, draft, optimizer, scheduler, {"noise": noise},
+        {"total_steps": total_steps, "ttt_steps": args.ttt_steps, "args": vars(args)},
+        args.save_every, ctx.rank, ctx.world_size, ctx.barrier,
     )
+    position = Position()
+    if resume_from is not None:
+        position, saved = checkpointer.restore(resume_from)
+        if saved.get("ttt_steps") != args.ttt_steps:
+            log(f"note: {resume_from.name} was trained with {saved.get('ttt_steps')} TTT steps, continuing with {args.ttt_steps}")
+        log(f"resuming from {resume_from} at step {position.step} (epoch {position.epoch}, batch {position.batch})")
+    log(describe_run(draft, args, data, ctx, total_steps), flush=True)
+
     reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0)
-
-    def checkpoint(position: tuple[int, int]) -> None:
-        state = {
-            "epoch": position[0], "batch": position[1], "total_steps": total_steps, "world_size": ctx.world_size,
-            "ttt_steps": args.ttt_steps, "args": vars(args),
-        }
-        save_checkpoint(
-            output_dir, step, draft, optimizer, scheduler, state, {"noise": noise.get_state()}, ctx.rank, ctx.barrier
-        )
-
+    metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, args.ttt_steps)
+    validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype)
     profiler = StepProfiler(ctx.rank)
+
+    def stopped() -> int:
+        metrics.publish()  # the step after the one that saw the request ran too
+        log(f"stopping at step {position.step} on SIGTERM", flush=True)
+        return EXIT_TERMINATED
+
     try:
-        throughput = Throughput()
-        # A step's metrics are read once the next step is queued: reading them at once would make the CPU
-        # wait for the GPU every step, and the GPU then waits for the CPU to queue the next one.
-        in_flight: StepMetrics | None = None
-
-        def publish() -> bool:
-            """Write the step in flight's metrics line; True when a rank was asked to stop."""
-            nonlocal in_flight
-            if in_flight is None:
-                return False
-            metrics, tokens, stopping = read_step_metrics(ctx, in_flight)
-            reporter.train_step({
-                "step": in_flight.step,
-                "total_steps": total_steps,
-                "epoch": in_flight.epoch,
-                **metrics,
-                "lr": in_flight.lr,
-                "tokens_per_s": throughput.add(tokens),
-                "ttt_steps": args.ttt_steps,
-            })
-            in_flight = None
-            return stopping
-
-        def stopped() -> int:
-            publish()  # the step after the one that saw the request ran too
-            log(f"stopping at step {step} on SIGTERM", flush=True)
-            return EXIT_TERMINATED
-
-        while step < total_steps and epoch < args.epochs:
-            loader.batch_sampler.set_epoch(epoch, start_batch)
-            batch_index = start_batch
-            for batch in prefetch_to_device(loader, ctx.device, dtype):
+        while position.step < total_steps and position.epoch < args.epochs:
+            data.train.batch_sampler.set_epoch(position.epoch, position.batch)
+            epoch_batches = data.micro_batches(position.epoch)
+            for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype),
+                                                 data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
-                loss, stats, grad_norm = train_step(model, head, batch, optimizer, scheduler, params, noise, args)
-                step += 1
-                batch_index += 1
-                previous_stops = publish()
+                result = train_step(micro_batches)
+                position.step += 1
+                position.batch += len(micro_batches)
+                previous_stops = metrics.publish()  # the step before this one: its figures are ready by now
                 profiler.step()
-                in_flight = reduce_step_metrics(
-                    ctx, step, epoch + batch_index / steps_per_epoch, lr, loss, stats, grad_norm,
-                    batch["attention_mask"].sum(), stop.requested,
-                )
+                metrics.queue(position.step, position.epoch + position.batch / epoch_batches, lr, result.loss,
+                              result.stats, result.grad_norm, result.tokens, stop.requested)
                 if previous_stops:
                     return stopped()
-                if step >= total_steps:
+                if position.step >= total_steps:
                     break
-                if args.save_every and step % args.save_every == 0:
-                    if publish():  # a checkpoint never runs ahead of the metrics on disk
+                if checkpointer.due(position.step):
+                    if metrics.publish():  # a checkpoint never runs ahead of the metrics on disk
                         return stopped()
-                    checkpoint((epoch, batch_index))
-            if publish():
+                    checkpointer.save(position)
+            if metrics.publish():
                 return stopped()
-            epoch_done = batch_index >= steps_per_epoch
-            position = (epoch + 1, 0) if epoch_done else (epoch, batch_index)
-            if val_loader is not None:
-                metrics = validate(objective, head, val_loader, ctx, dtype)
-                if metrics is not None:
-                    reporter.validation({"step": step, "total_steps": total_steps, "epoch": epoch + batch_index / steps_per_epoch, **metrics})
-            checkpoint(position)
-            epoch, start_batch = position
-            throughput.reset()
-        log(f"done: {step} steps; draft exported to {output_dir}", flush=True)
+            val_metrics = validator()
+            if val_metrics is not None:
+                reporter.validation({"step": position.step, "total_steps": total_steps,
+                                     "epoch": position.epoch + position.batch / epoch_batches, **val_metrics})
+            if position.batch >= epoch_batches:
+                position.epoch, position.batch = position.epoch + 1, 0
+            checkpointer.save(position)
+            metrics.pause()
+        log(f"done: {position.step} steps; draft exported to {output_dir}", flush=True)
         if args.eval_corpus and ctx.rank == 0:
-            report_acceptance(args, reporter, step, total_steps, ctx.device)
+            report_acceptance(args, reporter, position.step, total_steps, ctx.device)
         return 0
     finally:
         profiler.close()
         reporter.close()
+
+
+def describe_run(draft: EagleDraft, args: argparse.Namespace, data: TrainingData, ctx: Distributed,
+                 total_steps: int) -> str:
+    config = draft.config
+    n_params = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    sequences = args.batch_size * ctx.world_size * data.micro_batches_per_step
+    batch = f"{sequences} {'packed rows' if args.pack_samples else 'sequences'} per step"
+    if data.micro_batches_per_step > 1:
+        batch += f" ({data.micro_batches_per_step} micro-batches of {args.batch_size} per rank)"
+    return (
+        f"draft: {n_params / 1e6:.1f}M trainable parameters, hidden {config.hidden_size}, draft vocab "
+        f"{config.draft_vocab_size}/{config.vocab_size}, TTT steps {args.ttt_steps}; {data.train_samples} train / "
+        f"{data.val_samples} val samples, {batch}, {ctx.world_size} rank(s) on {ctx.device.type}, {total_steps} steps"
+    )
 
 
 if __name__ == "__main__":

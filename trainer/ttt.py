@@ -80,6 +80,22 @@ def soft_cross_entropy(logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
     return _SoftCrossEntropy.apply(logits, probs, rows)
 
 
+def trained_positions(targets: VerifierTargets, ttt_steps: int, position_ids: Tensor | None = None) -> list[Tensor]:
+    """Per TTT step k, the positions t [B, S] bool that step trains: those whose target (row t+1+k) is valid
+    and, in packed rows (`position_ids` restarting at 0 for each sample), lies in the same sample as t."""
+    masks = [F.pad(targets.valid[:, 1 + k :], (0, 1 + k)) for k in range(ttt_steps)]
+    if position_ids is not None:
+        # the token t+2+k is in t's sample exactly when its position is t's plus 2+k (a new sample restarts at 0)
+        masks = [m & (F.pad(position_ids[:, 2 + k :], (0, 2 + k), value=-1) == position_ids + 2 + k)
+                 for k, m in enumerate(masks)]
+    return masks
+
+
+def trained_position_counts(targets: VerifierTargets, ttt_steps: int, position_ids: Tensor | None = None) -> Tensor:
+    """[T] float: how many positions each TTT step trains (on the device, not read)."""
+    return torch.stack([m.sum() for m in trained_positions(targets, ttt_steps, position_ids)]).float()
+
+
 class TTTObjective(nn.Module):
     """Runs the T-step TTT chain of the draft over a batch; returns the weighted loss and per-step stats."""
 
@@ -91,8 +107,15 @@ class TTTObjective(nn.Module):
         self.ttt_steps = ttt_steps
         self.step_decay = step_decay
 
-    def forward(self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets) -> tuple[Tensor, Tensor]:
-        """hidden_states [B, S, 3H], input_ids [B, S]. Returns (Σ_k w^k loss_k, stats [T, len(STAT_FIELDS)])."""
+    def forward(
+        self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets, position_ids: Tensor | None = None,
+        documents: tuple[tuple[int, ...], ...] | None = None, normalizer: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """hidden_states [B, S, 3H], input_ids [B, S]. Returns (Σ_k w^k loss_k, stats [T, len(STAT_FIELDS)]).
+
+        Packed rows pass `position_ids` [B, S] (restarting at 0 for each sample) and `documents` (per row,
+        its samples' lengths). loss_k is the mean over the positions step k trains, or their sum over
+        `normalizer[k]` when given (the count of a whole accumulated batch)."""
         draft, steps = self.draft, self.ttt_steps
         b, s = input_ids.shape
         device = input_ids.device
@@ -100,23 +123,30 @@ class TTTObjective(nn.Module):
         next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
         token_qkv = draft.token_qkv(next_ids)
         cos, sin = draft.rope(torch.arange(s + steps - 1, device=device))
-        step_valid = [F.pad(targets.valid[:, 1 + k :], (0, 1 + k)) for k in range(steps)]
+        step_valid = trained_positions(targets, steps, position_ids)
         step_rows = [valid.nonzero(as_tuple=True) for valid in step_valid]
         probs = targets.probs.reshape(b * s, -1)
         top = targets.top.reshape(-1)
 
-        cache = TTTCache()
+        cache = TTTCache(documents=documents)
         hidden = draft.fuse(hidden_states)
         chain = torch.ones(b, s, dtype=torch.bool, device=device)  # all earlier steps right at this position
         loss = hidden.new_zeros((), dtype=torch.float32)
         stats = []
         for k in range(steps):
-            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], cos[k : k + s], sin[k : k + s])
+            if position_ids is None:
+                step_cos, step_sin = cos[k : k + s], sin[k : k + s]
+            else:  # RoPE positions restart with each packed sample
+                step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
+            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin)
             rows_b, rows_t = step_rows[k]
             target_rows = rows_b * s + rows_t + 1 + k
             logits = draft.logits(hidden[rows_b, rows_t])
             per_position = soft_cross_entropy(logits, probs, target_rows)
-            loss_k = per_position.sum() / max(per_position.numel(), 1)
+            if normalizer is None:
+                loss_k = per_position.sum() / max(per_position.numel(), 1)
+            else:
+                loss_k = per_position.sum() / normalizer[k]
             loss = loss + self.step_decay**k * loss_k
             right = torch.zeros_like(chain)
             right[rows_b, rows_t] = logits.argmax(-1) == top[target_rows]

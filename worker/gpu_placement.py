@@ -1,10 +1,10 @@
 """Which GPUs an attempt gets, whether it must wait, and what it is seen using: decisions over one
-nvidia-smi snapshot (worker/gpus.py parses it; worker/host_agent.py takes it)."""
+nvidia-smi snapshot (worker/gpus.py parses it; worker/protocol.py carries it)."""
 
 from typing import Any
 
 from worker.gpus import foreign_gpu_holders, holders_message, pick_free_gpus
-from worker.host_agent import GpuView
+from worker.protocol import GpuView
 
 
 class WaitForGpus(Exception):

@@ -1,13 +1,11 @@
-"""Reading nvidia-smi: GPU snapshots, who holds a GPU, free GPUs for a run, and the GPU topology.
+"""Reading nvidia-smi: GPU snapshots, who holds a GPU, and free GPUs for a run.
 
 Everything here is parsing and decisions over text; the transport that runs the commands lives elsewhere.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
-from itertools import combinations
 
 QUERY_GPU_CMD = [
     "nvidia-smi",
@@ -19,10 +17,7 @@ QUERY_APPS_CMD = [
     "--query-compute-apps=pid,gpu_uuid,used_memory,process_name",
     "--format=csv,noheader,nounits",
 ]
-TOPOLOGY_CMD = ["nvidia-smi", "topo", "-m"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_GPU_LABEL = re.compile(r"^GPU(\d+)$")
 # Some drivers print this sentence instead of an empty CSV when no process uses a GPU.
 _NO_PROCESSES = "no running processes found"
 
@@ -206,39 +201,3 @@ def holders_message(procs: list[GpuProcess]) -> str:
         f"GPU {index} is held by " + " and ".join(_describe(p) for p in sorted(held, key=lambda p: p.pid))
         for index, held in sorted(by_gpu.items())
     )
-
-
-def parse_topology(topo_m_text: str) -> dict:
-    """`nvidia-smi topo -m` as {"gpus": [0, 1], "links": {"0-1": "NV18"}}: the link type of every GPU pair."""
-    lines = [_ANSI.sub("", line) for line in topo_m_text.splitlines()]
-    header = next((line for line in lines if line[:1].isspace() and re.search(r"\bGPU\d+\b", line)), None)
-    if header is None:
-        raise ValueError("no GPU header row in `nvidia-smi topo -m` output")
-    # GPU columns always come first, so column k of a GPU row is the k-th GPU of the header.
-    columns = [int(m) for m in re.findall(r"\bGPU(\d+)\b", header)]
-    links: dict[str, str] = {}
-    for line in lines:
-        cells = line.split()
-        label = _GPU_LABEL.match(cells[0]) if cells else None
-        if label is None or len(cells) < 1 + len(columns):
-            continue
-        row = int(label.group(1))
-        for col, link in zip(columns, cells[1 : 1 + len(columns)], strict=True):
-            if row < col:
-                links[f"{row}-{col}"] = link
-    return {"gpus": columns, "links": links}
-
-
-def interconnect_of(topo: dict, gpu_indices: list[int] | None = None) -> str | None:
-    """"nvlink" when every pair of the GPUs is NVLink-bonded, else "pcie"; None for fewer than two GPUs.
-
-    An all-reduce is as slow as its slowest pair, so one PCIe pair makes the whole group "pcie".
-    """
-    gpus = sorted(topo["gpus"] if gpu_indices is None else gpu_indices)
-    unknown = set(gpus) - set(topo["gpus"])
-    if unknown:
-        raise ValueError(f"GPU {sorted(unknown)} is not in the topology, which lists GPUs {topo['gpus']}")
-    if len(gpus) < 2:
-        return None
-    pair_links = [topo["links"].get(f"{a}-{b}", "") for a, b in combinations(gpus, 2)]
-    return "nvlink" if all(re.fullmatch(r"NV\d+", link) for link in pair_links) else "pcie"

@@ -2,9 +2,9 @@
 
 Each call is one command, `python3 hostside.py VERB 'JSON'`, answering one JSON line on stdout,
 so every action is a single round trip over the transport and needs no state on the host
-beyond the files in the attempt directory:
+beyond the files in the attempt directory the worker names (server/layout.py decides where it is):
 
-    <workspace>/.longrun/<run_id>/<attempt>/[node<i>/]
+    <attempt dir>/
         token       the attempt token, also in every process's environment (LONGRUN_ATTEMPT_TOKEN)
         pid         the wrapper's pid (= its process group and session id)
         exit_code   written by the wrapper when the job ends
@@ -23,6 +23,8 @@ import sys
 import time
 
 TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
+LOG_FILE = "output.log"
+METRICS_FILE = "metrics.jsonl"
 
 
 def _write_atomic(path, text):
@@ -42,25 +44,33 @@ def _read(path):
         return None
 
 
-def _pids_with_token(token):
-    """Every live process whose environment carries the attempt token (never match by name)."""
-    needle = (f"{TOKEN_VAR}={token}").encode()
-    found = []
+def _environ(pid):
+    """The environment entries of a live process, or None when it is gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def _token_carriers(tokens):
+    """For each attempt token, the live processes whose environment carries it (never match by name)."""
+    needles = {(f"{TOKEN_VAR}={t}").encode(): t for t in tokens}
+    found = {t: [] for t in tokens}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in env:
-            found.append(int(entry))
-    return sorted(found)
+        env = _environ(entry) if entry.isdigit() else None
+        for item in env or ():
+            if item in needles:
+                found[needles[item]].append(int(entry))
+    return {t: sorted(pids) for t, pids in found.items()}
+
+
+def pids_with_token(token):
+    return _token_carriers([token])[token]
 
 
 def _carries_token(pid, token):
-    return pid in _pids_with_token(token) if pid else False
+    return bool(pid) and (f"{TOKEN_VAR}={token}").encode() in (_environ(pid) or ())
 
 
 def _interface_with(address):
@@ -101,7 +111,7 @@ def launch(req):
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
     env[TOKEN_VAR] = req["token"]
-    env["LONGRUN_METRICS_FILE"] = os.path.join(d, "metrics.jsonl")
+    env["LONGRUN_METRICS_FILE"] = os.path.join(d, METRICS_FILE)
     env["LONGRUN_ATTEMPT_DIR"] = d
     devnull = open(os.devnull, "r+b")
     proc = subprocess.Popen(
@@ -125,7 +135,7 @@ def wrap(d):
     # the group gets SIGTERM on cancel; the wrapper must outlive the job to record its exit
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with open(os.path.join(d, "output.log"), "ab", buffering=0) as log:
+    with open(os.path.join(d, LOG_FILE), "ab", buffering=0) as log:
         try:
             child = subprocess.Popen(job["argv"], stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=job.get("cwd") or d,
@@ -157,7 +167,7 @@ def _status(d):
 
 
 def _read_from(path, offset, limit, whole_lines=True):
-    """Text from byte offset on, at most `limit` bytes, ending at a line end unless told otherwise.
+    """Text from byte offset on, at most `limit` bytes, ending at a line end (\\n or \\r) unless told otherwise.
 
     Returns (text, new_offset, more): `more` says the limit cut the read short."""
     try:
@@ -168,7 +178,8 @@ def _read_from(path, offset, limit, whole_lines=True):
         return "", offset, False
     more = len(data) == limit
     if whole_lines:
-        cut = data.rfind(b"\n")
+        # tqdm redraws its bar after a carriage return, without a newline until the bar closes
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
         # one line longer than the limit goes through in pieces rather than blocking the stream
         data = data[: cut + 1] if cut >= 0 or not more else data
     return data.decode("utf-8", "replace"), offset + len(data), more
@@ -178,9 +189,9 @@ def probe(req):
     d = req["dir"]
     out = _status(d)
     limit = int(req.get("limit", 4 << 20))
-    metrics, m_off, m_more = _read_from(os.path.join(d, "metrics.jsonl"), int(req.get("metrics_offset", 0)), limit)
+    metrics, m_off, m_more = _read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit)
     # once the job is over its last, unterminated log line is final: hand it back too
-    log, l_off, l_more = _read_from(os.path.join(d, "output.log"), int(req.get("log_offset", 0)), limit,
+    log, l_off, l_more = _read_from(os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit,
                                     whole_lines=out["state"] == "running")
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
     if req.get("gpus"):
@@ -207,7 +218,7 @@ def _signal_group(group, token, sig):
 
 def _wait_gone(token, seconds):
     deadline = time.time() + seconds
-    while _pids_with_token(token):
+    while pids_with_token(token):
         if time.time() >= deadline:
             return False
         time.sleep(0.05)
@@ -234,22 +245,23 @@ def _stop(d, grace):
         return {"remaining": [], "signalled": [], "exit_code": None}
     pid = _read(os.path.join(d, "pid"))
     group = int(pid) if pid else None
-    signalled = _pids_with_token(token)
+    signalled = pids_with_token(token)
     _signal_group(group, token, signal.SIGTERM)
     # torchrun workers may run in sessions of their own: reach them by token
     _signal_all(signalled, signal.SIGTERM)
     if not _wait_gone(token, grace):
         _signal_group(group, token, signal.SIGKILL)
-        _signal_all(_pids_with_token(token), signal.SIGKILL)
+        _signal_all(pids_with_token(token), signal.SIGKILL)
         _wait_gone(token, 5)
     if _read(os.path.join(d, "exit_code")) is None:
         _write_atomic(os.path.join(d, "exit_code"), "137")
-    return {"remaining": _pids_with_token(token), "signalled": signalled,
+    return {"remaining": pids_with_token(token), "signalled": signalled,
             "exit_code": int(_read(os.path.join(d, "exit_code")))}
 
 
 def clean(req):
-    """Empty a directory strictly inside the workspace (resolved: symlinks cannot lead out)."""
+    """Empty a directory strictly inside the workspace and outside longrun's records (resolved: symlinks
+    cannot lead out)."""
     workspace = os.path.realpath(req["workspace"])
     target = req["path"]
     if not os.path.isabs(target):
@@ -258,7 +270,8 @@ def clean(req):
     inside = os.path.commonpath([workspace, real]) == workspace and real != workspace
     if not inside:
         return {"error": f"refusing to clean {target}: it resolves to {real}, outside the host workspace {workspace}"}
-    if real == os.path.join(workspace, ".longrun") or real.startswith(os.path.join(workspace, ".longrun") + os.sep):
+    records = os.path.realpath(req["records"])
+    if real == records or real.startswith(records + os.sep):
         return {"error": f"refusing to clean {target}: it holds longrun's own records"}
     if not os.path.exists(real):
         return {"removed": 0}
@@ -308,7 +321,7 @@ def gpus(req):
         except subprocess.TimeoutExpired:
             out[key] = {"rc": 124, "stdout": "", "stderr": "nvidia-smi timed out"}
     owners = {}
-    tokens = {t: set(_pids_with_token(t)) for t in req.get("tokens", [])}
+    tokens = {t: set(pids) for t, pids in _token_carriers(req.get("tokens", [])).items()}
     for line in out["apps"]["stdout"].splitlines():
         first = line.split(",")[0].strip()
         if first.isdigit():
@@ -319,11 +332,7 @@ def gpus(req):
     return out
 
 
-def pids(req):
-    return {"pids": _pids_with_token(req["token"])}
-
-
-VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus, "pids": pids}
+VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus}
 
 
 def main(argv):

@@ -1,6 +1,7 @@
 """Storing what a host reported: metric lines and log text, each exactly once.
 
-A metric line's identity is (run, attempt, line number); offsets and counters advance in the
+A metric line's identity is (run, attempt, line number); metrics read from the log are numbered apart
+(lines from LOG_LINES_FROM on, see store_log_metrics). Offsets and counters advance in the
 same transaction as the inserts, so a crash between reading and storing re-reads the same
 bytes and the unique key turns the replay into a no-op.
 """
@@ -10,16 +11,20 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import delete, insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from server.eta import update_step_rate
+from server.eta import fold_step_time, update_step_rate
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
+from worker.log_metrics import LogMetricsConfig, read_log
 
 # progress fields, not series
 NOT_SERIES = frozenset({"step", "total_steps", "time"})
+# metric lines from this number on are records of the log; the metrics file's lines stay below it
+LOG_LINES_FROM = 1 << 30
+MAX_LINE = 2**31 - 1
 
 
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
@@ -58,6 +63,18 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
     lines = parse_metric_lines(text)
     if not lines:
         return 0
+    if attempt.metrics_lines == 0:
+        _drop_log_metrics(session, run, attempt)
+    store_metric_records(session, run, attempt,
+                         [(i, obj, None) for i, obj in enumerate(lines, start=attempt.metrics_lines)])
+    attempt.metrics_lines += len(lines)
+    return len(lines)
+
+
+def store_metric_records(session: Session, run: Run, attempt: Attempt,
+                         records: list[tuple[int, dict[str, Any], float | None]]) -> None:
+    """Store metric records, each (line, record in the metrics-file vocabulary, the trainer's own seconds
+    per step or None); a line is the record's identity within the attempt."""
     now = utcnow()
     rows: list[dict[str, Any]] = []
     # an older attempt drained after a restart must not overwrite the new attempt's figures
@@ -65,7 +82,7 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
     latest = dict(run.latest or {}) if current else {}
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
-    for i, obj in enumerate(lines, start=attempt.metrics_lines):
+    for i, obj, step_seconds in records:
         step = obj.get("step") if isinstance(obj.get("step"), int) else None
         t = _as_number(obj.get("time"))
         when = datetime.fromtimestamp(t, UTC) if t is not None else now
@@ -85,11 +102,13 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
             ts = when.timestamp()
             if attempt.first_step_at is None:
                 attempt.first_step_at = when
-            sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
+            if step_seconds is not None:
+                sec_per_step = fold_step_time(sec_per_step, step_seconds)
+            else:
+                sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
             last_step, last_time = step, ts
             latest["step"] = step
     _insert_ignore(session, MetricPoint.__table__, rows)
-    attempt.metrics_lines += len(lines)
     attempt.sec_per_step, attempt.last_step = sec_per_step, last_step
     if last_time is not None:
         attempt.last_metric_at = datetime.fromtimestamp(last_time, UTC)
@@ -98,9 +117,47 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
     if current:
         run.latest = latest
     session.add(Event(run_id=run.id, kind="metrics",
-                      data={"attempt": attempt.number, "lines": len(lines), "step": last_step,
+                      data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
-    return len(lines)
+
+
+def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tuple[int, bool], text: str,
+                      complete: bool) -> tuple[int, bool]:
+    """Metrics from what node 0 printed (worker/log_metrics.py), for jobs that write no metrics file.
+
+    A record's identity is its index in the log, counted in `position` (records read so far, and whether the
+    log offset stands mid-record; it moves with the log offset) and stored as line LOG_LINES_FROM + index,
+    apart from the metrics file's lines; `complete` says the log ends here. Returns the new position."""
+    config = LogMetricsConfig.from_spec(attempt.spec)
+    if config is None or attempt.metrics_lines or not text:
+        return position
+    first, midline = position
+    got = read_log(text, first, midline, complete, config)
+    step = attempt.last_step
+    shown = dict(run.latest or {}) if attempt.number == run.attempt else {}
+    records = []
+    for record in got.records:
+        if "step" not in record.values and step is not None:
+            # a loss printed on a line of its own belongs to the step the bar or the last line reached
+            record.values["step"] = step
+        if all(shown.get(k) == v for k, v in record.values.items()) or LOG_LINES_FROM + record.index > MAX_LINE:
+            continue  # a bar redrawn with nothing new (or a log of more than a billion records)
+        step = record.values.get("step", step)
+        shown.update(record.values)
+        records.append((LOG_LINES_FROM + record.index, record.values, record.step_seconds))
+    if records:
+        store_metric_records(session, run, attempt, records)
+    return first + got.consumed, got.midline
+
+
+def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:
+    """The job writes longrun's metrics file after all: that, not its log, is the source of its series."""
+    dropped = session.execute(delete(MetricPoint).where(
+        MetricPoint.run_id == run.id, MetricPoint.attempt == attempt.number,
+        MetricPoint.line >= LOG_LINES_FROM)).rowcount
+    if dropped:
+        attempt.sec_per_step = attempt.last_step = attempt.total_steps = None
+        attempt.first_step_at = attempt.last_metric_at = None
 
 
 def store_log(session: Session, run_id: str, attempt: int, node: int, offset: int, end: int, text: str) -> None:

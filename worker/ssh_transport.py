@@ -9,12 +9,8 @@ learned: the key given at registration, else the user's known_hosts.
 Commands run under /bin/sh whatever the user's login shell, as with LocalTransport. A command
 killed by a signal on the host reports returncode -1 (SSH carries no number for it).
 
-Errors:
-- `TransportError`: the host did not answer (refused, timed out, connection dropped). The run is
-  kept and the call retried later: unreachable is not dead.
-- `HostKeyError`: the host presented a key nobody trusted. Nothing was run there.
-- `AuthError`: the host refused our key. Like `HostKeyError`, retrying will not help: the worker
-  fails the run with the message.
+Errors (worker/host_errors.py): `HostUnreachable` when the host did not answer, `HostKeyRefused` for a
+key nobody trusted (nothing was run there), `AuthRefused` when the host refused our key.
 """
 
 import base64
@@ -30,15 +26,12 @@ from collections.abc import Callable
 
 import paramiko
 
-from worker.transport import CommandResult, HostKeyError, Transport, TransportError
+from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
+from worker.transport import CommandResult, Transport
 
 # OpenSSH allows 10 sessions per connection by default (MaxSessions): queue beyond that
 MAX_CHANNELS = 8
 READ_SIZE = 1 << 16
-
-
-class AuthError(Exception):
-    """The host refused to let us log in with the configured user and key: a person must fix it."""
 
 
 def parse_public_key(line: str) -> paramiko.PKey:
@@ -61,7 +54,7 @@ class _RejectUnknownKey(paramiko.RejectPolicy):
         self.advice = advice
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise HostKeyError(f"host {hostname} presented an unknown host key ({describe_key(key)}); "
+        raise HostKeyRefused(f"host {hostname} presented an unknown host key ({describe_key(key)}); "
                            f"refusing to connect. {self.advice(key)}")
 
 
@@ -77,7 +70,7 @@ class SSHTransport(Transport):
         try:
             self.host_key = parse_public_key(host_key) if host_key else None
         except ValueError as exc:
-            raise HostKeyError(f"the host_key registered for {address}:{port} is unusable: {exc}") from exc
+            raise HostKeyRefused(f"the host_key registered for {address}:{port} is unusable: {exc}") from exc
         self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
@@ -121,7 +114,7 @@ class SSHTransport(Transport):
             try:
                 client.load_host_keys(self.known_hosts)
             except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(f"cannot read known_hosts file {self.known_hosts}: {exc}") from exc
+                raise HostKeyRefused(f"cannot read known_hosts file {self.known_hosts}: {exc}") from exc
         return client
 
     def _load_key(self) -> paramiko.PKey | None:
@@ -131,10 +124,10 @@ class SSHTransport(Transport):
             return paramiko.PKey.from_path(self.key_path)
         # cryptography raises TypeError for an encrypted key opened without a passphrase
         except (paramiko.PasswordRequiredException, TypeError) as exc:
-            raise AuthError(f"the SSH key {self.key_path} is protected by a passphrase; give the host "
+            raise AuthRefused(f"the SSH key {self.key_path} is protected by a passphrase; give the host "
                             "a key without one (longrun cannot prompt)") from exc
         except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise AuthError(f"cannot load the SSH key {self.key_path}: {exc}") from exc
+            raise AuthRefused(f"cannot load the SSH key {self.key_path}: {exc}") from exc
 
     def _open_socket(self, timeout: float) -> socket.socket:
         sock = socket.create_connection((self.address, self.port), timeout=timeout)
@@ -175,10 +168,10 @@ class SSHTransport(Transport):
         while True:
             try:
                 return self._connect_once(deadline)
-            except HostKeyError:
+            except HostKeyRefused:
                 raise
             except paramiko.BadHostKeyException as exc:
-                raise HostKeyError(
+                raise HostKeyRefused(
                     f"host {self.host_name} presented the host key {describe_key(exc.key)}, but "
                     f"{describe_key(exc.expected_key)} is the one trusted for it; refusing to connect "
                     f"(the host was reinstalled, or someone is in between). "
@@ -186,13 +179,13 @@ class SSHTransport(Transport):
                 ) from exc
             except paramiko.AuthenticationException as exc:
                 key = self.key_path or "the default keys in ~/.ssh and the SSH agent"
-                raise AuthError(f"{self.username}@{self.host_name} refused the SSH key ({key}): "
+                raise AuthRefused(f"{self.username}@{self.host_name} refused the SSH key ({key}): "
                                 f"{str(exc).rstrip('.')}. "
                                 f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
                                 "or register the host with the right username and key_path") from exc
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 if time.monotonic() + delay >= deadline:
-                    raise TransportError(f"cannot connect to {self.username}@{self.address}:{self.port}: "
+                    raise HostUnreachable(f"cannot connect to {self.username}@{self.address}:{self.port}: "
                                          f"{exc or type(exc).__name__}") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -212,7 +205,7 @@ class SSHTransport(Transport):
                 raise type(error)(str(error))
             try:
                 self._client = self._connect()
-            except (TransportError, HostKeyError, AuthError) as exc:
+            except (HostUnreachable, HostKeyRefused, AuthRefused) as exc:
                 self._last_failure = (time.monotonic(), exc)
                 raise
             self._last_failure = None
@@ -241,10 +234,10 @@ class SSHTransport(Transport):
                 channel = client.get_transport().open_session(timeout=self.connect_timeout)
             except paramiko.ChannelException as exc:
                 # the connection answered but refused a channel: it is still good for others
-                raise TransportError(f"{self.host_name} refused a new SSH channel: {exc}") from exc
+                raise HostUnreachable(f"{self.host_name} refused a new SSH channel: {exc}") from exc
             except (OSError, EOFError, paramiko.SSHException, AttributeError) as exc:
                 self._drop(client)
-                raise TransportError(f"connection to {self.host_name} lost: {exc or type(exc).__name__}") from exc
+                raise HostUnreachable(f"connection to {self.host_name} lost: {exc or type(exc).__name__}") from exc
             try:
                 return self._run(client, channel, command, stdin or b"", timeout)
             finally:
@@ -294,16 +287,16 @@ class SSHTransport(Transport):
         except TimeoutError:
             if not self._alive(client):
                 self._drop(client)
-            raise TransportError(f"command on {self.host_name} did not finish within {timeout:g}s") from None
+            raise HostUnreachable(f"command on {self.host_name} did not finish within {timeout:g}s") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             self._drop(client)
-            raise TransportError(f"connection to {self.host_name} lost during a command: "
+            raise HostUnreachable(f"connection to {self.host_name} lost during a command: "
                                  f"{exc or type(exc).__name__}") from exc
         # a channel that closed without the host's EOF went down with the connection; check it that way, as
         # paramiko closes the channels (exit_status_ready() turns true) before it marks the connection inactive
         if channel.exit_status == -1 and not (channel.eof_received and connection.is_active()):
             self._drop(client)
-            raise TransportError(f"connection to {self.host_name} lost during a command")
+            raise HostUnreachable(f"connection to {self.host_name} lost during a command")
         # -1: the command ended without an exit status (killed by a signal on the host)
         return CommandResult(channel.exit_status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 

@@ -9,13 +9,7 @@ import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-
-class TransportError(Exception):
-    """The host could not be reached, or the command did not complete: the host may come back."""
-
-
-class HostKeyError(Exception):
-    """The host's key is unknown or changed: nothing is run there until a person trusts it."""
+from worker.host_errors import HostUnreachable
 
 
 @dataclass(frozen=True)
@@ -30,7 +24,7 @@ class Transport(ABC):
 
     @abstractmethod
     def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
-        """Run `command` with /bin/sh on the host; raise TransportError if the host did not answer."""
+        """Run `command` with /bin/sh on the host; raise HostUnreachable if the host did not answer."""
 
     def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
         """Release the connection, if any."""
@@ -43,6 +37,6 @@ class LocalTransport(Transport):
             proc = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True,
                                   timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(f"command timed out after {timeout}s") from exc
+            raise HostUnreachable(f"command timed out after {timeout}s") from exc
         return CommandResult(proc.returncode, proc.stdout.decode("utf-8", "replace"),
                              proc.stderr.decode("utf-8", "replace"))

@@ -56,12 +56,6 @@ class TransportPool:
             stale.close()
         return transport
 
-    def drop(self, name: str) -> None:
-        with self._lock:
-            cached = self._transports.pop(name, None)
-        if cached is not None:
-            cached[1].close()
-
     def close_all(self) -> None:
         with self._lock:
             cached, self._transports = list(self._transports.values()), {}

@@ -1,19 +1,23 @@
-"""The FastAPI application: routers under /v1, error mapping, and the embedded worker's lifecycle."""
+"""The FastAPI application: routers under /v1, domain errors mapped to HTTP, and start/stop hooks."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from server.api.deps import require_token
 from server.api.routes import hosts, runs
 from server.config import Settings
 from server.db import Database
-from server.runs import Conflict, NotFound
+from server.errors import Conflict, FieldError, NotFound, Unavailable
 
 
-def create_app(db: Database, settings: Settings, on_startup=None, on_shutdown=None) -> FastAPI:  # noqa: ANN001
+def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] | None = None,
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The API over `db`; the hooks run when it starts and stops serving (`longrun serve` embeds the worker so)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if on_startup:
@@ -33,6 +37,16 @@ def create_app(db: Database, settings: Settings, on_startup=None, on_shutdown=No
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "status": exc.status}, status_code=409)
+
+    @app.exception_handler(FieldError)
+    async def _field_error(_: Request, exc: FieldError) -> JSONResponse:
+        # the same body as FastAPI's own validation errors: each field's path starts at the request body
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    @app.exception_handler(Unavailable)
+    async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

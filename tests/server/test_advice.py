@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from server.advice import (
+from longrun.cli import main
+from server.advisor import (
     INTERCONNECTS,
     NVLINK_ALLREDUCE_US,
-    PCIE_EXTRA_US_PER_CALL,
     PCIE_P2P_DISABLED_ALLREDUCE_US,
     CostModel,
     advise,
-    advise_main,
     compare_interconnects,
     improved_positions,
     pcie_allreduce_us,
@@ -52,17 +51,17 @@ def test_hand_worked_example():
     #          round 5.66 ms, tau 2.5  -> 2500/5.66  = 441.6961 tokens/s
     # speed-up over no speculation: (2300/4.87) / (1000/3.29) = 2.3*3.29/4.87 = 1.5538
     out = advise(HAND_EVALUATION, "nvlink", 2, hand_cost())
-    assert [row["depth"] for row in out["by_depth"]] == [1, 2, 3]
-    rounds = [row["round_ms"] for row in out["by_depth"]]
-    speeds = [row["tokens_per_second"] for row in out["by_depth"]]
-    assert out["no_speculation"]["round_ms"] == pytest.approx(3.29, abs=1e-9)
-    assert out["no_speculation"]["tokens_per_second"] == pytest.approx(1000 / 3.29, abs=1e-9)
+    assert [row.depth for row in out.by_depth] == [1, 2, 3]
+    rounds = [row.round_ms for row in out.by_depth]
+    speeds = [row.tokens_per_second for row in out.by_depth]
+    assert out.no_speculation.round_ms == pytest.approx(3.29, abs=1e-9)
+    assert out.no_speculation.tokens_per_second == pytest.approx(1000 / 3.29, abs=1e-9)
     assert rounds == pytest.approx([4.08, 4.87, 5.66], abs=1e-9)
     assert speeds == pytest.approx([1800 / 4.08, 2300 / 4.87, 2500 / 5.66], abs=1e-9)
-    assert out["recommended_depth"] == 2
-    assert out["tokens_per_second"] == pytest.approx(2300 / 4.87, abs=1e-9)
-    assert out["speedup_vs_no_speculation"] == pytest.approx(2.3 * 3.29 / 4.87, abs=1e-9)
-    assert [row["mean_accepted"] for row in out["by_depth"]] == [1.8, 2.3, 2.5]
+    assert out.recommended_depth == 2
+    assert out.tokens_per_second == pytest.approx(2300 / 4.87, abs=1e-9)
+    assert out.speedup_vs_no_speculation == pytest.approx(2.3 * 3.29 / 4.87, abs=1e-9)
+    assert [row.mean_accepted for row in out.by_depth] == [1.8, 2.3, 2.5]
 
 
 def test_hand_worked_retrain_from_ttt_1_pays_off():
@@ -72,58 +71,58 @@ def test_hand_worked_retrain_from_ttt_1_pays_off():
     # gain over now (2300/4.87 = 472.28): 2952/5.66 / (2300/4.87) - 1 = 0.10433
     # break-even: 3000 s / (4.87/2300 - 5.66/2952) = 3000 / 0.00020005 = 1.4996e7 tokens
     out = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt={1: 1000, 3: 3000})
-    retrain = out["retrain"]
-    assert retrain["trained_ttt"] == 1
-    assert retrain["depth_after"] == 3 and retrain["suggested_ttt_steps"] == 3
-    assert retrain["tokens_per_second_now"] == pytest.approx(2300 / 4.87, abs=1e-9)
-    assert retrain["tokens_per_second_after"] == pytest.approx(2952 / 5.66, abs=1e-9)
-    assert retrain["gain"] == pytest.approx((2952 / 5.66) / (2300 / 4.87) - 1, abs=1e-9)
-    assert retrain["predicted_training_seconds"] == 3000
-    assert retrain["break_even_tokens"] == pytest.approx(3000 / (4.87 / 2300 - 5.66 / 2952), rel=1e-9)
-    assert retrain["pays_off"] is True
-    assert "depth 3" in retrain["reason"] and "3000 s" in retrain["reason"]
-    assert "geometric-mean ratio" in retrain["assumption"]
+    retrain = out.retrain
+    assert retrain.trained_ttt == 1
+    assert retrain.depth_after == 3 and retrain.suggested_ttt_steps == 3
+    assert retrain.tokens_per_second_now == pytest.approx(2300 / 4.87, abs=1e-9)
+    assert retrain.tokens_per_second_after == pytest.approx(2952 / 5.66, abs=1e-9)
+    assert retrain.gain == pytest.approx((2952 / 5.66) / (2300 / 4.87) - 1, abs=1e-9)
+    assert retrain.predicted_training_seconds == 3000
+    assert retrain.break_even_tokens == pytest.approx(3000 / (4.87 / 2300 - 5.66 / 2952), rel=1e-9)
+    assert retrain.pays_off is True
+    assert "depth 3" in retrain.reason and "3000 s" in retrain.reason
+    assert "geometric-mean ratio" in retrain.assumption
 
 
 def test_hand_worked_retrain_from_ttt_2_does_not_move_the_depth():
     # T = 2: r = a_2/a_1 = 0.625, a_3 -> max(0.2, 0.5*0.625) = 0.3125, tau_3 = 2.6125.
     # depth 3 after: 2612.5/5.66 = 461.57 < depth 2's 472.28, so depth 2 (<= T) stays best: no retrain.
-    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=2)["retrain"]
-    assert retrain["depth_after"] == 2
-    assert retrain["suggested_ttt_steps"] is None
-    assert retrain["pays_off"] is False
-    assert "would not speed up serving" in retrain["reason"]
-    assert retrain["gain"] == pytest.approx(0.0, abs=1e-12)
+    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=2).retrain
+    assert retrain.depth_after == 2
+    assert retrain.suggested_ttt_steps is None
+    assert retrain.pays_off is False
+    assert "would not speed up serving" in retrain.reason
+    assert retrain.gain == pytest.approx(0.0, abs=1e-12)
 
 
 def test_small_gain_does_not_pay_off_but_names_the_depth():
-    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, min_gain=0.2)["retrain"]
-    assert retrain["suggested_ttt_steps"] == 3
-    assert retrain["pays_off"] is False
-    assert "below the 20%" in retrain["reason"]
-    assert retrain["predicted_training_seconds"] is None and retrain["break_even_tokens"] is None
+    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, min_gain=0.2).retrain
+    assert retrain.suggested_ttt_steps == 3
+    assert retrain.pays_off is False
+    assert "below the 20%" in retrain.reason
+    assert retrain.predicted_training_seconds is None and retrain.break_even_tokens is None
 
 
 def test_retrain_without_known_training_time_still_pays_off():
-    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1)["retrain"]
-    assert retrain["pays_off"] is True
-    assert "training time unknown" in retrain["reason"]
+    retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1).retrain
+    assert retrain.pays_off is True
+    assert "training time unknown" in retrain.reason
 
 
 def test_retrain_training_seconds_from_a_line_through_other_depths():
     retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1,
-                     retrain_seconds_by_ttt={1: 1000, 5: 3000})["retrain"]
-    assert retrain["predicted_training_seconds"] == pytest.approx(2000)  # 1000 + (3-1) * 500
-    assert "linear" in retrain["training_seconds_basis"]
+                     retrain_seconds_by_ttt={1: 1000, 5: 3000}).retrain
+    assert retrain.predicted_training_seconds == pytest.approx(2000)  # 1000 + (3-1) * 500
+    assert "linear" in retrain.training_seconds_basis
     lone = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt={5: 3000})
-    assert lone["retrain"]["predicted_training_seconds"] is None
+    assert lone.retrain.predicted_training_seconds is None
 
 
 def test_retrain_needs_a_known_trained_depth_and_a_deeper_evaluation():
-    unknown = advise(HAND_EVALUATION, "nvlink", 2, hand_cost())["retrain"]
-    assert unknown["pays_off"] is False and "trained_ttt" in unknown["reason"]
-    shallow = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=3)["retrain"]
-    assert shallow["pays_off"] is False and "evaluate deeper" in shallow["reason"]
+    unknown = advise(HAND_EVALUATION, "nvlink", 2, hand_cost()).retrain
+    assert unknown.pays_off is False and "trained_ttt" in unknown.reason
+    shallow = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=3).retrain
+    assert shallow.pays_off is False and "evaluate deeper" in shallow.reason
     with pytest.raises(ValueError, match="trained_ttt"):
         advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=0)
 
@@ -143,24 +142,24 @@ def test_improved_positions_follow_the_trained_decay():
 def test_tau_falls_back_to_position_acceptance():
     only_positions = {"position_acceptance": [0.8, 0.5, 0.2]}
     out = advise(only_positions, "nvlink", 2, hand_cost())
-    assert [row["mean_accepted"] for row in out["by_depth"]] == pytest.approx([1.8, 2.3, 2.5])
+    assert [row.mean_accepted for row in out.by_depth] == pytest.approx([1.8, 2.3, 2.5])
     partial = {"by_depth": [{"depth": 2, "mean_accepted": 2.2}], "position_acceptance": [0.8, 0.5, 0.2]}
-    assert [row["mean_accepted"] for row in advise(partial, "nvlink", 2, hand_cost())["by_depth"]] == pytest.approx(
+    assert [row.mean_accepted for row in advise(partial, "nvlink", 2, hand_cost()).by_depth] == pytest.approx(
         [1.8, 2.2, 2.5]
     )
 
 
 def test_no_depth_beats_plain_decoding_recommends_zero():
     out = advise({"position_acceptance": [0.01, 0.0]}, "pcie", 8)
-    assert out["recommended_depth"] == 0
-    assert out["speedup_vs_no_speculation"] == 1.0
-    assert out["tokens_per_second"] == out["no_speculation"]["tokens_per_second"]
+    assert out.recommended_depth == 0
+    assert out.speedup_vs_no_speculation == 1.0
+    assert out.tokens_per_second == out.no_speculation.tokens_per_second
 
 
 def test_exact_ties_go_to_the_shallower_depth():
     # Flat cost (tp 1, free draft, no per-token cost): depths 1..3 all give tau 1.5 in the same 2 ms.
     flat = CostModel(tp=1, draft_step_ms=0, verifier_base_ms=2.0, verifier_per_token_ms=0, allreduce_us=((1, 1.0),))
-    assert advise({"position_acceptance": [0.5, 0.0, 0.0]}, "nvlink", 1, flat)["recommended_depth"] == 1
+    assert advise({"position_acceptance": [0.5, 0.0, 0.0]}, "nvlink", 1, flat).recommended_depth == 1
 
 
 def linear_cost(fixed_ms: float, per_depth_ms: float) -> CostModel:
@@ -173,11 +172,11 @@ def test_a_tie_under_the_cheaper_link_never_resolves_shallower_under_the_dearer_
     # Rounds cost 2 + d ms: tau 1.8 at depth 1 (3 ms) and 2.4 at depth 2 (4 ms) tie at 600 tokens/s
     # (no speculation: 1 token in 2 ms, 500 tokens/s).
     evaluation = {"position_acceptance": [0.8, 0.6]}
-    assert advise(evaluation, "nvlink", 1, linear_cost(2.0, 1.0))["recommended_depth"] == 1
+    assert advise(evaluation, "nvlink", 1, linear_cost(2.0, 1.0)).recommended_depth == 1
     # 1 ms more per round: 1.8/4 < 2.4/5, so depth 2.
-    assert advise(evaluation, "pcie", 1, linear_cost(3.0, 1.0))["recommended_depth"] == 2
+    assert advise(evaluation, "pcie", 1, linear_cost(3.0, 1.0)).recommended_depth == 2
     # A per-round difference far below float rounding must not flip the tie either way.
-    assert advise(evaluation, "pcie", 1, linear_cost(2.0 + 1e-15, 1.0))["recommended_depth"] == 1
+    assert advise(evaluation, "pcie", 1, linear_cost(2.0 + 1e-15, 1.0)).recommended_depth == 1
 
 
 def random_curve(rng: random.Random) -> list[float]:
@@ -218,9 +217,9 @@ def test_pcie_is_never_shallower_than_nvlink_when_it_costs_more_per_call():
         pcie = replace(nvlink, allreduce_us=tuple((b, us + excess) for b, us in nvlink_table))
         evaluation = {"position_acceptance": curve}
         out = compare_interconnects(evaluation, tp, costs={"nvlink": nvlink, "pcie": pcie})
-        depths = out["recommended_depth"]
+        depths = out.recommended_depth
         assert depths["pcie"] >= depths["nvlink"], (curve, nvlink, excess)
-        assert out["note"] is None
+        assert out.note is None
         deeper += depths["pcie"] > depths["nvlink"]
     assert deeper > 30  # the property is exercised, not vacuous
 
@@ -232,9 +231,7 @@ def test_a_larger_fixed_round_cost_never_makes_the_depth_shallower():
         tp = rng.choice([1, 8])
         base = random_cost(rng, NVLINK_ALLREDUCE_US, tp)
         depths = [
-            advise(evaluation, "nvlink", tp, replace(base, verifier_base_ms=base.verifier_base_ms + k))[
-                "recommended_depth"
-            ]
+            advise(evaluation, "nvlink", tp, replace(base, verifier_base_ms=base.verifier_base_ms + k)).recommended_depth
             for k in (0.0, 0.5, 3.0, 30.0)
         ]
         assert depths == sorted(depths), (evaluation, base)
@@ -263,22 +260,21 @@ def test_the_ratio_condition_is_what_guarantees_the_order():
             continue
         checked += 1
         out = compare_interconnects({"position_acceptance": curve}, tp, costs={"nvlink": cheap, "pcie": dear})
-        assert out["recommended_depth"]["pcie"] >= out["recommended_depth"]["nvlink"]
+        assert out.recommended_depth["pcie"] >= out.recommended_depth["nvlink"]
     assert checked > 300
 
 
 def test_default_pcie_is_nvlink_plus_a_fixed_latency_per_call():
     # 3 µs per ring step, 2*(tp-1) steps: 0 at tp=1, 6 µs at tp=2, 42 µs at tp=8.
     assert [pcie_extra_us_per_call(tp) for tp in (1, 2, 8, 16)] == [0.0, 6.0, 42.0, 90.0]
-    assert PCIE_EXTRA_US_PER_CALL == 42.0
     nvlink, pcie = (CostModel.for_interconnect(name, 8) for name in INTERCONNECTS)
     assert pcie.allreduce_us == tuple((b, us + 42.0) for b, us in NVLINK_ALLREDUCE_US)
     for message in (100, 16384, 65536, 131072, 10**6, 10**8):  # within, below and beyond the table
         assert pcie.allreduce_latency_us(message) == pytest.approx(nvlink.allreduce_latency_us(message) + 42.0)
     # depth 3 at tp 8: 160 calls, each 42 µs dearer -> 6.72 ms more per round, whatever the depth
     assert [pcie.round_ms(d) - nvlink.round_ms(d) for d in range(10)] == pytest.approx([160 * 0.042] * 10)
-    assert "PCIe estimate" in advise({"position_acceptance": [0.5]}, "pcie", 8)["allreduce_basis"]
-    assert "42 µs per call" in advise({"position_acceptance": [0.5]}, "pcie", 8)["allreduce_basis"]
+    assert "PCIe estimate" in advise({"position_acceptance": [0.5]}, "pcie", 8).allreduce_basis
+    assert "42 µs per call" in advise({"position_acceptance": [0.5]}, "pcie", 8).allreduce_basis
 
 
 def test_default_tables_never_make_pcie_shallower_at_any_tp():
@@ -300,9 +296,9 @@ def test_default_tables_never_make_pcie_shallower_at_any_tp():
                 hidden=rng.choice([1024, 4096, 8192, 16384]),
             )
             out = compare_interconnects(evaluation, tp, **overrides)
-            depths = out["recommended_depth"]
+            depths = out.recommended_depth
             assert depths["pcie"] >= depths["nvlink"], (tp, evaluation, overrides)
-            assert out["note"] is None
+            assert out.note is None
             deeper += depths["pcie"] > depths["nvlink"]
     assert deeper > 100  # the property is exercised, not vacuous
 
@@ -316,15 +312,15 @@ def test_the_optional_p2p_disabled_table_is_bandwidth_bound_and_can_favour_shall
     assert not cost_ratio_condition(p2p, nvlink, range(9))
     curve = {"position_acceptance": [0.8, 0.64, 0.5, 0.38, 0.27, 0.19, 0.13, 0.09]}
     out = compare_interconnects(curve, 8, costs={"nvlink": nvlink, "pcie": p2p})
-    assert out["recommended_depth"] == {"nvlink": 6, "pcie": 5}
-    assert "shallower depth than NVLink" in out["note"] and "pcie-p2p-disabled" in out["note"]
-    assert "NCCL_P2P_DISABLE=1" in out["pcie"]["allreduce_basis"] and "measured" in out["nvlink"]["allreduce_basis"]
+    assert out.recommended_depth == {"nvlink": 6, "pcie": 5}
+    assert "shallower depth than NVLink" in out.note and "pcie-p2p-disabled" in out.note
+    assert "NCCL_P2P_DISABLE=1" in out.pcie.allreduce_basis and "measured" in out.nvlink.allreduce_basis
     default = compare_interconnects(curve, 8)
-    assert default["recommended_depth"]["nvlink"] == 6 and default["recommended_depth"]["pcie"] >= 6
-    assert default["note"] is None
+    assert default.recommended_depth["nvlink"] == 6 and default.recommended_depth["pcie"] >= 6
+    assert default.note is None
     # A given table that is not the p2p-disabled one still gets the general note, without the p2p sentence.
     steep = CostModel.for_interconnect("pcie", 8, allreduce_us=((1024, 10.0), (1048576, 5000.0)))
-    note = compare_interconnects(curve, 8, costs={"nvlink": nvlink, "pcie": steep})["note"]
+    note = compare_interconnects(curve, 8, costs={"nvlink": nvlink, "pcie": steep}).note
     assert "bandwidth-bound" in note and "pcie-p2p-disabled" not in note
 
 
@@ -366,23 +362,23 @@ def test_communication_per_round():
     assert cost.comm_ms(3) == pytest.approx(160 * 38.58 / 1000)
     assert CostModel.for_interconnect("nvlink", 1).comm_ms(3) == 0.0
     single = compare_interconnects({"position_acceptance": [0.9, 0.8]}, 1)
-    assert single["nvlink"]["by_depth"] == single["pcie"]["by_depth"]
+    assert single.nvlink.by_depth == single.pcie.by_depth
 
 
 def test_compare_interconnects_shape_and_overrides():
     out = compare_interconnects(HAND_EVALUATION, 8, trained_ttt=1, layers=40)
-    assert set(out) == {"tp", "recommended_depth", "nvlink", "pcie", "note"}
-    assert advise(HAND_EVALUATION, "nvlink", 2, hand_cost())["allreduce_basis"] == "given all-reduce table"
-    assert advise(HAND_EVALUATION, "nvlink", 1)["allreduce_basis"] == "tp=1: no all-reduce"
-    assert out["recommended_depth"] == {name: out[name]["recommended_depth"] for name in INTERCONNECTS}
-    assert out["nvlink"]["cost_model"]["layers"] == out["pcie"]["cost_model"]["layers"] == 40
-    assert out["pcie"]["retrain"]["trained_ttt"] == 1
+    assert set(out.model_dump()) == {"tp", "recommended_depth", "nvlink", "pcie", "note"}
+    assert advise(HAND_EVALUATION, "nvlink", 2, hand_cost()).allreduce_basis == "given all-reduce table"
+    assert advise(HAND_EVALUATION, "nvlink", 1).allreduce_basis == "tp=1: no all-reduce"
+    assert out.recommended_depth == {name: getattr(out, name).recommended_depth for name in INTERCONNECTS}
+    assert out.nvlink.cost_model.layers == out.pcie.cost_model.layers == 40
+    assert out.pcie.retrain.trained_ttt == 1
     with pytest.raises(ValueError, match="either cost models or overrides"):
         compare_interconnects(HAND_EVALUATION, 2, costs={"nvlink": hand_cost(), "pcie": hand_cost()}, layers=3)
 
 
 def test_advice_is_json_ready():
-    out = advise(HAND_EVALUATION, "pcie", 8, trained_ttt=1, retrain_seconds_by_ttt={3: 10.0})
+    out = advise(HAND_EVALUATION, "pcie", 8, trained_ttt=1, retrain_seconds_by_ttt={3: 10.0}).model_dump(mode="json")
     assert json.loads(json.dumps(out)) == out
     assert {"recommended_depth", "by_depth", "retrain", "speedup_vs_no_speculation", "interconnect", "tp"} <= set(out)
     assert set(out["by_depth"][0]) == {"depth", "mean_accepted", "round_ms", "tokens_per_second"}
@@ -444,7 +440,7 @@ def write(tmp_path: Path, name: str, data) -> str:
 
 def test_cli_single_interconnect(tmp_path, capsys):
     evaluation = write(tmp_path, "eval.json", HAND_EVALUATION)
-    rc = advise_main(["--evaluation", evaluation, "--interconnect", "pcie", "--tp", "8", "--draft-ms", "0.3",
+    rc = main(["advise", "--evaluation", evaluation, "--interconnect", "pcie", "--tp", "8", "--draft-ms", "0.3",
                       "--verifier-ms", "4", "--layers", "40", "--hidden", "5120", "--trained-ttt", "1",
                       "--retrain-seconds", "3=600"])
     assert rc == 0
@@ -455,18 +451,18 @@ def test_cli_single_interconnect(tmp_path, capsys):
     assert out["retrain"]["trained_ttt"] == 1
     expected = advise(HAND_EVALUATION, "pcie", 8, CostModel.for_interconnect(
         "pcie", 8, draft_step_ms=0.3, verifier_base_ms=4.0, layers=40, hidden=5120), 1, {3: 600.0})
-    assert out == json.loads(json.dumps(expected))
+    assert out == expected.model_dump(mode="json")
 
 
 def test_cli_both_and_own_table(tmp_path, capsys):
     evaluation = write(tmp_path, "eval.json", HAND_EVALUATION)
-    assert advise_main(["--evaluation", evaluation]) == 0
+    assert main(["advise", "--evaluation", evaluation]) == 0
     both = json.loads(capsys.readouterr().out)
     assert set(both["recommended_depth"]) == {"nvlink", "pcie"} and both["tp"] == 8
     table = write(tmp_path, "ar.json", {"world": 8, "allreduce": [{"bytes": 1024, "us": 90.0}]})
-    assert advise_main(["--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table", table]) == 0
+    assert main(["advise", "--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table", table]) == 0
     assert json.loads(capsys.readouterr().out)["cost_model"]["allreduce_us"] == [[1024, 90.0]]
-    assert advise_main(["--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table",
+    assert main(["advise", "--evaluation", evaluation, "--interconnect", "pcie", "--allreduce-table",
                         "pcie-p2p-disabled"]) == 0
     named = json.loads(capsys.readouterr().out)
     assert named["cost_model"]["allreduce_us"] == [list(row) for row in PCIE_P2P_DISABLED_ALLREDUCE_US]
@@ -495,18 +491,18 @@ def test_cli_errors_exit_2_with_the_reason(tmp_path, capsys, argv, words):
     }
     (tmp_path / "notjson.json").write_text("not json")
     with pytest.raises(SystemExit) as exit_info:
-        advise_main([arg.format(**paths) for arg in argv])
+        main(["advise", *(arg.format(**paths) for arg in argv)])
     assert exit_info.value.code == 2
     assert words in capsys.readouterr().err
 
 
 def test_tokens_per_second_is_finite_for_extreme_but_valid_inputs():
     out = advise({"position_acceptance": [1.0] * 12}, "pcie", 8)
-    assert out["recommended_depth"] == 12
-    assert all(math.isfinite(row["tokens_per_second"]) for row in out["by_depth"])
+    assert out.recommended_depth == 12
+    assert all(math.isfinite(row.tokens_per_second) for row in out.by_depth)
 
 
 def test_the_advisor_is_plain_arithmetic():
     # The server must not need torch: importing the advisor pulls in neither torch nor the trainer.
-    code = "import sys, server.advice; sys.exit(any(m.split('.')[0] in ('torch', 'trainer') for m in sys.modules))"
+    code = "import sys, server.advisor; sys.exit(any(m.split('.')[0] in ('torch', 'trainer') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0

@@ -5,8 +5,11 @@ import os
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service import TOY, Service, toy_spec
+
+pytestmark = pytest.mark.slow  # each test starts a real `longrun serve`
 
 
 def _loc(response: httpx.Response) -> list[list]:

@@ -5,7 +5,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service import Service, attempt_processes, toy_spec
+
+pytestmark = pytest.mark.slow  # each test starts a real `longrun serve` and torchrun
 
 
 def test_submitted_run_reports_metrics_progress_eta_and_logs(service: Service) -> None:

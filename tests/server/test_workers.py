@@ -5,7 +5,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service import ROOT, Service, kill_leftovers, toy_spec
+
+pytestmark = pytest.mark.slow  # a real server and two worker processes
 
 
 def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_path: Path) -> None:
@@ -18,7 +22,7 @@ def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_pa
         time.sleep(2)
         assert all(svc.run(i)["status"] == "queued" for i in ids), "without a worker nothing moves"
         for n in range(2):
-            workers.append(subprocess.Popen([sys.executable, "-m", "server.cli", "worker"], env=svc.env, cwd=ROOT,
+            workers.append(subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
                                             stdout=open(svc.home / f"worker{n}.log", "ab"),
                                             stderr=subprocess.STDOUT))
         for run_id in ids:

@@ -6,7 +6,6 @@ import torch
 from trainer.data import (
     HiddenStatesDataset,
     ShardBatchSampler,
-    collate,
     list_samples,
     make_loader,
     split_files,
@@ -48,25 +47,20 @@ def test_dataset_without_samples_says_what_to_run(tmp_path: Path) -> None:
         HiddenStatesDataset(tmp_path, max_seq_len=8)
 
 
-def test_collate_pads_to_longest_with_masks_off(prepared_data: Path) -> None:
-    dataset = HiddenStatesDataset(prepared_data, max_seq_len=64)
-    items = [dataset[0], {name: tensor[:5] for name, tensor in dataset[1].items()}]
-    batch = collate(items)
-    length = items[0]["input_ids"].shape[0]
-    assert batch["input_ids"].shape == (2, length)
-    assert batch["hidden_states"].shape == (2, length, items[0]["hidden_states"].shape[1])
-    assert batch["hidden_states"].dtype == torch.bfloat16 and batch["loss_mask"].dtype == torch.uint8
-    assert batch["attention_mask"][1].tolist() == [1] * 5 + [0] * (length - 5)
-    assert not batch["loss_mask"][1, 5:].any() and not batch["last_hidden_state"][1, 5:].any()
-    assert torch.equal(batch["input_ids"][1, :5], items[1]["input_ids"])
-    assert torch.equal(batch["loss_mask"][0], items[0]["loss_mask"])
+def padded(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The reference batch: each item right-padded with zeros to the longest, attention_mask 1 on its tokens."""
+    longest = max(item["input_ids"].shape[0] for item in items)
+    out = {name: torch.stack([torch.cat([t, t.new_zeros(longest - len(t), *t.shape[1:])]) for t in
+                              (item[name] for item in items)]) for name in items[0]}
+    out["attention_mask"] = torch.tensor([[1] * len(i["input_ids"]) + [0] * (longest - len(i["input_ids"])) for i in items])
+    return out
 
 
 class IndexDataset(torch.utils.data.Dataset):
     """Items shaped like HiddenStatesDataset's whose input_ids carry the item's index."""
 
     def read_batch(self, indices, pin=False):
-        return collate([self[i] for i in indices])
+        return padded([self[i] for i in indices])
 
     def __init__(self, size: int):
         self.size = size
@@ -144,7 +138,7 @@ def test_batches_read_straight_from_disk_equal_safetensors_own_reader(tmp_path: 
         files.append(tmp_path / f"sample_{i:06d}.safetensors")
         save_file(sample, str(files[-1]), metadata={"source": "test"})
     dataset = HiddenStatesDataset(tmp_path, max_seq_len=10)
-    expected = collate([{k: v[:10] for k, v in load_file(str(f)).items()} for f in files])
+    expected = padded([{k: v[:10] for k, v in load_file(str(f)).items()} for f in files])
     assert expected["attention_mask"].sum(1).tolist() == [5, 10, 9, 7]
     direct = dataset.read_batch(range(4))
     (from_thread,) = list(make_loader(dataset, 4, num_workers=1, shuffle=False))

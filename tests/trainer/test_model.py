@@ -60,6 +60,57 @@ def test_ttt_attention_matches_dense_mask_forward_and_gradients(monkeypatch, bac
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
+def per_document_reference(q, keys, values, diag_keys, diag_values, scale, documents):
+    """Dense attention run on every document of every row alone, put back in place."""
+    rows = []
+    for row, lengths in enumerate(documents):
+        parts, start = [], 0
+        for n in lengths:
+            part = (slice(row, row + 1), slice(start, start + n))
+            parts.append(dense_ttt_attention(q[part], keys[part], values[part], [k[part] for k in diag_keys],
+                                             [v[part] for v in diag_values], scale))
+            start += n
+        rows.append(torch.cat(parts, dim=1))
+    return torch.cat(rows)
+
+
+def check_packed_attention(q, keys, values, diag_keys, diag_values, documents, atol, rtol):
+    inputs = [q, keys, values, *diag_keys, *diag_values]
+    grad_out = torch.randn_like(q)
+    fast = ttt_attention(q, keys, values, diag_keys, diag_values, 0.35, documents)
+    fast_grads = torch.autograd.grad(fast, inputs, grad_out)
+    wide = [x.detach().float().requires_grad_() for x in inputs]
+    n = len(diag_keys)
+    want = per_document_reference(wide[0], wide[1], wide[2], wide[3 : 3 + n], wide[3 + n :], 0.35, documents)
+    want_grads = torch.autograd.grad(want, wide, grad_out.float())
+    torch.testing.assert_close(fast.float(), want, atol=atol, rtol=rtol)
+    for got, expected in zip(fast_grads, want_grads, strict=True):
+        torch.testing.assert_close(got.float(), expected, atol=atol, rtol=rtol)
+    unpacked = ttt_attention(q, keys, values, diag_keys, diag_values, 0.35)  # guard: the mask matters
+    assert not torch.allclose(unpacked.float(), want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+@pytest.mark.parametrize("n_diag", [0, 2])
+def test_packed_rows_attend_only_within_each_sample(monkeypatch, backend, n_diag):
+    monkeypatch.setattr(attention, "_causal_backend", lambda q: backend)
+    torch.manual_seed(n_diag)
+    inputs = random_attention_inputs(n_diag, 4, 2, s=13)
+    check_packed_attention(*inputs, documents=((5, 8), (1, 4, 6, 2)), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("n_diag", [0, 3])
+def test_cuda_flash_packed_rows_attend_only_within_each_sample(n_diag):
+    torch.manual_seed(0)
+    inputs = [x.detach().cuda().to(torch.bfloat16).requires_grad_() for x in _flatten(
+        random_attention_inputs(n_diag, 8, 2, s=300, d=128, b=1))]
+    q, keys, values = inputs[:3]
+    diag_keys, diag_values = inputs[3 : 3 + n_diag], inputs[3 + n_diag :]
+    assert attention._causal_backend(q) == "cuda_flash"
+    check_packed_attention(q, keys, values, diag_keys, diag_values, documents=((77, 130, 93),), atol=3e-2, rtol=3e-2)
+
+
 def test_ttt_attention_is_stable_when_diagonal_scores_dominate():
     torch.manual_seed(0)
     q, keys, values, diag_keys, diag_values = random_attention_inputs(2, 2, 2)

@@ -3,7 +3,11 @@ with live per-step metrics, the dry run, a restart at TTT=5, and the evaluation 
 
 from pathlib import Path
 
+import pytest
+
 from tests.service import Service
+
+pytestmark = pytest.mark.slow  # a real server running the trainer under torchrun
 
 
 def _trainer_spec(verifier: Path, data: Path, out: Path, corpus: Path) -> dict:

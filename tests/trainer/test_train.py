@@ -65,6 +65,7 @@ def read_metrics(output_dir: Path) -> tuple[list[dict], list[dict]]:
     return [x for x in lines if "loss" in x], [x for x in lines if "val_loss" in x]
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
     out = tmp_path / "out"
     result = run(train_command(tiny, out, nproc=2, num_workers=1, epochs=10))
@@ -121,6 +122,7 @@ def checkpoint_step(out: Path) -> int:
     return int(latest.name.removeprefix("step_")) if latest else 0
 
 
+@pytest.mark.slow
 def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
     out = tmp_path / "out"
     command = train_command(tiny, out, nproc=2, epochs=8, save_every=15, scheduler="constant")
@@ -206,7 +208,7 @@ def test_init_from_loads_weights_but_starts_a_new_run(tiny, tmp_path, in_process
     "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
 ])
 def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(device):
-    from trainer.train import prefetch_to_device
+    from trainer.data import prefetch_to_device
 
     batches = [{"input_ids": torch.full((1, 8), i), "hidden_states": torch.randn(1, 8, 12),
                 "last_hidden_state": torch.randn(1, 8, 4)} for i in range(5)]
@@ -219,6 +221,7 @@ def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(devic
     assert list(prefetch_to_device(iter([]), torch.device(device), torch.bfloat16)) == []
 
 
+@pytest.mark.slow
 def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
     # What a cancel does: SIGTERM to every process carrying the run's token. Each rank gets it twice, from
     # here and forwarded by torchrun, while its reader threads are busy; a rank leaving mid-step would leave
@@ -240,7 +243,7 @@ def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
 
 
 def test_throughput_is_tokens_over_the_last_steps_time():
-    from trainer.train import Throughput
+    from trainer.metrics import Throughput
 
     clock = iter([100.0, 101.0, 101.1, 103.0, 104.0, 104.5])
     rate = Throughput(window=2, clock=lambda: next(clock))  # starts at t=100
@@ -273,3 +276,21 @@ def test_device_busy_time_counts_work_on_several_streams_once():
         event("cpu_op", 0, 1000), event("gpu_user_annotation", 0, 1000),  # not device work
     ]}
     assert device_busy_seconds(trace) == pytest.approx(160e-6)
+
+
+def test_torchrun_packs_samples_and_accumulates_to_the_global_batch(tiny, tmp_path):
+    from trainer.data import HiddenStatesDataset, PackedBatchSampler, split_files
+
+    out = tmp_path / "out"
+    # samples are 48 tokens: two per 100-token row; 2 ranks x 1 row x 2 micro-batches = 4 rows per step
+    result = run(train_command(tiny, out, nproc=2, epochs=2, max_seq_len=100, pack_samples=True, global_batch_size=4))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 packed rows per step (2 micro-batches of 1 per rank)" in result.stdout
+    train_files, _ = split_files(tiny["data"], 0.1, 0)
+    lengths = HiddenStatesDataset(None, 100, files=train_files).lengths()
+    rows = [PackedBatchSampler(lengths, 100, 1, seed=0, world_size=2).batches_in_epoch(e) for e in (0, 1)]
+    assert rows[0] == -(-len(train_files) // 2 // 2)  # every row holds two samples
+    train, val = read_metrics(out)
+    assert [x["step"] for x in train] == list(range(1, sum(-(-r // 2) for r in rows) + 1))
+    assert len(val) == 2 and all(x["tokens_per_s"] > 0 for x in train)
+    assert latest_checkpoint(out).name == f"step_{len(train):08d}"

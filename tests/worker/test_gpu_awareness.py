@@ -11,6 +11,8 @@ import pytest
 
 from tests.service import ROOT, Service, kill_leftovers, toy_spec
 
+pytestmark = pytest.mark.slow  # a real server
+
 
 @pytest.fixture
 def gpu_service(tmp_path: Path) -> Iterator[tuple[Service, Path]]:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from worker.gpu_placement import WaitForGpus, gpu_holders, gpu_readings, placement_env
-from worker.host_agent import gpu_view
+from worker.protocol import GpusAnswer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "h200x2"
 
@@ -13,8 +13,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "h200x2"
 def _view(state: str, owners: dict[int, dict] | None = None):
     gpu = (FIXTURES / f"query-gpu-{state}.csv").read_text()
     apps = (FIXTURES / f"compute-apps-{state}.csv").read_text()
-    return gpu_view({"gpu": {"rc": 0, "stdout": gpu, "stderr": ""}, "apps": {"rc": 0, "stdout": apps, "stderr": ""},
-                     "owners": {str(k): v for k, v in (owners or {}).items()}})
+    return GpusAnswer.from_wire({"gpu": {"rc": 0, "stdout": gpu, "stderr": ""}, "apps": {"rc": 0, "stdout": apps, "stderr": ""},
+                                 "owners": {str(k): v for k, v in (owners or {}).items()}}).view()
 
 
 def test_an_idle_host_gives_a_one_gpu_run_the_first_gpu() -> None:

@@ -10,16 +10,13 @@ import pytest
 from worker.gpus import (
     QUERY_APPS_CMD,
     QUERY_GPU_CMD,
-    TOPOLOGY_CMD,
     Gpu,
     GpuProcess,
     GpuSnapshot,
     attach_users,
     foreign_gpu_holders,
     holders_message,
-    interconnect_of,
     parse_gpus,
-    parse_topology,
     pick_free_gpus,
     snapshot_from_outputs,
 )
@@ -41,7 +38,6 @@ def test_commands_are_the_ones_the_fixtures_were_captured_with():
     readme = fixture("README.md")
     assert " ".join(QUERY_GPU_CMD) in readme
     assert " ".join(QUERY_APPS_CMD) in readme
-    assert " ".join(TOPOLOGY_CMD) in readme
 
 
 def test_idle_fixture():
@@ -134,56 +130,6 @@ def test_user_lookup_fills_holders_message():
         "GPU 0 is held by pid 568 (python3, user alice, 20076 MiB)"
     )
     assert snap.gpus[1].processes[0].user == "bob"
-
-
-def test_topology_fixture():
-    raw = fixture("topo-m.txt")
-    assert "\x1b[" in raw  # the capture really carries ANSI codes
-    topo = parse_topology(raw)
-    assert topo == {"gpus": [0, 1], "links": {"0-1": "NV18"}}
-    assert interconnect_of(topo) == "nvlink"
-    assert interconnect_of(topo, [1]) is None
-
-
-PCIE_TOPO = """\
-\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
-GPU0\t X \tNV12\tSYS\tSYS\tNODE\t0-23\t0\t\tN/A
-GPU1\tNV12\t X \tSYS\tSYS\tNODE\t0-23\t0\t\tN/A
-GPU2\tSYS\tSYS\t X \tPIX\tSYS\t24-47\t1\t\tN/A
-GPU3\tSYS\tSYS\tPIX\t X \tSYS\t24-47\t1\t\tN/A
-NIC0\tNODE\tNODE\tSYS\tSYS\t X \t\t\t\t
-
-Legend:
-
-  X    = Self
-  NV#  = Connection traversing a bonded set of # NVLinks
-
-NIC Legend:
-
-  NIC0: mlx5_0
-"""
-
-
-def test_topology_with_mixed_links_and_a_nic():
-    topo = parse_topology(PCIE_TOPO)
-    assert topo["gpus"] == [0, 1, 2, 3]
-    assert topo["links"] == {"0-1": "NV12", "0-2": "SYS", "0-3": "SYS", "1-2": "SYS", "1-3": "SYS", "2-3": "PIX"}
-    assert interconnect_of(topo) == "pcie"
-    assert interconnect_of(topo, [0, 1]) == "nvlink"
-    assert interconnect_of(topo, [2, 3]) == "pcie"
-    with pytest.raises(ValueError, match="not in the topology"):
-        interconnect_of(topo, [0, 7])
-
-
-def test_topology_without_gpus_is_an_error():
-    with pytest.raises(ValueError, match="no GPU header"):
-        parse_topology("No devices were found\n")
-
-
-def test_single_gpu_topology_has_no_interconnect():
-    topo = parse_topology("\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-15\t0\t\tN/A\n")
-    assert topo == {"gpus": [0], "links": {}}
-    assert interconnect_of(topo) is None
 
 
 @pytest.mark.parametrize(

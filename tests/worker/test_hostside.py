@@ -5,7 +5,10 @@ import sys
 import time
 from pathlib import Path
 
-from worker.host_agent import AgentError, HostAgent
+from worker.host_agent import HostAgent
+from worker.host_errors import CommandFailed
+from worker.hostside import pids_with_token
+from worker.protocol import LaunchRequest, ReadFrom
 from worker.transport import LocalTransport
 
 JOB = """
@@ -24,37 +27,38 @@ def _agent(tmp_path: Path) -> HostAgent:
 
 def test_cancel_reaches_processes_in_their_own_session(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    d = agent.attempt_dir("run1", 1)
-    agent.launch(d, "tok123", [sys.executable, "-c", JOB], {})
-    assert agent.launch(d, "tok123", [sys.executable, "-c", JOB], {})["already"], "launch is idempotent"
+    d = agent.layout.attempt_dir("run1", 1)
+    launch = LaunchRequest(d, "tok123", [sys.executable, "-c", JOB], {})
+    agent.launch(launch)
+    assert agent.launch(launch).already, "launch is idempotent"
     deadline = time.time() + 20
-    while len(agent.pids("tok123")) < 3 and time.time() < deadline:
+    while len(pids_with_token("tok123")) < 3 and time.time() < deadline:
         time.sleep(0.1)
-    assert len(agent.pids("tok123")) >= 3, "wrapper, job and its detached child"
-    probe = agent.probe(d, 0, 0)
-    assert probe["state"] == "running" and probe["metrics"].endswith("\n")
+    assert len(pids_with_token("tok123")) >= 3, "wrapper, job and its detached child"
+    probe = agent.probe(d, ReadFrom())
+    assert probe.state == "running" and probe.metrics.endswith("\n")
     answer = agent.cancel(d, grace=2)
-    assert answer["remaining"] == [] and agent.pids("tok123") == []
-    assert agent.probe(d, 0, 0)["state"] == "exited"
+    assert answer.remaining == [] and pids_with_token("tok123") == []
+    assert agent.probe(d, ReadFrom()).state == "exited"
 
 
 def test_exit_code_and_partial_lines(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    d = agent.attempt_dir("run2", 1)
+    d = agent.layout.attempt_dir("run2", 1)
     script = "import os,sys; open(os.environ['LONGRUN_METRICS_FILE'],'w').write('{\"step\": 1}\\n{\"st'); " \
              "print('no newline at the end', end=''); sys.exit(7)"
-    agent.launch(d, "tok456", [sys.executable, "-c", script], {})
+    agent.launch(LaunchRequest(d, "tok456", [sys.executable, "-c", script], {}))
     deadline = time.time() + 20
-    while (p := agent.probe(d, 0, 0))["state"] == "running" and time.time() < deadline:
+    while (p := agent.probe(d, ReadFrom())).state == "running" and time.time() < deadline:
         time.sleep(0.1)
-    assert p["state"] == "exited" and p["exit_code"] == 7
-    assert p["metrics"] == '{"step": 1}\n', "an unfinished metric line is not handed out"
-    assert p["log"].endswith("no newline at the end"), "the job's last log line is"
+    assert p.state == "exited" and p.exit_code == 7
+    assert p.metrics == '{"step": 1}\n', "an unfinished metric line is not handed out"
+    assert p.log.endswith("no newline at the end"), "the job's last log line is"
 
 
 def test_clean_only_inside_the_workspace(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    ws = Path(agent.workspace)
+    ws = Path(agent.layout.workspace)
     (ws / "out" / "sub").mkdir(parents=True)
     (ws / "out" / "sub" / "f").write_text("x")
     outside = tmp_path / "outside"
@@ -65,10 +69,10 @@ def test_clean_only_inside_the_workspace(tmp_path: Path) -> None:
                 str(ws / ".longrun")]:
         try:
             agent.clean(bad)
-        except AgentError as exc:
+        except CommandFailed as exc:
             assert "refusing to clean" in str(exc)
         else:
             raise AssertionError(f"clean of {bad} was not refused")
     assert (outside / "keep").read_text() == "keep"
-    assert agent.clean(str(ws / "out"))["removed"] == 1
+    assert agent.clean(str(ws / "out")).removed == 1
     assert list((ws / "out").iterdir()) == []

@@ -15,8 +15,13 @@ from tests.netns import NetNamespace, PrivateNetwork
 from tests.service import Service, attempt_processes, kill_leftovers, toy_spec
 from tests.sshd import SshServer
 
+# real sshd, servers and torchrun: excluded from the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 # fail fast while a host is away, so outages in these tests stay a few seconds long
 SSH_SETTINGS = {"ssh_connect_timeout": 2, "ssh_command_timeout": 5}
+
+pytestmark = pytest.mark.slow  # a real server and sshd
 
 
 class Rig:

@@ -14,10 +14,14 @@ import pytest
 
 from tests.netns import NetNamespace, PrivateNetwork
 from tests.sshd import SshServer
-from worker.host_agent import AgentError, HostAgent
-from worker.ssh_transport import AuthError, SSHTransport
-from worker.transport import HostKeyError, TransportError
+from worker.host_agent import HostAgent
+from worker.host_errors import AuthRefused, CommandFailed, HostKeyRefused, HostUnreachable
+from worker.hostside import pids_with_token
+from worker.protocol import CleanAnswer, LaunchRequest, ReadFrom
+from worker.ssh_transport import SSHTransport
 from worker.transports import TransportPool, transport_for
+
+pytestmark = pytest.mark.slow  # a real sshd
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,7 @@ def test_command_timeout_raises_and_keeps_the_connection(transport):
     transport.exec("true")
     connection = transport.transport_object()
     started = time.monotonic()
-    with pytest.raises(TransportError, match="did not finish within 1s"):
+    with pytest.raises(HostUnreachable, match="did not finish within 1s"):
         transport.exec("sleep 4", timeout=1)
     assert time.monotonic() - started < 5
     assert transport.exec("echo ok").stdout == "ok\n"
@@ -112,7 +116,7 @@ def test_command_timeout_raises_and_keeps_the_connection(transport):
 def test_wrong_host_key_is_refused_before_anything_runs(sshd, tmp_path):
     marker = tmp_path / "ran"
     t = sshd.transport(host_key=other_key_line(tmp_path), connect_timeout=3)
-    with pytest.raises(HostKeyError) as refused:
+    with pytest.raises(HostKeyRefused) as refused:
         t.exec(shlex.join(["touch", str(marker)]))
     message = str(refused.value)
     presented = subprocess.run(["ssh-keygen", "-lf", "-"], input=sshd.host_key_line, capture_output=True,
@@ -126,7 +130,7 @@ def test_unknown_host_key_is_refused(sshd, tmp_path):
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("")
     t = sshd.transport(host_key=None, known_hosts=str(known_hosts), connect_timeout=3)
-    with pytest.raises(HostKeyError, match="unknown host key") as refused:
+    with pytest.raises(HostKeyRefused, match="unknown host key") as refused:
         t.exec("true")
     assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {known_hosts}" in str(refused.value)
 
@@ -144,7 +148,7 @@ def test_known_hosts_entry_for_a_non_default_port_is_trusted(sshd, tmp_path):
 def test_a_key_the_host_does_not_accept_is_an_auth_error(sshd, tmp_path):
     other_key_line(tmp_path)
     t = sshd.transport(key_path=str(tmp_path / "other"), connect_timeout=3)
-    with pytest.raises(AuthError, match="authorized_keys"):
+    with pytest.raises(AuthRefused, match="authorized_keys"):
         t.exec("true")
 
 
@@ -164,7 +168,7 @@ def test_unreachable_host_raises_transport_error_then_reconnects():
             server.stop()
             for _ in range(2):  # the dropped connection, then a refused reconnect
                 started = time.monotonic()
-                with pytest.raises(TransportError):
+                with pytest.raises(HostUnreachable):
                     t.exec("echo two")
                 assert time.monotonic() - started < 5
             # callers that queued behind a failing reconnect share its answer instead of each retrying
@@ -176,7 +180,7 @@ def test_unreachable_host_raises_transport_error_then_reconnects():
                 thread.start()
             for thread in threads:
                 thread.join(30)
-            assert [type(e) for e in errors] == [TransportError] * 8
+            assert [type(e) for e in errors] == [HostUnreachable] * 8
             assert time.monotonic() - started < 8
             server.start()
             assert t.exec("echo three").stdout == "three\n"
@@ -193,7 +197,7 @@ def test_connection_cut_during_a_command_is_a_transport_error_not_an_exit_status
             cut = threading.Timer(0.5, server.stop)
             cut.start()
             # an answer here (exit -1, no output) would read as a failed command, and fail the run
-            with pytest.raises(TransportError, match="lost"):
+            with pytest.raises(HostUnreachable, match="lost"):
                 t.exec("sleep 3; echo done")
             cut.join()
             # a command killed by a signal on a healthy connection still reports -1
@@ -216,7 +220,6 @@ def test_pool_keeps_one_transport_per_host_until_its_settings_change(sshd):
         assert first.exec("echo pooled").stdout == "pooled\n"
         Host.port = sshd.port + 1
         assert pool.get(Host) is not first
-        pool.drop("h1")
     finally:
         pool.close_all()
     Host.address = "local"
@@ -255,26 +258,26 @@ def test_host_agent_over_ssh_launches_probes_cancels_and_refuses_unsafe_cleans(t
     (workspace / "job.py").write_text(JOB)
 
     agent = HostAgent(transport, workspace=str(workspace), python=sys.executable)
-    directory = agent.attempt_dir("run1", 1)
+    directory = agent.layout.attempt_dir("run1", 1)
     token = uuid.uuid4().hex
     try:
-        launched = agent.launch(directory, token, [sys.executable, str(workspace / "job.py")], {})
-        assert launched["already"] is False
-        answer = wait_for(lambda: (a := agent.probe(directory, 0, 0))["metrics"].count("\n") == 3 and a)
-        assert answer["state"] == "running"
-        assert [line for line in answer["metrics"].splitlines() if '"step": 2' in line]
-        assert agent.pids(token)
+        launched = agent.launch(LaunchRequest(directory, token, [sys.executable, str(workspace / "job.py")], {}))
+        assert launched.already is False
+        answer = wait_for(lambda: (a := agent.probe(directory, ReadFrom())).metrics.count("\n") == 3 and a)
+        assert answer.state == "running"
+        assert [line for line in answer.metrics.splitlines() if '"step": 2' in line]
+        assert pids_with_token(token), "sshd runs on this machine: the job's processes are visible here"
 
         cancelled = agent.cancel(directory, grace=2)
-        assert cancelled["remaining"] == []
-        assert agent.pids(token) == []
-        assert agent.probe(directory, answer["metrics_offset"], 0)["state"] == "exited"
+        assert cancelled.remaining == []
+        assert pids_with_token(token) == []
+        assert agent.probe(directory, ReadFrom(answer.metrics_offset, 0)).state == "exited"
 
         for path in (str(outside), str(workspace / "escape"), str(workspace / "escape" / "."), "/"):
-            with pytest.raises(AgentError, match="refusing"):
+            with pytest.raises(CommandFailed, match="refusing"):
                 agent.clean(path)
         assert (outside / "precious").exists()
-        assert agent.clean(str(workspace / "out")) == {"removed": 1, "kept": []}
+        assert agent.clean(str(workspace / "out")) == CleanAnswer(removed=1, kept=[])
     finally:
         HostAgent(transport, workspace=str(workspace), python=sys.executable).cancel(directory, grace=1)
 
@@ -287,7 +290,7 @@ def test_a_host_in_another_network_namespace_drops_off_and_comes_back():
             assert t.exec("ip -4 -o addr show").stdout.count(ns.address) == 1
             ns.set_link(False)
             started = time.monotonic()
-            with pytest.raises(TransportError):
+            with pytest.raises(HostUnreachable):
                 t.exec("echo unreachable")
             assert time.monotonic() - started < 6
             ns.set_link(True)
@@ -316,5 +319,5 @@ def _error_of(t: SSHTransport, command: str) -> Exception | None:
 def _answers(t: SSHTransport) -> str | None:
     try:
         return t.exec("echo back").stdout
-    except TransportError:
+    except HostUnreachable:
         return None

@@ -1,47 +1,56 @@
+import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Query, status
+from starlette.concurrency import run_in_threadpool
 
-from server import hosts
+from server import hosts, views
 from server.api.deps import DB, ReadSession, WriteSession
-from server.models import utcnow
 from server.schemas import GpuSnapshotPublic, HostCreate, HostPublic
 
 router = APIRouter(prefix="/hosts", tags=["hosts"])
 
+# how often a waiting GPU request looks whether the worker has answered
+GPU_POLL_SECONDS = 0.2
+
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def register_host(body: HostCreate, session: WriteSession) -> HostPublic:
-    return hosts.host_public(hosts.register_host(session, body))
+    return views.host_public(hosts.register_host(session, body))
 
 
 @router.get("")
 def list_hosts(session: ReadSession) -> list[HostPublic]:
-    return [hosts.host_public(h) for h in hosts.list_hosts(session)]
+    return [views.host_public(h) for h in hosts.list_hosts(session)]
 
 
 @router.get("/{name}")
 def get_host(name: str, session: ReadSession) -> HostPublic:
-    return hosts.host_public(hosts.get_host(session, name))
+    return views.host_public(hosts.get_host(session, name))
 
 
-@router.get("/{name}/gpus")
-def host_gpus(name: str, db: DB, max_age: Annotated[float, Query(ge=0, le=3600)] = 10.0,
-              wait: Annotated[float, Query(ge=0, le=60)] = 15.0) -> GpuSnapshotPublic:
-    """The host's GPUs, processes included; asks the worker for a new snapshot when the last is older than max_age."""
-    with db.writing() as s:
-        host = hosts.get_host(s, name)
-        fresh = host.gpu_snapshot_at and (utcnow() - host.gpu_snapshot_at).total_seconds() <= max_age
-        if not fresh:
-            host.gpu_wanted_at = utcnow()
+@router.get("/{name}/gpus", responses={503: {"description": "no snapshot of this host yet"}})
+async def host_gpus(name: str, db: DB, max_age: Annotated[float, Query(ge=0, le=3600)] = 10.0,
+                    wait: Annotated[float, Query(ge=0, le=60)] = 15.0) -> GpuSnapshotPublic:
+    """The host's GPUs, processes included; asks the worker for a new snapshot when the last is older than max_age
+    and waits up to `wait` seconds for it (without holding a thread: many may wait at once)."""
+
+    def ask() -> bool:
+        with db.writing() as s:
+            return hosts.request_gpu_snapshot(s, name, max_age)
+
+    def answered() -> bool:
+        with db.reading() as s:
+            return hosts.gpu_snapshot_answered(s, name)
+
+    def snapshot() -> GpuSnapshotPublic:
+        with db.reading() as s:
+            return views.gpu_snapshot_public(hosts.gpu_snapshot(s, name))
+
+    fresh = await run_in_threadpool(ask)
     deadline = time.monotonic() + wait
     while not fresh and time.monotonic() < deadline:
-        time.sleep(0.2)
-        with db.reading() as s:
-            host = hosts.get_host(s, name)
-            fresh = host.gpu_wanted_at is None
-    if host.gpu_snapshot is None:
-        raise HTTPException(503, f"no GPU snapshot of {name} yet: {host.last_error or 'the worker has not answered'}")
-    return GpuSnapshotPublic(host=name, sampled_at=host.gpu_snapshot_at, reachable=host.reachable,
-                             **host.gpu_snapshot)
+        await asyncio.sleep(GPU_POLL_SECONDS)
+        fresh = await run_in_threadpool(answered)
+    return await run_in_threadpool(snapshot)

@@ -4,109 +4,123 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from server import runs
+from server import queries, runs, views
 from server.api.deps import DB, ReadSession, WriteSession
-from server.models import Event
+from server.errors import NotFound
+from server.lifecycle import TERMINAL, RunStatus
+from server.models import Event, Run
 from server.schemas import (
     DryRunPublic,
+    EvaluationPublic,
     LogsPublic,
     MetricsPublic,
     RestartRequest,
+    RunAdvicePublic,
     RunCreate,
     RunPage,
     RunPublic,
 )
-from server.states import TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
+NOT_FOUND = {404: {"description": "no such run"}}
+CONFLICT = {409: {"description": "the run's state does not allow it; `status` says which it is in"}}
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+
+def _public(session: Session, run: Run) -> RunPublic:
+    """The run's response, loading the earlier attempts its ETA needs (one query, only when it does)."""
+    return views.run_public(run, queries.pace_history_for(session, [run]))
+
+
+@router.post("", status_code=status.HTTP_201_CREATED,
+             responses={200: {"model": RunPublic, "description": "the run an earlier request with this "
+                              "Idempotency-Key created"}, **CONFLICT})
 def submit_run(body: RunCreate, session: WriteSession, response: Response,
                idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> RunPublic:
     run, created = runs.submit_run(session, body, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return runs.run_public(session, run)
+    return _public(session, run)
 
 
 @router.get("")
 def list_runs(session: ReadSession, status: RunStatus | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: str | None = None) -> RunPage:
-    items, next_cursor = runs.list_runs(session, status, limit, cursor)
-    return RunPage(items=[runs.run_public(session, r) for r in items], next_cursor=next_cursor)
+    items, next_cursor = queries.list_runs(session, status, limit, cursor)
+    history = queries.pace_history_for(session, items)
+    return RunPage(items=[views.run_public(r, history) for r in items], next_cursor=next_cursor)
 
 
-@router.get("/{run_id}", response_model=RunPublic)
+@router.get("/{run_id}", response_model=RunPublic, responses=NOT_FOUND)
 def get_run(run_id: str, session: ReadSession) -> Response:
     # the hot path of every watcher: serialise once, skip FastAPI's second validation pass
-    body = runs.run_public(session, runs.get_run(session, run_id)).model_dump_json()
+    body = _public(session, queries.get_run(session, run_id)).model_dump_json()
     return Response(body, media_type="application/json")
 
 
-@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
+@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED, responses={**NOT_FOUND, **CONFLICT})
 def cancel_run(run_id: str, session: WriteSession) -> RunPublic:
-    return runs.run_public(session, runs.request_cancel(session, run_id))
+    return _public(session, runs.request_cancel(session, run_id))
 
 
 @router.post("/{run_id}/restart", status_code=status.HTTP_202_ACCEPTED,
-             responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"}})
+             responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"},
+                        **NOT_FOUND, **CONFLICT})
 def restart_run(run_id: str, session: WriteSession, response: Response, body: RestartRequest | None = None,
                 dry_run: bool = False) -> RunPublic | DryRunPublic:
     body = body or RestartRequest()
     if dry_run:
         response.status_code = status.HTTP_200_OK
         return runs.dry_run_restart(session, run_id, body)
-    return runs.run_public(session, runs.request_restart(session, run_id, body))
+    return _public(session, runs.request_restart(session, run_id, body))
 
 
-@router.get("/{run_id}/metrics")
+@router.get("/{run_id}/metrics", responses=NOT_FOUND)
 def get_metrics(run_id: str, session: ReadSession, names: str | None = None, attempt: int | None = None,
                 since_step: int | None = None, limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> MetricsPublic:
     wanted = [n for n in names.split(",") if n] if names else None
-    return MetricsPublic(series=runs.metric_series(session, run_id, wanted, attempt, since_step, limit))
+    return MetricsPublic(series=queries.metric_series(session, run_id, wanted, attempt, since_step, limit))
 
 
-@router.get("/{run_id}/logs")
+@router.get("/{run_id}/logs", responses=NOT_FOUND)
 def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
              attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
-    number, path, lines, end = runs.log_lines(session, run_id, attempt, tail, since_offset, node)
+    number, path, lines, end = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
     return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end)
 
 
-@router.get("/{run_id}/evaluation")
-def get_evaluation(run_id: str, session: ReadSession) -> dict:
+@router.get("/{run_id}/evaluation", responses={404: {"description": "no such run, or not evaluated yet"}})
+def get_evaluation(run_id: str, session: ReadSession) -> EvaluationPublic:
     """The acceptance report of the run's newest evaluated draft, and every attempt's in `by_attempt`."""
-    reports = runs.evaluations(runs.get_run(session, run_id))
+    reports = views.evaluations(queries.get_run(session, run_id))
     if not reports:
-        raise runs.NotFound(f"run {run_id} has no evaluation yet")
-    return {**reports[-1], "by_attempt": reports}
+        raise NotFound(f"run {run_id} has no evaluation yet")
+    return EvaluationPublic(**dict(reports[-1]), by_attempt=reports)
 
 
-@router.get("/{run_id}/advice")
+@router.get("/{run_id}/advice", responses={404: {"description": "no such run, or not evaluated yet"},
+                                           409: {"description": "the evaluation cannot be advised on"}})
 def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", "nvlink"] = "nvlink",
-               tp: Annotated[int, Query(ge=1, le=64)] = 8, attempt: Annotated[int | None, Query(ge=1)] = None) -> dict:
+               tp: Annotated[int, Query(ge=1, le=64)] = 8,
+               attempt: Annotated[int | None, Query(ge=1)] = None) -> RunAdvicePublic:
     """Expected tokens/s per speculation depth on this interconnect, the depth to serve, and whether a deeper
     TTT retrain pays off (with its predicted training time from this run's measured steps)."""
-    return runs.run_advice(session, run_id, interconnect, tp, attempt)
+    return queries.run_advice(session, run_id, interconnect, tp, attempt)
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
+            responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 async def run_events(run_id: str, request: Request, db: DB,
                      last_event_id: Annotated[int | None, Header()] = None) -> StreamingResponse:
     """Server-Sent Events: `status` and `metrics` events as they are stored; resumable with Last-Event-ID."""
 
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:
-            run = runs.get_run(s, run_id)
-            events = list(s.scalars(select(Event).where(Event.run_id == run_id, Event.id > after)
-                                    .order_by(Event.id).limit(500)))
-            return events, run.status
+            return queries.events_after(s, run_id, after)
 
     await run_in_threadpool(fetch, 0)  # 404 before the stream starts
 

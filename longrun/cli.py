@@ -1,45 +1,15 @@
-"""The `longrun` command: the server and worker processes, and a client of the REST API."""
+"""The `longrun` command: the server and worker processes, a client of the REST API, and the depth advisor."""
 
 import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from server.config import Settings
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def _client() -> httpx.Client:
-    url = os.environ.get("LONGRUN_URL", "http://127.0.0.1:8080")
-    token = os.environ.get("LONGRUN_API_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30)
-
-
-def _call(method: str, path: str, **kwargs: Any) -> Any:
-    with _client() as c:
-        try:
-            r = c.request(method, path, **kwargs)
-        except httpx.ConnectError:
-            sys.exit(f"longrun: cannot reach the server at {c.base_url} (start it with `longrun serve`, "
-                     "or set LONGRUN_URL)")
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-        except ValueError:
-            detail = r.text
-        if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in detail)
-        sys.exit(f"longrun: {r.status_code} {detail}")
-    return r.json()
+from longrun.client import TERMINAL, Client, LongrunError
 
 
 def _print(obj: Any) -> None:
@@ -81,11 +51,10 @@ def progress_line(run: dict[str, Any], width: int = 24) -> str:
     return " | ".join(parts)
 
 
-def cmd_watch(args: argparse.Namespace) -> int:
+def cmd_watch(client: Client, args: argparse.Namespace) -> int:
     tty = sys.stdout.isatty()
     last_status, last_print = None, 0.0
-    while True:
-        run = _call("GET", f"/v1/runs/{args.id}")
+    for run in client.watch(args.id, interval=args.interval):
         key = (run["status"], run["attempt"])
         if key != last_status:
             if tty and last_status is not None:
@@ -99,12 +68,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         elif time.time() - last_print >= args.every:
             print(line, flush=True)
             last_print = time.time()
-        if run["status"] in TERMINAL:
-            if tty:
-                print()
-            print(progress_line(run))
-            return 0 if run["status"] == "succeeded" else 1
-        time.sleep(args.interval)
+    if tty:
+        print()
+    print(progress_line(run))
+    return 0 if run["status"] == "succeeded" else 1
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -120,15 +87,25 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def cmd_restart(args: argparse.Namespace) -> int:
-    body = {"overrides": _parse_set(args.set), "clean": args.clean, "init_from_last": args.init_from_last}
-    _print(_call("POST", f"/v1/runs/{args.id}/restart", params={"dry_run": str(args.dry_run).lower()}, json=body))
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    _print(client.submit(args.file.read_bytes(), idempotency_key=args.idempotency_key))
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    _print(client.cancel(args.id))
+    return 0
+
+
+def cmd_restart(client: Client, args: argparse.Namespace) -> int:
+    _print(client.restart(args.id, _parse_set(args.set), clean=args.clean, init_from_last=args.init_from_last,
+                          dry_run=args.dry_run))
+    return 0
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if args.id:
-        run = _call("GET", f"/v1/runs/{args.id}")
+        run = client.get(args.id)
         if args.json:
             _print(run)
         else:
@@ -139,7 +116,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"  attempt {a['number']}: {a['status']} exit={a['exit_code']} log={a['log_path']}"
                       + (f" - {a['message']}" if a.get("message") else ""))
         return 0
-    page = _call("GET", "/v1/runs", params={"limit": args.limit})
+    page = client.list(limit=args.limit)
     if args.json:
         _print(page)
         return 0
@@ -150,86 +127,130 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"tail": args.tail}
-    if args.attempt:
-        params["attempt"] = args.attempt
-    page = _call("GET", f"/v1/runs/{args.id}/logs", params=params)
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    page = client.logs(args.id, tail=args.tail, attempt=args.attempt)
     for line in page["lines"]:
         print(line)
     while args.follow:
         time.sleep(1)
-        page = _call("GET", f"/v1/runs/{args.id}/logs",
-                     params={"since_offset": page["next_offset"], "attempt": page["attempt"]})
+        page = client.logs(args.id, since_offset=page["next_offset"], attempt=page["attempt"])
         for line in page["lines"]:
             print(line, flush=True)
-        if not page["lines"] and _call("GET", f"/v1/runs/{args.id}")["status"] in TERMINAL:
+        if not page["lines"] and client.get(args.id)["status"] in TERMINAL:
             return 0
     return 0
 
 
-def cmd_hosts(args: argparse.Namespace) -> int:
+def cmd_hosts(client: Client, args: argparse.Namespace) -> int:
     if args.action == "add":
-        body = {"name": args.name, "address": args.address, "port": args.port, "username": args.username,
-                "key_path": args.key_path, "workspace": args.workspace, "python": args.python}
-        if args.host_key:
-            body["host_key"] = args.host_key
-        _print(_call("POST", "/v1/hosts", json={k: v for k, v in body.items() if v is not None}))
+        _print(client.add_host(args.name, args.address, args.workspace, port=args.port, username=args.username,
+                               key_path=args.key_path, host_key=args.host_key or None, python=args.python))
     elif args.action == "gpus":
-        _print(_call("GET", f"/v1/hosts/{args.name}/gpus"))
+        _print(client.host_gpus(args.name))
     else:
-        for h in _call("GET", "/v1/hosts"):
+        for h in client.hosts():
             state = {True: "reachable", False: "UNREACHABLE", None: "not contacted yet"}[h["reachable"]]
             print(f"{h['name']:<16} {h['address']}:{h['port']:<6} {h['workspace']}  {state}")
     return 0
 
 
-def _settings_and_db() -> tuple[Settings, Any]:
-    from server.db import Database
-
-    settings = Settings()
-    db = Database(settings.resolved_database_url)
-    db.migrate()
-    return settings, db
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from longrun.processes import serve
 
-    from server.api.app import create_app
-    from server.hosts import ensure_local_host
-
-    settings, db = _settings_and_db()
-    with db.writing() as s:
-        ensure_local_host(s, settings)
-    supervisor = None
-    if not args.no_worker:
-        from worker.supervisor import Supervisor
-
-        supervisor = Supervisor(db, settings)
-    app = create_app(db, settings, on_startup=supervisor.start if supervisor else None,
-                     on_shutdown=supervisor.stop if supervisor else None)
-    uvicorn.run(app, host=args.host or settings.bind_host, port=args.port or settings.port, log_level="warning")
+    serve(args.host, args.port, with_worker=not args.no_worker)
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.supervisor import Supervisor
+    from longrun.processes import work
 
-    settings, db = _settings_and_db()
-    supervisor = Supervisor(db, settings)
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stop())
-    try:
-        supervisor.serve()
-    except KeyboardInterrupt:
-        supervisor.stop()
+    work()
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    settings, _ = _settings_and_db()
+    from longrun.processes import open_database
+
+    settings, _ = open_database()
     print(f"database at {settings.resolved_database_url} is up to date")
     return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    """Depth advice for an evaluation file, as JSON; bad input exits 2 with the reason."""
+    from server.advisor import CostModel, advise, compare_interconnects, load_allreduce_table
+
+    overrides: dict[str, object] = {
+        field: value
+        for field, value in (
+            ("draft_step_ms", args.draft_ms),
+            ("verifier_base_ms", args.verifier_ms),
+            ("verifier_per_token_ms", args.verifier_per_token_ms),
+            ("layers", args.layers),
+            ("hidden", args.hidden),
+        )
+        if value is not None
+    }
+    try:
+        with open(args.evaluation) as f:
+            try:
+                evaluation = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{args.evaluation} is not JSON: {exc}") from None
+        if args.allreduce_table:
+            if args.interconnect == "both":
+                args.parser.error("--allreduce-table is one interconnect's table: pick --interconnect pcie or nvlink")
+            overrides["allreduce_us"] = load_allreduce_table(args.allreduce_table)
+        seconds = {}
+        for item in args.retrain_seconds:
+            ttt, _, value = item.partition("=")
+            try:
+                seconds[int(ttt)] = float(value)
+            except ValueError:
+                raise ValueError(f"--retrain-seconds wants TTT=SECONDS, e.g. 5=5400; got {item!r}") from None
+        if args.interconnect == "both":
+            result = compare_interconnects(evaluation, args.tp, args.trained_ttt, seconds or None, args.min_gain,
+                                           **overrides)
+        else:
+            cost = CostModel.for_interconnect(args.interconnect, args.tp, **overrides)
+            result = advise(evaluation, args.interconnect, args.tp, cost, args.trained_ttt, seconds or None,
+                            args.min_gain)
+    except (OSError, ValueError) as exc:
+        args.parser.error(str(exc))
+    json.dump(result.model_dump(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _add_advise(sub: Any) -> None:
+    from server.advisor import INTERCONNECTS, NAMED_ALLREDUCE_TABLES
+
+    s = sub.add_parser(
+        "advise", help="depth advice from an evaluation file",
+        description="Expected tokens/s per speculation depth, the depth to serve, and whether a deeper TTT "
+        "retrain pays off. Defaults: a 70B-class verifier (80 layers, hidden 8192) on H200s; "
+        "PCIe is the NVLink all-reduce table plus 3 µs per ring step per call (2*(tp-1) steps).",
+    )
+    s.add_argument("--evaluation", required=True, help="JSON from `python -m trainer.evaluate`")
+    s.add_argument("--interconnect", choices=[*INTERCONNECTS, "both"], default="both")
+    s.add_argument("--tp", type=int, default=8, help="tensor-parallel degree of the verifier (default 8)")
+    s.add_argument("--draft-ms", type=float, help="draft time per proposed token, ms")
+    s.add_argument("--verifier-ms", type=float, help="verifier forward per round without communication, ms")
+    s.add_argument("--verifier-per-token-ms", type=float, help="extra verifier time per verified token, ms")
+    s.add_argument("--layers", type=int, help="verifier layers")
+    s.add_argument("--hidden", type=int, help="verifier hidden size")
+    s.add_argument(
+        "--allreduce-table", metavar="FILE|NAME",
+        help="all-reduce times, JSON like tests/fixtures/h200x2/allreduce-*.json, or a named table: "
+        + ", ".join(NAMED_ALLREDUCE_TABLES),
+    )
+    s.add_argument("--trained-ttt", type=int, help="TTT steps the draft was trained with")
+    s.add_argument(
+        "--retrain-seconds", action="append", default=[], metavar="TTT=SECONDS",
+        help="predicted training time for a TTT depth (repeatable), e.g. 5=5400",
+    )
+    s.add_argument("--min-gain", type=float, default=0.02, help="least speed-up worth a retrain (default 0.02)")
+    s.set_defaults(func=cmd_advise, parser=s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,26 +268,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="submit a run from a JSON spec file")
     s.add_argument("file", type=Path)
     s.add_argument("--idempotency-key")
-    s.set_defaults(func=lambda a: _print(_call(
-        "POST", "/v1/runs", content=a.file.read_bytes(),
-        headers={"Content-Type": "application/json",
-                 **({"Idempotency-Key": a.idempotency_key} if a.idempotency_key else {})})) or 0)
+    s.set_defaults(api=cmd_submit)
 
     s = sub.add_parser("status", help="one run, or the newest runs")
     s.add_argument("id", nargs="?")
     s.add_argument("--json", action="store_true")
     s.add_argument("--limit", type=int, default=20)
-    s.set_defaults(func=cmd_status)
+    s.set_defaults(api=cmd_status)
 
     s = sub.add_parser("watch", help="live progress until the run ends")
     s.add_argument("id")
     s.add_argument("--interval", type=float, default=1.0)
     s.add_argument("--every", type=float, default=5.0, help="seconds between lines when not on a terminal")
-    s.set_defaults(func=cmd_watch)
+    s.set_defaults(api=cmd_watch)
 
     s = sub.add_parser("cancel", help="stop a run and verify no process remains")
     s.add_argument("id")
-    s.set_defaults(func=lambda a: _print(_call("POST", f"/v1/runs/{a.id}/cancel")) or 0)
+    s.set_defaults(api=cmd_cancel)
 
     s = sub.add_parser("restart", help="relaunch as a new attempt, optionally with changed settings")
     s.add_argument("id")
@@ -274,14 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--clean", action="store_true", help="empty the output directory first")
     s.add_argument("--init-from-last", action="store_true", help="trainer runs: warm start from the last draft")
     s.add_argument("--dry-run", action="store_true", help="only predict the new attempt's duration")
-    s.set_defaults(func=cmd_restart)
+    s.set_defaults(api=cmd_restart)
 
     s = sub.add_parser("logs", help="an attempt's log")
     s.add_argument("id")
     s.add_argument("-f", "--follow", action="store_true")
     s.add_argument("--tail", type=int, default=50)
     s.add_argument("--attempt", type=int)
-    s.set_defaults(func=cmd_logs)
+    s.set_defaults(api=cmd_logs)
 
     s = sub.add_parser("hosts", help="list, add, or show the GPUs of hosts")
     s.add_argument("action", nargs="?", choices=["list", "add", "gpus"], default="list")
@@ -293,10 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workspace")
     s.add_argument("--host-key")
     s.add_argument("--python")
-    s.set_defaults(func=cmd_hosts)
+    s.set_defaults(api=cmd_hosts)
 
-    s = sub.add_parser("advise", help="depth advice from an evaluation file", add_help=False)
-    s.set_defaults(func=None)
+    _add_advise(sub)
     return p
 
 
@@ -305,12 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     daemon = bool(argv) and argv[0] in ("serve", "worker", "migrate")
     logging.basicConfig(level=os.environ.get("LONGRUN_LOG_LEVEL", "INFO" if daemon else "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if argv and argv[0] == "advise":
-        from server.advice import advise_main
-
-        return advise_main(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if not hasattr(args, "api"):
+        return args.func(args)
+    try:
+        with Client() as client:
+            return args.api(client, args)
+    except LongrunError as exc:
+        sys.exit(f"longrun: {exc}")
 
 
 if __name__ == "__main__":

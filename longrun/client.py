@@ -1,0 +1,259 @@
+"""The Python client of longrun's REST API (v1); the `longrun` command is built on it.
+
+    from longrun import Client
+
+    client = Client("http://127.0.0.1:8080", token="s3cret")    # or LONGRUN_URL / LONGRUN_API_TOKEN
+    run = client.submit({"name": "toy", "host": "local", "entrypoint": "/abs/train.py", "args": ["--steps", "40"]})
+    for snapshot in client.watch(run["id"]):                    # polls until the run ends
+        print(snapshot["status"], snapshot["progress"])
+    client.restart(run["id"], ttt_steps=5, clean=True, dry_run=True)   # the predicted duration, nothing changed
+
+Answers are the API's JSON as dicts (shapes in docs/architecture.md and /openapi.json). A refusal raises an
+APIError subclass carrying the server's message; a server that cannot be reached raises ServerUnreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# the statuses a run stays in until restarted (DESIGN.md); the client does not import the server's lifecycle
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class LongrunError(Exception):
+    """Anything the client could not do."""
+
+
+class ServerUnreachable(LongrunError):
+    def __init__(self, url: str):
+        super().__init__(f"cannot reach the server at {url} (start it with `longrun serve`, or set LONGRUN_URL)")
+        self.url = url
+
+
+class APIError(LongrunError):
+    """The server refused the request: `status_code`, its `detail` as sent, and `message`, one readable line."""
+
+    def __init__(self, status_code: int, detail: Any):
+        self.status_code, self.detail = status_code, detail
+        self.message = _readable(detail)
+        super().__init__(f"{status_code} {self.message}")
+
+
+class Unauthorized(APIError):
+    """401: no or a wrong bearer token (LONGRUN_API_TOKEN)."""
+
+
+class NotFound(APIError):
+    """404: no such run, host, attempt or evaluation."""
+
+
+class Conflict(APIError):
+    """409: the run's state does not allow it (`status` says which state), or a name is taken."""
+
+    def __init__(self, status_code: int, detail: Any, status: str | None = None):
+        super().__init__(status_code, detail)
+        self.status = status
+
+
+class InvalidRequest(APIError):
+    """422: `errors` lists each wrong field as {"loc": [...], "msg": ...}."""
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return self.detail if isinstance(self.detail, list) else []
+
+
+class Unavailable(APIError):
+    """503: the answer is not there yet (a host's first GPU snapshot)."""
+
+
+_ERRORS: dict[int, type[APIError]] = {401: Unauthorized, 404: NotFound, 409: Conflict, 422: InvalidRequest,
+                                      503: Unavailable}
+
+
+def _readable(detail: Any) -> str:
+    if isinstance(detail, list):  # validation errors: the field path without its "body"/"query" root
+        return "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in detail)
+    return str(detail)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event of a run: `kind` is "status" or "metrics"."""
+
+    id: int
+    kind: str
+    data: dict[str, Any]
+
+
+class Client:
+    """A connection to one longrun server. Use as a context manager, or call close()."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
+                 http: httpx.Client | None = None):
+        """url and token default to LONGRUN_URL and LONGRUN_API_TOKEN; `http` sends through a given httpx
+        client instead of a new one (FastAPI's TestClient, in tests); it stays open when this one closes."""
+        self.url = url or os.environ.get("LONGRUN_URL", DEFAULT_URL)
+        token = token if token is not None else os.environ.get("LONGRUN_API_TOKEN")
+        self._owns_http = http is None
+        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise ServerUnreachable(self.url) from None
+        _raise_for(response)
+        return response.json()
+
+    # runs
+
+    def submit(self, spec: Mapping[str, Any] | bytes, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a run (a spec as in DESIGN.md, or its JSON as bytes); with the same idempotency key and body,
+        the run submitted first comes back."""
+        headers = {"Content-Type": "application/json"}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+        return self._call("POST", "/v1/runs", content=body, headers=headers)
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        """The run: status, attempt, progress, eta_seconds, latest metrics, every attempt."""
+        return self._call("GET", f"/v1/runs/{run_id}")
+
+    def list(self, status: str | None = None, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        """One page of runs, newest first: {"items": [...], "next_cursor": ...}."""
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if cursor:
+            params["cursor"] = cursor
+        return self._call("GET", "/v1/runs", params=params)
+
+    def watch(self, run_id: str, interval: float = 1.0) -> Iterator[dict[str, Any]]:
+        """The run every `interval` seconds, until (and including) the snapshot where it has ended."""
+        while True:
+            run = self.get(run_id)
+            yield run
+            if run["status"] in TERMINAL:
+                return
+            time.sleep(interval)
+
+    def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Event]:
+        """The run's status changes and metric points as they are stored, until it ends (Server-Sent Events)."""
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        try:
+            with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                event_id, kind = None, None
+                for line in response.iter_lines():
+                    if line.startswith("id: "):
+                        event_id = int(line[4:])
+                    elif line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: "):
+                        yield Event(event_id or 0, kind or "message", json.loads(line[6:]))
+        except httpx.ConnectError:
+            raise ServerUnreachable(self.url) from None
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Stop the run on every node; it goes to `cancelling`, then `cancelled` once nothing is left."""
+        return self._call("POST", f"/v1/runs/{run_id}/cancel")
+
+    def restart(self, run_id: str, overrides: Mapping[str, Any] | None = None, *, clean: bool = False,
+                init_from_last: bool = False, dry_run: bool = False, **fields: Any) -> dict[str, Any]:
+        """Relaunch as a new attempt with fields changed (`ttt_steps=5`, or `overrides={...}`); with dry_run,
+        only the predicted duration of that attempt, nothing changed."""
+        body = {"overrides": {**(overrides or {}), **fields}, "clean": clean, "init_from_last": init_from_last}
+        return self._call("POST", f"/v1/runs/{run_id}/restart", params={"dry_run": str(dry_run).lower()}, json=body)
+
+    def metrics(self, run_id: str, names: list[str] | None = None, attempt: int | None = None,
+                since_step: int | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...]."""
+        params: dict[str, Any] = {}
+        if names:
+            params["names"] = ",".join(names)
+        if attempt is not None:
+            params["attempt"] = attempt
+        if since_step is not None:
+            params["since_step"] = since_step
+        return self._call("GET", f"/v1/runs/{run_id}/metrics", params=params)["series"]
+
+    def logs(self, run_id: str, tail: int | None = None, attempt: int | None = None,
+             since_offset: int | None = None, node: int = 0) -> dict[str, Any]:
+        """Log lines of the current (or a given) attempt: {"attempt", "log_path", "lines", "next_offset"}."""
+        params = {k: v for k, v in {"tail": tail, "attempt": attempt, "since_offset": since_offset}.items()
+                  if v is not None}
+        if node:
+            params["node"] = node
+        return self._call("GET", f"/v1/runs/{run_id}/logs", params=params)
+
+    def evaluation(self, run_id: str) -> dict[str, Any]:
+        """The acceptance report of the run's newest evaluated draft, with every attempt's in `by_attempt`."""
+        return self._call("GET", f"/v1/runs/{run_id}/evaluation")
+
+    def advice(self, run_id: str, interconnect: str = "nvlink", tp: int = 8,
+               attempt: int | None = None) -> dict[str, Any]:
+        """Tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off."""
+        params: dict[str, Any] = {"interconnect": interconnect, "tp": tp}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self._call("GET", f"/v1/runs/{run_id}/advice", params=params)
+
+    # hosts
+
+    def hosts(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/hosts")
+
+    def host(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/hosts/{name}")
+
+    def add_host(self, name: str | None, address: str | None, workspace: str | None, **fields: Any) -> dict[str, Any]:
+        """Register a host; fields: port, username, key_path, host_key, python. None values are left out, so
+        the server names what is missing."""
+        body = {"name": name, "address": address, "workspace": workspace, **fields}
+        return self._call("POST", "/v1/hosts", json={k: v for k, v in body.items() if v is not None})
+
+    def host_gpus(self, name: str, max_age: float | None = None, wait: float | None = None) -> dict[str, Any]:
+        """The host's GPUs and the processes on them, asking the worker for a fresh look when older than max_age."""
+        params = {k: v for k, v in {"max_age": max_age, "wait": wait}.items() if v is not None}
+        return self._call("GET", f"/v1/hosts/{name}/gpus", params=params)
+
+    def health(self) -> bool:
+        return self._call("GET", "/healthz").get("status") == "ok"
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text}
+    detail = body.get("detail") if isinstance(body, dict) else body
+    error = _ERRORS.get(response.status_code, APIError)
+    if error is Conflict:
+        raise Conflict(response.status_code, detail, body.get("status"))
+    raise error(response.status_code, detail)

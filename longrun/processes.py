@@ -1,0 +1,50 @@
+"""The long-lived processes: the API server (with the worker embedded, by default) and the worker alone.
+
+The one place where server and worker meet; `server` never imports `worker`.
+"""
+
+import signal
+
+from server.config import Settings
+from server.db import Database
+
+
+def open_database() -> tuple[Settings, Database]:
+    """Settings from LONGRUN_* and the database they name, migrated to the newest schema."""
+    settings = Settings()
+    db = Database(settings.resolved_database_url)
+    db.migrate()
+    return settings, db
+
+
+def serve(host: str | None = None, port: int | None = None, with_worker: bool = True) -> None:
+    """Run the API until interrupted; with_worker also drives runs in this process (the embedded default)."""
+    import uvicorn
+
+    from server.api.app import create_app
+    from server.hosts import ensure_local_host
+
+    settings, db = open_database()
+    with db.writing() as s:
+        ensure_local_host(s, settings)
+    supervisor = None
+    if with_worker:
+        from worker.supervisor import Supervisor
+
+        supervisor = Supervisor(db, settings)
+    app = create_app(db, settings, on_startup=supervisor.start if supervisor else None,
+                     on_shutdown=supervisor.stop if supervisor else None)
+    uvicorn.run(app, host=host or settings.bind_host, port=port or settings.port, log_level="warning")
+
+
+def work() -> None:
+    """Drive runs until SIGTERM or Ctrl-C; several of these share the database through leases."""
+    from worker.supervisor import Supervisor
+
+    settings, db = open_database()
+    supervisor = Supervisor(db, settings)
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.stop())
+    try:
+        supervisor.serve()
+    except KeyboardInterrupt:
+        supervisor.stop()

@@ -1,0 +1,50 @@
+"""Where longrun keeps its records on a host, defined once for the server and the worker:
+
+    <workspace>/.longrun/bin/                      the host-side agent (worker/hostside.py)
+    <workspace>/.longrun/<run_id>/<attempt>/       one attempt (node 0; node i in node<i>/)
+    <workspace>/.longrun/<run_id>/draft-before-attempt-<n>/   a draft kept aside by a clean restart
+
+worker/hostside.py names the files inside an attempt directory itself (it runs alone on the host);
+tests/worker/test_protocol.py holds the two in step.
+"""
+
+import posixpath
+from dataclasses import dataclass
+
+RECORDS_DIR = ".longrun"
+LOG_FILE = "output.log"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    workspace: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workspace", self.workspace.rstrip("/") or "/")
+
+    @property
+    def records(self) -> str:
+        return posixpath.join(self.workspace, RECORDS_DIR)
+
+    @property
+    def bin_dir(self) -> str:
+        return posixpath.join(self.records, "bin")
+
+    def run_dir(self, run_id: str) -> str:
+        return posixpath.join(self.records, run_id)
+
+    def attempt_dir(self, run_id: str, attempt: int, node: int = 0) -> str:
+        base = posixpath.join(self.run_dir(run_id), str(attempt))
+        return base if node == 0 else posixpath.join(base, f"node{node}")
+
+    def draft_stash(self, run_id: str, attempt: int) -> str:
+        """Where a clean restart into `attempt` keeps the previous draft while the output directory is emptied."""
+        return posixpath.join(self.run_dir(run_id), f"draft-before-attempt-{attempt}")
+
+    def holds_records_of(self, path: str, run_id: str) -> bool:
+        return path.startswith(self.run_dir(run_id) + "/")
+
+
+def log_path(attempt_dir: str) -> str:
+    return posixpath.join(attempt_dir, LOG_FILE)

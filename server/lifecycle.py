@@ -1,0 +1,372 @@
+"""The lifecycle: every change of run, attempt and node state, and the rules that decide them.
+
+Runs:
+
+    queued -> launching -> running -> succeeded | failed
+    running -> cancelling -> cancelled
+    any -> restarting -> launching           (attempt n+1 with the new spec)
+    running -> launching                      (the retry rule: a failed attempt with retries left)
+
+Attempts: pending -> running -> succeeded | failed | cancelled (an attempt that never started may end at once).
+Nodes (one per host of an attempt): pending -> running -> exited | lost | missing, and abandoned when
+the unreachable-deadline rule gives up on a node whose host is away (the orphan reaper stops it later).
+
+The rules are named functions below: `retry_or_fail` (retries), `host_unreachable` (the unreachable
+deadline) and `wait_for_gpus` (the GPU-wait deadline). Callers hold a write transaction
+(Database.writing) and pass the run as read in it (`load_run`), so the check and the change are atomic.
+Nothing outside this module assigns a status.
+"""
+
+import secrets
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from server.models import Attempt, Event, Run, utcnow
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    RESTARTING = "restarting"
+
+
+class AttemptStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class NodeState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    EXITED = "exited"
+    # the wrapper is gone without an exit code (host restarted, or killed)
+    LOST = "lost"
+    # the attempt directory has no pid file: the launch never happened there
+    MISSING = "missing"
+    # given up on while its host was away: its processes are stopped once the host answers
+    ABANDONED = "abandoned"
+
+
+S = RunStatus
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+ACTIVE = frozenset(set(S) - TERMINAL)
+ENDED_ATTEMPT = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CANCELLED})
+
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    S.QUEUED: frozenset({S.LAUNCHING, S.CANCELLING, S.RESTARTING, S.FAILED}),
+    S.LAUNCHING: frozenset({S.RUNNING, S.FAILED, S.CANCELLING, S.RESTARTING}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLING, S.RESTARTING, S.LAUNCHING}),
+    S.CANCELLING: frozenset({S.CANCELLED, S.FAILED}),
+    S.RESTARTING: frozenset({S.LAUNCHING, S.FAILED}),
+    S.SUCCEEDED: frozenset({S.RESTARTING}),
+    S.FAILED: frozenset({S.RESTARTING}),
+    S.CANCELLED: frozenset({S.RESTARTING}),
+}
+
+# how a run's message starts while its host is away; replaced once the host answers again
+NOT_ANSWERING = "host not answering"
+
+
+class TransitionError(Exception):
+    """The run is not in a state that allows the requested change."""
+
+    def __init__(self, run: Run, target: RunStatus):
+        self.run_id = run.id
+        self.current = RunStatus(run.status)
+        self.target = target
+        super().__init__(f"run {run.id} is {self.current}; it cannot go to {target}")
+
+
+def can_transition(current: str, target: RunStatus) -> bool:
+    return target in ALLOWED[RunStatus(current)]
+
+
+def transition(session: Session, run: Run, target: RunStatus, message: str | None = None,
+               now: datetime | None = None, **data: Any) -> None:
+    if not can_transition(run.status, target):
+        raise TransitionError(run, target)
+    previous = run.status
+    run.status = target
+    run.message = message
+    run.updated_at = now or utcnow()
+    if target in TERMINAL:
+        run.ended_at = run.updated_at
+        run.lease_owner = None
+    elif previous in TERMINAL:
+        run.ended_at = None
+    session.add(Event(run_id=run.id, kind="status",
+                      data={"from": previous, "to": str(target), "message": message,
+                            "attempt": run.attempt, **data}))
+
+
+def load_run(session: Session, run_id: str) -> Run | None:
+    """The run with its attempts; in a write transaction on a server database, row-locked until commit."""
+    query = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
+    if session.info.get("lock_rows"):
+        query = query.with_for_update(of=Run)
+    return session.scalar(query)
+
+
+def is_unchanged(run: Run, status: RunStatus, attempt: int) -> bool:
+    """The run, re-read in a write transaction, is still where a worker step found it: else the API changed it
+    meanwhile, and the API's change wins."""
+    return run.status == status and run.attempt == attempt
+
+
+# runs and attempts come into being
+
+def queue_new_run(session: Session, run: Run) -> None:
+    """A submitted run, with its first attempt opened, enters the lifecycle queued."""
+    run.status = RunStatus.QUEUED
+    session.flush()
+    session.add(Event(run_id=run.id, kind="status", data={"from": None, "to": run.status, "attempt": run.attempt}))
+
+
+def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) -> Attempt:
+    attempt = Attempt(run_id=run.id, number=number, spec=spec, token=secrets.token_hex(16), nodes=[],
+                      status=AttemptStatus.PENDING, created_at=utcnow(), metrics_lines=0)
+    run.attempts.append(attempt)
+    run.attempt = number
+    run.spec = spec
+    session.add(attempt)
+    return attempt
+
+
+def start_attempt(attempt: Attempt, now: datetime) -> None:
+    attempt.status, attempt.started_at = AttemptStatus.RUNNING, attempt.started_at or now
+
+
+def end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None, message: str | None,
+                now: datetime | None = None) -> None:
+    """Record how the attempt ended; an attempt ends once."""
+    if attempt.status in ENDED_ATTEMPT:
+        return
+    attempt.status, attempt.exit_code, attempt.message = status, exit_code, message
+    attempt.ended_at = now or utcnow()
+
+
+def drop_unstarted_attempt(attempt: Attempt) -> None:
+    """A restart supersedes an attempt that never started: it ends there, cancelled."""
+    if attempt.started_at is None:
+        end_attempt(attempt, AttemptStatus.CANCELLED, None, "never started")
+
+
+# nodes: one per host of an attempt, stored as JSON on the attempt, typed here
+
+@dataclass
+class AttemptNode:
+    host: str
+    dir: str
+    state: NodeState = NodeState.PENDING
+    metrics_offset: int = 0
+    log_offset: int = 0
+    pid: int | None = None
+    exit_code: int | None = None
+    gpus: list[int] | None = None
+    log_records: int = 0  # records of the log read into metrics (worker/log_metrics.py), and
+    log_midline: bool = False  # whether the log offset stands inside one
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
+        return cls(host=raw["host"], dir=raw["dir"], state=NodeState(raw.get("state", NodeState.PENDING)),
+                   metrics_offset=raw.get("metrics_offset", 0), log_offset=raw.get("log_offset", 0),
+                   pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"),
+                   log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "state": str(self.state)}
+
+
+def ended_badly(state: NodeState, exit_code: int | None) -> bool:
+    """A node that vanished or exited non-zero fails its attempt."""
+    return state in (NodeState.LOST, NodeState.MISSING) or (state == NodeState.EXITED and exit_code != 0)
+
+
+def nodes_of(attempt: Attempt) -> list[AttemptNode]:
+    return [AttemptNode.from_dict(n) for n in attempt.nodes or []]
+
+
+def set_nodes(attempt: Attempt, nodes: list[AttemptNode]) -> None:
+    attempt.nodes = [n.to_dict() for n in nodes]
+    attempt.abandoned = any(n.state == NodeState.ABANDONED for n in nodes)
+
+
+def plan_nodes(attempt: Attempt, placement: list[tuple[str, str]]) -> None:
+    """Where each node of the attempt lives (host, directory), recorded before anything starts."""
+    set_nodes(attempt, [AttemptNode(host, directory) for host, directory in placement])
+
+
+def nodes_launched(attempt: Attempt, pids: list[int], gpus: list[list[int] | None]) -> None:
+    nodes = nodes_of(attempt)
+    for node, pid, assigned in zip(nodes, pids, gpus, strict=True):
+        node.pid, node.state, node.gpus = pid, NodeState.RUNNING, assigned
+    set_nodes(attempt, nodes)
+
+
+def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: int, state: NodeState,
+                exit_code: int | None, log_position: tuple[int, bool]) -> None:
+    """What the host said of one node: how far its files were read, and whether it still runs."""
+    nodes = nodes_of(attempt)
+    node = nodes[index]
+    node.metrics_offset, node.log_offset, node.state, node.exit_code = metrics_offset, log_offset, state, exit_code
+    node.log_records, node.log_midline = log_position
+    set_nodes(attempt, nodes)
+
+
+def abandon_nodes(attempt: Attempt, indices: set[int] | None = None) -> None:
+    """Mark nodes (those given, else every one that has not exited) to be stopped once their host answers."""
+    nodes = nodes_of(attempt)
+    for i, node in enumerate(nodes):
+        if (i in indices) if indices is not None else node.state != NodeState.EXITED:
+            node.state = NodeState.ABANDONED
+    set_nodes(attempt, nodes)
+
+
+# the worker's steps, as rules over a run re-read in the step's write transaction
+
+def start_launching(session: Session, run: Run, now: datetime) -> None:
+    if run.status == RunStatus.QUEUED:
+        transition(session, run, RunStatus.LAUNCHING, "launching", now=now)
+
+
+def launched(session: Session, run: Run, now: datetime) -> None:
+    start_attempt(run.current, now)
+    transition(session, run, RunStatus.RUNNING, f"attempt {run.attempt} running", now=now)
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """The first node that ended badly: on which host, and how."""
+
+    host: str
+    state: NodeState
+    exit_code: int | None
+
+    @property
+    def why(self) -> str:
+        if self.state == NodeState.EXITED:
+            return f"exited with code {self.exit_code} on {self.host}; see its log"
+        return f"its processes on {self.host} vanished without an exit code (host restarted, or killed)"
+
+
+def attempt_finished(session: Session, run: Run, failure: NodeFailure | None, now: datetime) -> None:
+    """Every node of the current attempt has ended and its output is stored: succeeded, or the retry rule."""
+    current = run.current
+    if failure is None:
+        end_attempt(current, AttemptStatus.SUCCEEDED, 0, None, now)
+        transition(session, run, RunStatus.SUCCEEDED, f"attempt {current.number} finished", now=now)
+        return
+    why = f"attempt {current.number} {failure.why}"
+    end_attempt(current, AttemptStatus.FAILED, failure.exit_code if failure.state == NodeState.EXITED else None,
+                why, now)
+    retry_or_fail(session, run, why, now)
+
+
+def retry_or_fail(session: Session, run: Run, why: str, now: datetime) -> None:
+    """The retry rule: a failed attempt with retries left is relaunched as attempt n+1 with the same spec
+    (the trainer resumes from its last checkpoint); otherwise the run fails."""
+    current = run.current
+    if run.retries_used < run.max_retries:
+        run.retries_used += 1
+        open_attempt(session, run, current.spec, current.number + 1)
+        transition(session, run, RunStatus.LAUNCHING, f"retry {run.retries_used} of {run.max_retries}: {why}",
+                   now=now)
+    else:
+        transition(session, run, RunStatus.FAILED, why, now=now, exit_code=current.exit_code)
+
+
+def fail_run(session: Session, run: Run, message: str, now: datetime) -> None:
+    """A failure retrying cannot cure (the host refused our key, or refused the action)."""
+    if run.status in ACTIVE:
+        end_attempt(run.current, AttemptStatus.FAILED, None, message, now)
+        transition(session, run, RunStatus.FAILED, message, now=now)
+
+
+def attempt_stopped(attempt: Attempt, status: AttemptStatus, message: str | None, nodes_left: set[int],
+                    exit_code: int | None, now: datetime) -> None:
+    """A stop of the attempt's nodes came back: with nothing left it has ended; an attempt given up on
+    earlier keeps the nodes still alive (`nodes_left`, by index) marked, to be stopped again."""
+    if not nodes_left:
+        end_attempt(attempt, status, exit_code, message, now)
+    elif attempt.status in ENDED_ATTEMPT:
+        abandon_nodes(attempt, nodes_left)
+
+
+def cancel_settled(session: Session, run: Run, remaining: list[int], now: datetime) -> None:
+    if run.status != RunStatus.CANCELLING:
+        return
+    if remaining:
+        run.message = f"cancelling: processes {remaining} still alive; trying again"
+        return
+    transition(session, run, RunStatus.CANCELLED, "cancelled; no process of the run remains", now=now)
+
+
+def restart_blocked(run: Run, remaining: list[int]) -> None:
+    run.message = f"restarting: processes {remaining} still alive; trying again"
+
+
+def restart_cleared(session: Session, run: Run, attempt: int, now: datetime) -> bool:
+    """The earlier attempts are gone (and the output cleaned): launch the new one. False if the API moved on."""
+    if not is_unchanged(run, RunStatus.RESTARTING, attempt):
+        return False
+    run.clean_pending = False
+    transition(session, run, RunStatus.LAUNCHING, f"previous attempts stopped; launching attempt {run.attempt}",
+               now=now)
+    return True
+
+
+def host_unreachable(session: Session, run: Run, error: str, now: datetime, deadline: float) -> None:
+    """The unreachable-deadline rule: a host that stops answering does not fail the run until `deadline`
+    seconds have passed; then its unfinished attempts fail and their nodes are abandoned."""
+    if run.status not in ACTIVE:
+        return
+    if run.unreachable_since is None:
+        run.unreachable_since = now
+    run.host_reachable = False
+    waited = (now - run.unreachable_since).total_seconds()
+    if waited <= deadline:
+        run.message = f"{NOT_ANSWERING} since {run.unreachable_since:%H:%M:%S} UTC: {error}"
+        return
+    why = (f"host unreachable for {waited:.0f}s (deadline {deadline:.0f}s): "
+           f"{error}; what is left of it there is stopped once the host answers again")
+    for attempt in run.attempts:
+        if attempt.status not in ENDED_ATTEMPT:
+            end_attempt(attempt, AttemptStatus.FAILED, None, why, now)
+            # the job may still run there: mark it, so that the orphan reaper stops it later
+            abandon_nodes(attempt)
+    transition(session, run, RunStatus.FAILED, f"host unreachable for more than {deadline:.0f}s: {error}", now=now)
+
+
+def host_answering(run: Run, now: datetime) -> None:
+    """The run's hosts answer again: clear the unreachable mark and say how long they were away."""
+    if run.unreachable_since is not None and (run.message or "").startswith(NOT_ANSWERING):
+        away = (now - run.unreachable_since).total_seconds()
+        run.message = f"host answering again after {away:.0f}s away"
+    run.host_reachable, run.unreachable_since = True, None
+
+
+def wait_for_gpus(session: Session, run: Run, why: str, now: datetime, deadline: float) -> None:
+    """The GPU-wait rule: a launching run whose GPUs others hold waits, saying who holds them, for at most
+    `deadline` seconds since it started launching; then it fails."""
+    if run.status != RunStatus.LAUNCHING:
+        return
+    waited = (now - run.updated_at).total_seconds()
+    if waited > deadline:
+        message = f"gave up after {waited:.0f}s waiting for GPUs: {why}"
+        end_attempt(run.current, AttemptStatus.FAILED, None, message, now)
+        transition(session, run, RunStatus.FAILED, message, now=now)
+    else:
+        run.message = f"waiting for GPUs ({waited:.0f}s of {deadline:.0f}s): {why}"

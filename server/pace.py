@@ -1,0 +1,55 @@
+"""Measured paces: what an attempt's steps took, and which earlier attempts resemble a new spec.
+
+Plain functions over loaded rows; the one query that loads earlier attempts is queries.pace_history.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from server import eta
+from server.models import Attempt, Run
+
+
+@dataclass(frozen=True)
+class PastAttempt:
+    """An earlier attempt with a measured pace, and where it ran."""
+
+    run_id: str
+    hosts: list[str]
+    measured: eta.Measured
+
+
+def measured(a: Attempt) -> eta.Measured:
+    """The attempt's pace; start-up and (for a finished attempt) wrap-up split from its step time."""
+    startup = wrapup = 0.0
+    if a.first_step_at and a.started_at:
+        startup = max(0.0, (a.first_step_at - a.started_at).total_seconds() - a.sec_per_step)
+        if a.status == "succeeded" and a.ended_at:  # all its steps ran: the rest of its time is the wrap-up
+            taken = (a.ended_at - a.started_at).total_seconds()
+            wrapup = max(0.0, taken - startup - a.total_steps * a.sec_per_step)
+    return eta.Measured(a.spec, a.sec_per_step, a.total_steps, startup, wrapup)
+
+
+def own_paces(run: Run) -> list[eta.Measured]:
+    """This run's attempts with a measured pace, newest first."""
+    return [measured(a) for a in sorted(run.attempts, key=lambda a: -a.number) if a.sec_per_step and a.total_steps]
+
+
+def similar_paces(history: list[PastAttempt], spec: dict[str, Any], exclude_run: str | None = None) -> list[eta.Measured]:
+    """Earlier attempts on the same hosts with the same program and process count, newest first."""
+    hosts = spec.get("hosts") or [spec.get("host")]
+    out = []
+    for past in history:
+        s = past.measured.spec
+        if past.run_id == exclude_run or past.hosts != hosts:
+            continue
+        same_program = (s.get("entrypoint") == spec.get("entrypoint") and
+                        bool(s.get("trainer")) == bool(spec.get("trainer")))
+        if same_program and s.get("nproc_per_node") == spec.get("nproc_per_node"):
+            out.append(past.measured)
+    return out
+
+
+def paces(run: Run, history: list[PastAttempt]) -> list[eta.Measured]:
+    """The run's own measured attempts; without any, similar earlier ones from `history`."""
+    return own_paces(run) or similar_paces(history, run.spec, exclude_run=run.id)

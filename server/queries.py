@@ -1,0 +1,134 @@
+"""Run queries: what the API reads, each taking the caller's session. Nothing here writes."""
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from server import eta, pace, views
+from server.advisor import advise
+from server.errors import Conflict, FieldError, NotFound
+from server.models import Attempt, Event, LogChunk, MetricPoint, Run
+from server.schemas import RunAdvicePublic
+
+# how many recent measured attempts a prediction without a measurement of its own looks through
+PACE_HISTORY_LIMIT = 50
+
+
+def get_run(session: Session, run_id: str) -> Run:
+    """The run with its attempts; in a write transaction on a server database, row-locked until commit."""
+    query = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
+    if session.info.get("lock_rows"):
+        query = query.with_for_update(of=Run)
+    run = session.scalar(query)
+    if run is None:
+        raise NotFound(f"no run with id {run_id!r}")
+    return run
+
+
+def list_runs(session: Session, status: str | None, limit: int, cursor: str | None) -> tuple[list[Run], str | None]:
+    """Newest first, attempts loaded; the cursor is the last run's (created_at, id) so pages stay stable."""
+    q = select(Run).options(selectinload(Run.attempts)).order_by(Run.created_at.desc(), Run.id.desc())
+    if status:
+        q = q.where(Run.status == status)
+    if cursor:
+        anchor = session.get(Run, cursor)
+        if anchor is None:
+            raise FieldError(("cursor",), f"unknown cursor {cursor!r}")
+        q = q.where((Run.created_at < anchor.created_at) |
+                    ((Run.created_at == anchor.created_at) & (Run.id < anchor.id)))
+    runs = list(session.scalars(q.limit(limit + 1)))
+    more = len(runs) > limit
+    runs = runs[:limit]
+    return runs, (runs[-1].id if more and runs else None)
+
+
+def pace_history(session: Session, limit: int = PACE_HISTORY_LIMIT) -> list[pace.PastAttempt]:
+    """The newest attempts with a measured pace, with their runs' hosts: one query."""
+    rows = session.execute(
+        select(Attempt, Run.hosts).join(Run).where(Attempt.sec_per_step.is_not(None),
+                                                   Attempt.total_steps.is_not(None))
+        .order_by(Attempt.created_at.desc()).limit(limit)).all()
+    return [pace.PastAttempt(a.run_id, hosts, pace.measured(a)) for a, hosts in rows]
+
+
+def pace_history_for(session: Session, runs: list[Run]) -> list[pace.PastAttempt]:
+    """What building responses for `runs` needs from earlier attempts: one query, or none when no run does."""
+    return pace_history(session) if any(views.needs_pace_history(r) for r in runs) else []
+
+
+def measured_attempts(session: Session, run: Run) -> list[eta.Measured]:
+    """This run's attempts with a measured pace, newest first; else similar runs on the same hosts."""
+    return pace.own_paces(run) or pace.similar_paces(pace_history(session), run.spec, exclude_run=run.id)
+
+
+def metric_series(session: Session, run_id: str, names: list[str] | None, attempt: int | None,
+                  since_step: int | None, limit: int) -> dict[str, list[dict[str, Any]]]:
+    get_run(session, run_id)
+    q = select(MetricPoint).where(MetricPoint.run_id == run_id)
+    if names:
+        q = q.where(MetricPoint.name.in_(names))
+    if attempt is not None:
+        q = q.where(MetricPoint.attempt == attempt)
+    if since_step is not None:
+        q = q.where(MetricPoint.step > since_step)
+    q = q.order_by(MetricPoint.name, MetricPoint.attempt, MetricPoint.line, MetricPoint.id).limit(limit)
+    series: dict[str, list[dict[str, Any]]] = {}
+    for p in session.scalars(q):
+        series.setdefault(p.name, []).append({"attempt": p.attempt, "step": p.step, "value": p.value, "time": p.time})
+    return series
+
+
+def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | None,
+              since_offset: int | None, node: int = 0) -> tuple[int, str | None, list[str], int]:
+    """Lines of an attempt's log as ingested from the host; returns (attempt, path, lines, next_offset)."""
+    run = get_run(session, run_id)
+    number = attempt or run.attempt
+    att = next((a for a in run.attempts if a.number == number), None)
+    if att is None:
+        raise NotFound(f"run {run_id} has no attempt {number}")
+    q = select(LogChunk).where(LogChunk.run_id == run_id, LogChunk.attempt == number, LogChunk.node == node)
+    if since_offset is not None:
+        q = q.where(LogChunk.offset >= since_offset)
+    chunks = list(session.scalars(q.order_by(LogChunk.offset)))
+    text = "".join(c.text for c in chunks)
+    end = chunks[-1].end if chunks else (since_offset or 0)
+    lines = text.splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail > 0 else []
+    return number, att.log_path, lines, end
+
+
+def events_after(session: Session, run_id: str, after: int, limit: int = 500) -> tuple[list[Event], str]:
+    """The run's events with an id above `after`, oldest first, and its status now."""
+    run = get_run(session, run_id)
+    events = list(session.scalars(select(Event).where(Event.run_id == run_id, Event.id > after)
+                                  .order_by(Event.id).limit(limit)))
+    return events, run.status
+
+
+def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attempt: int | None = None) -> RunAdvicePublic:
+    """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace."""
+    run = get_run(session, run_id)
+    reports = views.evaluations(run)
+    if attempt is not None:
+        reports = [r for r in reports if r.attempt == attempt]
+    if not reports:
+        raise NotFound(f"run {run_id} has no evaluation{f' for attempt {attempt}' if attempt else ''} yet: "
+                       "give the trainer an eval_corpus, or run python -m trainer.evaluate")
+    report = reports[-1]
+    measured = measured_attempts(session, run)
+    base = next(a.spec for a in run.attempts if a.number == report.attempt)
+    seconds_by_ttt = {}
+    if base.get("trainer") and measured:
+        for ttt in range(1, len(report.position_acceptance) + 1):
+            spec = {**base, "trainer": {**base["trainer"], "ttt_steps": ttt}}
+            seconds, _ = eta.predict_duration(measured, spec)
+            if seconds is not None:
+                seconds_by_ttt[ttt] = seconds
+    try:
+        advice = advise(report.model_dump(), interconnect, tp, trained_ttt=report.ttt_steps,
+                        retrain_seconds_by_ttt=seconds_by_ttt or None)
+    except ValueError as exc:
+        raise Conflict(f"the evaluation of attempt {report.attempt} cannot be advised on: {exc}") from None
+    return RunAdvicePublic(attempt=report.attempt, **dict(advice))

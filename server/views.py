@@ -1,0 +1,83 @@
+"""Response building: ORM rows (loaded by the caller) into the API's schemas. Runs no query."""
+
+from pydantic import ValidationError
+
+from server import eta, pace
+from server.errors import Conflict
+from server.lifecycle import TERMINAL, RunStatus
+from server.models import Attempt, Host, Run, utcnow
+from server.schemas import AttemptEvaluation, AttemptPublic, GpuSnapshotPublic, HostPublic, RunPublic
+
+
+def attempt_public(a: Attempt) -> AttemptPublic:
+    actual = None
+    error = None
+    if a.ended_at and a.started_at:
+        actual = (a.ended_at - a.started_at).total_seconds()
+        if a.predicted_duration_seconds and a.status == "succeeded":
+            error = (actual - a.predicted_duration_seconds) / a.predicted_duration_seconds
+    return AttemptPublic(number=a.number, spec=a.spec, status=a.status, created_at=a.created_at,
+                         started_at=a.started_at, first_step_at=a.first_step_at, ended_at=a.ended_at,
+                         exit_code=a.exit_code, message=a.message, log_path=a.log_path, nodes=a.nodes,
+                         last_step=a.last_step, total_steps=a.total_steps, seconds_per_step=a.sec_per_step,
+                         predicted_duration_seconds=a.predicted_duration_seconds,
+                         actual_duration_seconds=actual, prediction_error=error)
+
+
+def needs_pace_history(run: Run) -> bool:
+    """Whether the run's ETA has to come from other runs' attempts: active, and none of its own measured."""
+    return run.status not in TERMINAL and run.current.sec_per_step is None and not pace.own_paces(run)
+
+
+def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float | None, float | None]:
+    """Progress from the latest step; the ETA from the measured pace, else from earlier attempts in `history`."""
+    a = run.current
+    progress = None
+    if a.total_steps and a.last_step is not None:
+        progress = min(1.0, a.last_step / a.total_steps)
+    if run.status == RunStatus.SUCCEEDED:
+        return 1.0, 0.0
+    if run.status in TERMINAL:
+        return progress, None
+    if a.sec_per_step is not None:
+        since = (utcnow() - a.last_metric_at).total_seconds() if a.last_metric_at else 0.0
+        return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
+    seconds, _ = eta.predict_duration(pace.paces(run, history), a.spec)
+    return progress, seconds
+
+
+def run_public(run: Run, history: list[pace.PastAttempt]) -> RunPublic:
+    """The run as clients see it; `history` is queries.pace_history_for([run]) (empty when not needed)."""
+    progress, eta_seconds = progress_and_eta(run, history)
+    return RunPublic(id=run.id, name=run.name, status=run.status, message=run.message, attempt=run.attempt,
+                     hosts=run.hosts, spec=run.spec, progress=progress, eta_seconds=eta_seconds,
+                     host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
+                     updated_at=run.updated_at, ended_at=run.ended_at,
+                     attempts=[attempt_public(a) for a in run.attempts])
+
+
+def evaluations(run: Run) -> list[AttemptEvaluation]:
+    """Every attempt's acceptance report, oldest first; Conflict when a job reported one of another shape."""
+    reports = []
+    for a in run.attempts:
+        if a.evaluation:
+            try:
+                reports.append(AttemptEvaluation.model_validate(
+                    {**a.evaluation, "attempt": a.number, "ttt_steps": eta.ttt_of(a.spec)}))
+            except ValidationError as exc:
+                raise Conflict(f"attempt {a.number} reported an evaluation that is not an acceptance report "
+                               f"(see python -m trainer.evaluate): {exc.errors()[0]['msg']} at "
+                               f"{'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    return reports
+
+
+def host_public(host: Host) -> HostPublic:
+    return HostPublic(name=host.name, address=host.address, port=host.port, username=host.username,
+                      workspace=host.workspace, python=host.python, reachable=host.reachable,
+                      last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
+                      gpus_sampled_at=host.gpu_snapshot_at)
+
+
+def gpu_snapshot_public(host: Host) -> GpuSnapshotPublic:
+    return GpuSnapshotPublic(host=host.name, sampled_at=host.gpu_snapshot_at, reachable=host.reachable,
+                             **host.gpu_snapshot)

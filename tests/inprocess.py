@@ -1,0 +1,69 @@
+"""The API in this process, without the worker: a FastAPI TestClient over a fresh SQLite file made by the
+Alembic migrations. Runs are moved through states with the state machine, as the worker would."""
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from server.api.app import create_app
+from server.config import Settings
+from server.db import Database
+from server.hosts import ensure_local_host
+from server.lifecycle import RunStatus, transition
+from server.models import Run
+
+_migrated: dict[str, Path] = {}
+
+
+def migrated_database(directory: Path, template_dir: Path) -> Database:
+    """A database at the newest migration; the migrations run once per session, later ones copy the file."""
+    if "template" not in _migrated:
+        template = template_dir / "template.sqlite"
+        Database(f"sqlite:///{template}").migrate()
+        _migrated["template"] = template
+    path = directory / "longrun.sqlite"
+    shutil.copy(_migrated["template"], path)
+    return Database(f"sqlite:///{path}")
+
+
+class App:
+    """The app, its database and settings, and a client (with the token when one is set)."""
+
+    def __init__(self, home: Path, template_dir: Path, token: str | None = None):
+        home.mkdir(parents=True, exist_ok=True)
+        self.settings = Settings(home=home, api_token=token)
+        self.db = migrated_database(home, template_dir)
+        with self.db.writing() as s:
+            ensure_local_host(s, self.settings)
+        self.app = create_app(self.db, self.settings)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = TestClient(self.app, headers=headers)
+
+    @property
+    def workspace(self) -> Path:
+        return self.settings.local_workspace
+
+    def submit(self, **spec: Any) -> dict[str, Any]:
+        body = {"name": "toy", "host": "local", "entrypoint": "/opt/train.py", **spec}
+        r = self.client.post("/v1/runs", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def move(self, run_id: str, *statuses: RunStatus) -> None:
+        """Take the run through `statuses` in order, each a legal transition."""
+        for status in statuses:
+            with self.db.writing() as s:
+                transition(s, s.get(Run, run_id), status, f"test: {status}")
+
+    @contextmanager
+    def session(self) -> Iterator[Any]:
+        with self.db.writing() as s:
+            yield s
+
+    def close(self) -> None:
+        self.client.close()
+        self.db.dispose()

@@ -1,0 +1,87 @@
+"""One optimizer step: verifier targets, the TTT objective over one or several micro-batches, backward,
+gradient clipping, AdamW and the schedule.
+
+Several micro-batches (gradient accumulation) make exactly the step of their concatenation: each TTT
+step's loss is divided by the positions it trains in the whole batch, counted before the first backward
+from the verifier targets (so those of all micro-batches are held at once), and DDP reduces gradients
+once, on the last micro-batch (`no_sync` on the others).
+"""
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.ttt import TTTObjective, add_feature_noise, trained_position_counts, verifier_targets
+from trainer.verifier_io import VerifierHead
+
+
+@dataclass
+class StepResult:
+    """A step's figures, all still on the device (reading them would wait for the GPU)."""
+
+    loss: Tensor
+    stats: Tensor  # [T, len(STAT_FIELDS)] as TTTObjective returns them, summed over micro-batches
+    grad_norm: Tensor
+    tokens: Tensor
+
+
+def packing(batch: dict) -> dict:
+    """The objective's arguments for packed rows (None for one sample per row)."""
+    return {"position_ids": batch.get("position_ids"), "documents": batch.get("documents")}
+
+
+class TrainingStep:
+    """Call it with the micro-batches of one optimizer step (one, without accumulation)."""
+
+    def __init__(self, model: nn.Module, objective: TTTObjective, head: VerifierHead, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, noise_std: float, noise: torch.Generator,
+                 grad_clip: float):
+        self.model, self.objective, self.head = model, objective, head
+        self.optimizer, self.scheduler, self.grad_clip = optimizer, scheduler, grad_clip
+        self.noise_std, self.noise = noise_std, noise
+        self.params = [p for p in objective.draft.parameters() if p.requires_grad]
+
+    def __call__(self, micro_batches: Sequence[dict]) -> StepResult:
+        loss, stats = self.accumulate_gradients(micro_batches)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = micro_batches[0]["attention_mask"].sum()
+        for batch in micro_batches[1:]:
+            tokens = tokens + batch["attention_mask"].sum()
+        return StepResult(loss, stats, grad_norm, tokens)
+
+    def accumulate_gradients(self, micro_batches: Sequence[dict]) -> tuple[Tensor, Tensor]:
+        """Backward of the whole batch's loss into the parameters' .grad; returns (loss, stats), detached."""
+        cuda = micro_batches[0]["input_ids"].is_cuda
+        if len(micro_batches) == 1:
+            (batch,) = micro_batches
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                targets = verifier_targets(self.head, batch["last_hidden_state"], batch["loss_mask"])
+                loss, stats = self.model(self._features(batch), batch["input_ids"], targets, **packing(batch))
+            loss.backward()
+            return loss.detach(), stats
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            all_targets = [verifier_targets(self.head, b["last_hidden_state"], b["loss_mask"]) for b in micro_batches]
+        steps = self.objective.ttt_steps
+        counts = [trained_position_counts(t, steps, b.get("position_ids")) for t, b in zip(all_targets, micro_batches, strict=True)]
+        normalizer = torch.stack(counts).sum(0).clamp(min=1)
+        total_loss, total_stats = None, None
+        for i, (batch, targets) in enumerate(zip(micro_batches, all_targets, strict=True)):
+            defer_sync = isinstance(self.model, DistributedDataParallel) and i < len(micro_batches) - 1
+            with self.model.no_sync() if defer_sync else nullcontext():
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                    loss, stats = self.model(self._features(batch), batch["input_ids"], targets, **packing(batch),
+                                             normalizer=normalizer)
+                loss.backward()
+            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+            total_stats = stats if total_stats is None else total_stats + stats
+        return total_loss, total_stats
+
+    def _features(self, batch: dict) -> Tensor:
+        return add_feature_noise(batch["hidden_states"], self.noise_std, self.noise)

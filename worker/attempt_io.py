@@ -1,0 +1,71 @@
+"""Reading an attempt's nodes on their hosts, and storing what was read: metric lines, log text, GPU samples."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.lifecycle import NodeState, node_probed, nodes_of
+from server.models import Attempt, Host, MetricPoint, Run
+from worker.gpu_placement import gpu_readings
+from worker.host_contact import HostContact, store_snapshot
+from worker.ingest import store_log, store_log_metrics, store_metrics
+from worker.protocol import GpuView, ProbeAnswer, ReadFrom
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """What one node's host said, read from `read_from`."""
+
+    index: int
+    read_from: ReadFrom
+    answer: ProbeAnswer
+
+
+def read_from(attempt: Attempt) -> list[ReadFrom]:
+    """Where each node's files were read up to."""
+    return [ReadFrom(n.metrics_offset, n.log_offset) for n in nodes_of(attempt)]
+
+
+def probe_nodes(contact: HostContact, attempt: Attempt, hosts: dict[str, Host],
+                with_gpus: bool = False) -> list[NodeProbe]:
+    """One probe per node: its state, new metric lines and log text, and with_gpus a GPU snapshot."""
+    out = []
+    for i, (node, offsets) in enumerate(zip(nodes_of(attempt), read_from(attempt), strict=True)):
+        answer = contact.agent(hosts[node.host]).probe(node.dir, offsets,
+                                                       gpu_tokens=[attempt.token] if with_gpus else None)
+        out.append(NodeProbe(i, offsets, answer))
+    return out
+
+
+def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[NodeProbe], now: datetime) -> None:
+    """Store what the probes read; skipped for a node whose offsets moved since (already stored)."""
+    nodes = nodes_of(attempt)
+    for p in probes:
+        node, a = nodes[p.index], p.answer
+        if ReadFrom(node.metrics_offset, node.log_offset) != p.read_from:
+            continue
+        if p.index == 0 and a.metrics:
+            store_metrics(session, run, attempt, a.metrics)
+        log_position = (node.log_records, node.log_midline)
+        if p.index == 0:
+            # the read ends mid-record only while the job runs or the read was cut short
+            log_position = store_log_metrics(session, run, attempt, log_position, a.log,
+                                             a.state != NodeState.RUNNING and not a.more)
+        store_log(session, run.id, attempt.number, p.index, node.log_offset, a.log_offset, a.log)
+        if a.gpus is not None:
+            host = session.scalar(select(Host).where(Host.name == node.host))
+            store_gpu_sample(session, run, attempt, p.index, a.gpus.view(), host, now)
+        node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code, log_position)
+
+
+def store_gpu_sample(session: Session, run: Run, attempt: Attempt, index: int, view: GpuView, host: Host,
+                     now: datetime) -> None:
+    """GPU utilisation and memory of the GPUs this attempt uses, as metrics of the run."""
+    store_snapshot(session, host.id, view, now)
+    readings = gpu_readings(view, attempt.token, nodes_of(attempt)[index].gpus, index)
+    session.add_all(MetricPoint(run_id=run.id, attempt=attempt.number, line=None, name=name, step=attempt.last_step,
+                                value=value, time=now) for name, value in readings.items())
+    if readings and attempt.number == run.attempt:
+        run.latest = {**(run.latest or {}), **readings}

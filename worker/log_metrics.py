@@ -1,0 +1,295 @@
+"""Progress and metrics read from what a trainer prints: tqdm bars, `key=value` lines, JSON or dict lines,
+and per-run patterns (the run spec's `log_metrics`).
+
+Pure functions over text the job wrote, which is untrusted: nothing here raises on any input, and anything
+that is not sane (too long, not finite, a step outside a 32-bit counter) is skipped. A record is one piece
+of the log between line ends, `\\n` or `\\r` (tqdm redraws its bar after a `\\r`), numbered from the start of
+the log; Rich's wrapped log lines (speculators' logger) are joined back into the record they began.
+Records come out in the vocabulary of longrun's metrics file (`step`, `total_steps`, one key per series).
+"""
+
+import ast
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+
+from server.log_patterns import FORMATS, compile_pattern
+
+# a longer record is not a progress line (and would be slow to scan)
+MAX_RECORD_CHARS = 16384
+MAX_SERIES_PER_RECORD = 64
+# a run's own pattern may backtrack without end: each search, and all of one read's, get a time limit
+PATTERN_SECONDS = 0.05
+PATTERNS_SECONDS_PER_READ = 1.0
+# steps and totals are 32-bit columns in the database
+MAX_STEP = 2**31 - 1
+MAX_ABS_VALUE = 1e300
+STEP_KEYS = ("step", "global_step", "iteration", "iter")
+TOTAL_KEYS = ("total_steps", "max_steps", "num_steps")
+
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+NAME_RE = re.compile(r"^[A-Za-z_][\w./-]{0,127}$")
+ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
+# `train:  45%|████▌     | 450/1000 [01:23<01:40,  5.43it/s, loss=2.31]`; the bar itself may be any characters
+TQDM_RE = re.compile(
+    r"(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+(?:\.\d+)?[kMGTPEZY]?)/(?P<total>\d+(?:\.\d+)?[kMGTPEZY]?)"
+    r"\s*\[(?P<elapsed>[\d:]+)<(?P<left>[\d:?]+),\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>\S*?)(?:,\s*(?P<postfix>[^\]]*))?\]")
+SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21, "Y": 1e24}
+# `step 50`, `Step 10/100`, `global_step=7`, `iter: 3`
+STEP_PHRASE_RE = re.compile(r"(?<![\w/.])(?:global_step|step|iteration|iter)\s*[=:]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])",
+                            re.IGNORECASE)
+KEY = r"(?<![\w./-])([A-Za-z_][\w./-]*)"
+# `loss=2.31`, `loss: 2.31` (a space after the colon, so that `trainer.py:498` is no pair)
+PAIR_RE = re.compile(KEY + rf"\s*(?:=\s*|:\s+)({NUMBER}|nan|inf|-inf)(?![\w.:/])", re.IGNORECASE)
+# `loss 2.31`, only on a line that names its step (the bundled trainer's `[train] step 5/60 loss 2.13 lr 3e-05`)
+SPACED_PAIR_RE = re.compile(KEY + rf"\s+({NUMBER})(?![\w.:/])")
+# Rich's log handler: `[12:00:01] INFO     message   file.py:42`, continued on lines indented past the level
+RICH_HEADER_RE = re.compile(r"^(?:\[[^\]]{1,40}\]|\s+)\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S")
+RICH_CONTINUATION_RE = re.compile(r"^\s{8,}\S")
+
+
+@dataclass(frozen=True)
+class LogMetricsConfig:
+    """How a run's log is read: which built-in formats, which patterns, and a total when the log has none."""
+
+    formats: frozenset[str] = frozenset(FORMATS)
+    patterns: tuple[regex.Pattern[str], ...] = ()
+    total_steps: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> "LogMetricsConfig | None":
+        """The run's settings; None when its log is not read for metrics (the bundled trainer writes its own)."""
+        if spec.get("trainer") is not None:
+            return None
+        given = spec.get("log_metrics") or {}
+        try:
+            patterns = tuple(compile_pattern(p) for p in given.get("patterns", ()))
+        except ValueError:
+            patterns = ()  # checked when the run was submitted; an older spec must not stop the worker
+        config = cls(frozenset(given.get("formats", FORMATS)), patterns, given.get("total_steps"))
+        return config if config.formats or config.patterns else None
+
+
+@dataclass
+class LogRecord:
+    """One record's metrics in the metrics-file vocabulary; `step_seconds` is the trainer's own pace (tqdm's rate)."""
+
+    index: int
+    values: dict[str, Any] = field(default_factory=dict)
+    step_seconds: float | None = None
+
+
+@dataclass
+class LogRead:
+    """What one read of the log gave: its records, how many it consumed, and whether it ended mid-record."""
+
+    records: list[LogRecord]
+    consumed: int
+    midline: bool
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) and abs(value) <= MAX_ABS_VALUE else None
+
+
+def _value(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) <= MAX_ABS_VALUE else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) and abs(value) <= MAX_ABS_VALUE else None
+    if isinstance(value, str) and len(value) < 64:
+        return _number(value.strip())
+    return None
+
+
+def _count(value: Any) -> int | None:
+    """A step or total: a whole number within a 32-bit counter."""
+    number = _value(value)
+    if number is None or number != int(number) or not 0 <= number <= MAX_STEP:
+        return None
+    return int(number)
+
+
+def _scaled(text: str) -> int | None:
+    suffix = text[-1] if text and text[-1] in SCALE else ""
+    number = _number(text[: len(text) - len(suffix)])
+    return None if number is None else _count(round(number * SCALE.get(suffix, 1)))
+
+
+def _flatten(obj: Any, prefix: str, out: dict[str, Any], depth: int = 0) -> None:
+    """Nested dicts as `outer/inner`, lists as `name/0`, `name/1` (the separators speculators and SpecForge use)."""
+    if depth > 4 or len(out) > MAX_SERIES_PER_RECORD:
+        return
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _flatten(value, f"{prefix}{key}/" if isinstance(key, str) else prefix, out, depth + 1)
+    elif isinstance(obj, list | tuple):
+        for i, value in enumerate(obj[:MAX_SERIES_PER_RECORD]):
+            _flatten(value, f"{prefix}{i}/", out, depth + 1)
+    elif prefix:
+        out[prefix[:-1]] = obj
+
+
+def _object_in(text: str) -> dict[str, Any] | None:
+    """The JSON object, or Python dict literal (HF Trainer, SpecForge), that the record carries."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    body = text[start: end + 1]
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        try:
+            # Python's repr writes nan and inf bare; as names they would not be literals
+            obj = ast.literal_eval(re.sub(r"(?<![\w'\"])-?(?:nan|inf)(?![\w'\"])", "None", body))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(obj, dict):
+        return None
+    flat: dict[str, Any] = {}
+    _flatten(obj, "", flat)
+    return flat
+
+
+def _is_loss(name: str) -> bool:
+    return "loss" in name.lower().rsplit("/", 1)[-1]
+
+
+def _take(pairs: dict[str, Any], out: dict[str, Any]) -> None:
+    """Sane pairs into `out`: step and total under their own names, the rest as series."""
+    for name, raw in pairs.items():
+        if not isinstance(name, str) or not NAME_RE.match(name) or len(out) >= MAX_SERIES_PER_RECORD:
+            continue
+        lower = name.lower()
+        if lower in STEP_KEYS:
+            step = _count(raw)
+            if step is not None and ("step" not in out or lower == "step"):
+                out["step"] = step
+        elif lower in TOTAL_KEYS:
+            total = _count(raw)
+            if total:
+                out["total_steps"] = total
+        elif lower != "time" and (value := _value(raw)) is not None:  # a metrics line's `time` is its timestamp
+            out[name] = value
+
+
+def parse_tqdm(text: str) -> tuple[dict[str, Any], float | None, int] | None:
+    """A tqdm bar with a total: step, total_steps and the postfix's numbers, seconds per iteration, and where
+    the bar ends (a log line printed while the bar is drawn follows it on the same line)."""
+    bar = TQDM_RE.search(text)
+    if bar is None:
+        return None
+    n, total = _scaled(bar["n"]), _scaled(bar["total"])
+    if n is None or not total:
+        return None
+    out: dict[str, Any] = {"step": n, "total_steps": total}
+    if bar["postfix"]:
+        _take({m[1]: m[2] for m in PAIR_RE.finditer(bar["postfix"])}, out)
+    rate = _number(bar["rate"]) if bar["rate"] != "?" else None
+    seconds = None
+    if rate and rate > 0 and bar["unit"].endswith("/s"):
+        seconds = 1.0 / rate
+    elif rate and rate > 0 and bar["unit"].startswith("s/"):
+        seconds = rate
+    return out, seconds, bar.end()
+
+
+def parse_line(text: str, formats: frozenset[str]) -> dict[str, Any]:
+    """A log line's metrics (a JSON object or dict literal, or key=value pairs), or {} when it is no progress
+    line: one that names neither a step nor a loss."""
+    phrase = STEP_PHRASE_RE.search(text)
+    pairs: dict[str, Any] = {}
+    obj = _object_in(text) if "json" in formats else None
+    if obj is not None:
+        pairs.update(obj)
+    elif "key_value" in formats:
+        pairs.update((m[1], m[2]) for m in PAIR_RE.finditer(text))
+        if phrase is not None:
+            for m in SPACED_PAIR_RE.finditer(text):
+                pairs.setdefault(m[1], m[2])
+    if phrase is not None:
+        pairs.setdefault("step", phrase[1])
+        if phrase[2] is not None:
+            pairs.setdefault("total_steps", phrase[2])
+    out: dict[str, Any] = {}
+    _take(pairs, out)
+    # numbers with neither a step nor a loss are a configuration dump, not progress
+    return out if "step" in out or any(_is_loss(k) for k in out) else {}
+
+
+def parse_record(text: str, config: LogMetricsConfig,
+                 patterns_until: float = math.inf) -> tuple[dict[str, Any], float | None] | None:
+    """The metrics of one record, or None when it has none; `text` has no line ends. The run's patterns are
+    searched until the monotonic time `patterns_until`."""
+    if len(text) > MAX_RECORD_CHARS:
+        return None
+    text = ANSI_RE.sub("", text)
+    out: dict[str, Any] = {}
+    seconds = None
+    if "tqdm" in config.formats and (bar := parse_tqdm(text)) is not None:
+        out, seconds, end = bar
+        text = text[end:]
+    if config.formats & {"json", "key_value"}:
+        for name, value in parse_line(text, config.formats).items():
+            out.setdefault(name, value)
+    for pattern in config.patterns:
+        left = patterns_until - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            found = pattern.search(text, timeout=min(left, PATTERN_SECONDS))
+        except (TimeoutError, RecursionError, MemoryError):
+            found = None
+        if found is not None:
+            _take({k: v for k, v in found.groupdict().items() if v is not None}, out)
+    return (out, seconds) if out else None
+
+
+def _records(text: str, midline: bool, complete: bool) -> tuple[list[tuple[int, str]], int, bool]:
+    """Split into (index, record) with Rich's continuation lines joined; the first record continues the last
+    read's when `midline`. The final piece counts only when it ends with a line end, or `complete` says the
+    log ends there."""
+    pieces = re.split(r"\r|\n", text)
+    tail = pieces.pop()
+    ends_midline = bool(tail) and not complete
+    if tail and complete:
+        pieces.append(tail)
+    out: list[tuple[int, str]] = []
+    rich = False
+    for i, piece in enumerate(pieces):
+        if i == 0 and midline:
+            continue  # the end of a record read in pieces: too long to be a progress line
+        header = bool(RICH_HEADER_RE.match(piece))
+        if rich and not header and RICH_CONTINUATION_RE.match(piece) and len(out[-1][1]) < MAX_RECORD_CHARS:
+            out[-1] = (out[-1][0], out[-1][1] + " " + piece.strip())
+            continue
+        rich = header
+        if piece:
+            out.append((i, piece))
+    return out, len(pieces), ends_midline
+
+
+def read_log(text: str, first_index: int, midline: bool, complete: bool, config: LogMetricsConfig) -> LogRead:
+    """The metric records in one read of the log, which starts at record `first_index`."""
+    pieces, consumed, ends_midline = _records(text, midline, complete)
+    patterns_until = time.monotonic() + PATTERNS_SECONDS_PER_READ
+    records = []
+    for i, piece in pieces:
+        parsed = parse_record(piece, config, patterns_until)
+        if parsed is not None:
+            values, seconds = parsed
+            if config.total_steps and "step" in values:
+                values.setdefault("total_steps", config.total_steps)
+            records.append(LogRecord(first_index + i, values, seconds))
+    return LogRead(records, consumed, ends_midline)

@@ -1,0 +1,213 @@
+"""The run driver: moves one claimed run along by one step, with one handler per state.
+
+Every step reads the run, talks to its hosts (one agent call per node and action), then applies what it
+learned in one short write transaction (worker/run_rows.fresh_run) through the rules of server/lifecycle.py,
+so an API call that changed the run meanwhile always wins and nothing is applied twice.
+"""
+
+import logging
+import threading
+from collections.abc import Callable
+
+from server.config import Settings
+from server.db import Database
+from server.lifecycle import (
+    ENDED_ATTEMPT,
+    AttemptStatus,
+    NodeFailure,
+    NodeState,
+    RunStatus,
+    attempt_finished,
+    cancel_settled,
+    ended_badly,
+    fail_run,
+    host_answering,
+    host_unreachable,
+    is_unchanged,
+    launched,
+    nodes_launched,
+    nodes_of,
+    plan_nodes,
+    restart_blocked,
+    restart_cleared,
+    start_launching,
+    wait_for_gpus,
+)
+from server.models import Attempt, Host, Run
+from worker.attempt_io import probe_nodes, store_probes
+from worker.attempt_stopper import AttemptStopper
+from worker.clock import Clock
+from worker.gpu_placement import WaitForGpus, placement_env, visible_devices
+from worker.host_contact import HostContact, mark_unreachable, store_snapshot
+from worker.host_errors import HostError, HostUnreachable
+from worker.jobs import job_argv
+from worker.protocol import GpuView, LaunchRequest
+from worker.run_rows import attempt_numbered, fresh_run, read_run
+from worker.transports import LOCAL_ADDRESS
+
+log = logging.getLogger("longrun.worker")
+
+Handler = Callable[[Run, dict[str, Host]], None]
+
+
+class RunDriver:
+    def __init__(self, db: Database, settings: Settings, contact: HostContact, stopper: AttemptStopper,
+                 worker_id: str, clock: Clock):
+        self.db, self.settings, self.contact, self.stopper = db, settings, contact, stopper
+        self.worker_id, self.clock = worker_id, clock
+        self._lock = threading.Lock()
+        # run id -> monotonic time its GPUs were last sampled
+        self._gpu_sampled: dict[str, float] = {}
+        self._handlers: dict[RunStatus, Handler] = {
+            RunStatus.QUEUED: self._queue,
+            RunStatus.LAUNCHING: self._launch,
+            RunStatus.RUNNING: self._poll,
+            RunStatus.CANCELLING: self._cancel,
+            RunStatus.RESTARTING: self._restart,
+        }
+
+    def step(self, run_id: str) -> None:
+        """Move one run along by one step, whatever state it is in; host trouble goes to the lifecycle's rules."""
+        run, hosts = read_run(self.db, run_id)
+        handler = self._handlers.get(RunStatus(run.status)) if run is not None else None
+        if handler is None or run.lease_owner != self.worker_id:
+            return
+        started = self.clock.monotonic()
+        try:
+            handler(run, hosts)
+        except HostUnreachable as exc:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                mark_unreachable(s, exc.host, str(exc))
+                host_unreachable(s, fresh, str(exc), self.clock.now(), self.settings.unreachable_deadline)
+            log.warning("run %s: host unreachable: %s", run_id, exc)
+            return
+        except HostError as exc:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                fail_run(s, fresh, str(exc), self.clock.now())
+            log.warning("run %s failed: %s", run_id, exc)
+            return
+        except WaitForGpus as exc:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                wait_for_gpus(s, fresh, str(exc), self.clock.now(), self.settings.gpu_wait_deadline)
+            return
+        self.contact.mark_answered(hosts.values(), started)
+        if not run.host_reachable:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                host_answering(fresh, self.clock.now())
+
+    def forget_all_but(self, run_ids: list[str]) -> None:
+        """Drop the sampling clocks of runs this worker no longer drives."""
+        with self._lock:
+            self._gpu_sampled = {k: v for k, v in self._gpu_sampled.items() if k in run_ids}
+
+    # one handler per state
+
+    def _queue(self, run: Run, hosts: dict[str, Host]) -> None:
+        with fresh_run(self.db, run.id) as (s, fresh):
+            start_launching(s, fresh, self.clock.now())
+
+    def _launch(self, run: Run, hosts: dict[str, Host], views: dict[str, GpuView] | None = None) -> None:
+        """Start the current attempt on every node; `views` are GPU snapshots just taken, by host name."""
+        attempt = run.current
+        if not attempt.nodes:
+            # record where the attempt lives before anything starts, so a crash cannot orphan it
+            placement = [(name, self.contact.layout(hosts[name]).attempt_dir(run.id, attempt.number, i))
+                         for i, name in enumerate(run.hosts)]
+            with fresh_run(self.db, run.id) as (s, fresh):
+                if not is_unchanged(fresh, RunStatus.LAUNCHING, attempt.number):
+                    return
+                plan_nodes(fresh.current, placement)
+                attempt = fresh.current
+        nodes = nodes_of(attempt)
+        master = _node_address(hosts[run.hosts[0]])
+        multi_node = len(nodes) > 1
+        envs = [self._gpu_env(attempt, hosts[node.host], (views or {}).get(node.host)) for node in nodes]
+        pids = []
+        for i, (node, env) in enumerate(zip(nodes, envs, strict=True)):
+            host = hosts[node.host]
+            address = _node_address(host) if multi_node else None
+            argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master, node_addr=address)
+            answer = self.contact.agent(host).launch(LaunchRequest(node.dir, attempt.token, argv, env,
+                                                                   attempt.spec.get("cwd"), node_address=address))
+            pids.append(answer.pid)
+        with fresh_run(self.db, run.id) as (s, fresh):
+            nodes_launched(attempt_numbered(fresh, attempt.number), pids, [visible_devices(env) for env in envs])
+            if not is_unchanged(fresh, RunStatus.LAUNCHING, attempt.number):
+                return  # cancelled or restarted meanwhile: that handler stops what we started
+            launched(s, fresh, self.clock.now())
+
+    def _gpu_env(self, attempt: Attempt, host: Host, view: GpuView | None = None) -> dict[str, str]:
+        """The job's environment with its GPUs placed (worker/gpu_placement.py); raises WaitForGpus.
+
+        Reads nvidia-smi on the host unless given a snapshot just taken there (and stored)."""
+        if view is None:
+            view = self.contact.agent(host).gpus([attempt.token])
+            with self.db.writing() as s:
+                store_snapshot(s, host.id, view, self.clock.now())
+        return placement_env(attempt.spec, attempt.token, host.name, view)
+
+    def _poll(self, run: Run, hosts: dict[str, Host]) -> None:
+        attempt = run.current
+        nodes = nodes_of(attempt)
+        probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
+        running = [p for p in probes if p.answer.state == NodeState.RUNNING]
+        failed = [p for p in probes if ended_badly(p.answer.state, p.answer.exit_code)]
+        if failed and running:
+            # one node's failure fails the attempt: stop the others, and look again next tick
+            for p in running:
+                node = nodes[p.index]
+                self.contact.agent(hosts[node.host]).cancel(node.dir, self.settings.cancel_grace)
+        drained = not any(p.answer.more for p in probes)
+        with fresh_run(self.db, run.id) as (s, fresh):
+            store_probes(s, fresh, attempt_numbered(fresh, attempt.number), probes, self.clock.now())
+            if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number) or running or not drained:
+                return
+            bad = failed[0] if failed else None
+            failure = NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code) if bad else None
+            attempt_finished(s, fresh, failure, self.clock.now())
+
+    def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:
+        active = [a for a in run.attempts if a.status not in ENDED_ATTEMPT]
+        remaining, _ = self.stopper.stop(run, active, hosts, AttemptStatus.CANCELLED, "cancelled on request")
+        with fresh_run(self.db, run.id) as (s, fresh):
+            cancel_settled(s, fresh, remaining, self.clock.now())
+
+    def _restart(self, run: Run, hosts: dict[str, Host]) -> None:
+        # earlier attempts still going, and any given up on while their host was away that may still run there
+        old = [a for a in run.attempts if a.number < run.attempt and (a.status not in ENDED_ATTEMPT or a.abandoned)]
+        remaining, views = self.stopper.stop(run, old, hosts, AttemptStatus.CANCELLED,
+                                             f"superseded by attempt {run.attempt}")
+        if remaining:
+            with fresh_run(self.db, run.id) as (s, fresh):
+                restart_blocked(fresh, remaining)
+            return
+        if run.clean_pending:
+            self._clean(run, hosts)
+        with fresh_run(self.db, run.id) as (s, fresh):
+            if not restart_cleared(s, fresh, run.attempt, self.clock.now()):
+                return
+        # launch in this same step, placed by the GPU snapshots the cancels just took with the old attempts gone
+        launching, _ = read_run(self.db, run.id)
+        if launching is not None and is_unchanged(launching, RunStatus.LAUNCHING, run.attempt):
+            self._launch(launching, hosts, views)
+
+    def _clean(self, run: Run, hosts: dict[str, Host]) -> None:
+        """Empty the run's output directory on every host; a warm start's draft kept aside first."""
+        target = run.spec.get("trainer", {}).get("output_dir") or run.spec.get("output_dir")
+        keep = run.spec.get("trainer", {}).get("init_from")
+        for name in run.hosts:
+            stash = keep if keep and self.contact.layout(hosts[name]).holds_records_of(keep, run.id) else None
+            self.contact.agent(hosts[name]).clean(target, keep_into=stash)
+
+    def _gpu_sample_due(self, run_id: str) -> bool:
+        now = self.clock.monotonic()
+        with self._lock:
+            if now - self._gpu_sampled.get(run_id, float("-inf")) < self.settings.gpu_sample_interval:
+                return False
+            self._gpu_sampled[run_id] = now
+        return True
+
+
+def _node_address(host: Host) -> str:
+    """The address other nodes of a multi-node run reach this host at."""
+    return "127.0.0.1" if host.address == LOCAL_ADDRESS else host.address
