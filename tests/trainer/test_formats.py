@@ -61,6 +61,12 @@ def test_peer_layouts_give_longrun_batches_features_and_targets(layouts, layout)
     for name in ("input_ids", "loss_mask", "attention_mask"):
         assert torch.equal(batch[name], expected[name]), name
     torch.testing.assert_close(batch["hidden_states"].float(), expected["hidden_states"].float(), atol=0.03, rtol=0.02)
+    rows = [list(range(count))]  # --pack-samples: every sample in one row
+    packed = data.dataset(data.files, 24).read_packed_batch(rows)
+    expected_packed = reference.dataset(reference.files[:count], 24).read_packed_batch(rows)
+    assert packed["documents"] == expected_packed["documents"]
+    assert torch.equal(packed["position_ids"], expected_packed["position_ids"])
+    assert torch.equal(packed["input_ids"], expected_packed["input_ids"])
 
     d2t, t2d = load_vocab_mapping(layouts[layout]["vocab"])
     head, _ = load_verifier_head(layouts["verifier"], d2t, t2d)
