@@ -139,3 +139,27 @@ def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_comma
                        *SEED_FLAGS])
     for name in ("epochs", "lr", "max_seq_len", "num_workers", "noise_std", "scheduler", "warmup_ratio", "val_ratio"):
         assert getattr(args, name) == getattr(seed, name), name
+
+
+def test_speculators_data_through_the_service_with_the_seed_flags_restarts_from_ttt_3_to_5(layouts, service):
+    """The seed's run as a user submits it: speculators' data and vocab mapping, the production flags unchanged
+    (TTT=3 first), then a restart at TTT=5 into a cleaned output directory, with per-step metrics of both."""
+    out = service.workspace / "output_100k"
+    trainer = {"verifier_path": str(layouts["verifier"]), "data_dir": str(layouts["speculators"]["data"]),
+               "vocab_mapping_dir": str(layouts["speculators"]["vocab"]), "data_format": "speculators",
+               "output_dir": str(out), "epochs": 5, "lr": 3e-5, "max_seq_len": 4096, "num_workers": 4,
+               "ttt_steps": 3, "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05}
+    run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer})
+    first = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert first["status"] == "succeeded", service.logs(run["id"], tail=40)
+    assert {"loss_2", "acc_2", "cond_acc_2"} <= set(first["latest"]) and "loss_3" not in first["latest"]
+    restarted = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_steps": 5}, "clean": True})
+    assert restarted.status_code == 202, restarted.text
+    done = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, service.logs(run["id"], tail=40)
+    steps = 5 * (SAMPLES - 1)  # one sample held out for validation, batch 1
+    for k in range(5):
+        series = service.series(run["id"], f"acc_{k}", attempt=2)
+        assert [p["step"] for p in series] == list(range(1, steps + 1)), f"acc_{k} at every step of attempt 2"
+    assert not service.series(run["id"], "acc_3", attempt=1), "attempt 1 trained three steps"
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
