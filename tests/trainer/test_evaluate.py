@@ -13,12 +13,16 @@ import torch.nn.functional as F
 
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.evaluate import (
+    DATASET_MEASUREMENT,
+    GREEDY_MEASUREMENT,
     DecodeStats,
     DraftProposer,
     Verifier,
+    acceptance_summary,
     corpus_prompts,
     evaluate,
     speculative_decode,
+    teacher_forced_runs,
 )
 from trainer.evaluate import main as evaluate_main
 from trainer.model import TTTCache, load_draft
@@ -167,3 +171,62 @@ def test_cli_report_shapes(trained_draft, tiny_verifier, tiny_corpus, tmp_path, 
     assert all(0.0 <= p <= 1.0 for p in report["position_acceptance"])
     assert report["position_acceptance"][0] > 0.2  # the trained draft is much better than chance
     assert report["draft_ttt_steps"] == 3 and report["samples"] == 3
+    assert report["measurement"] == GREEDY_MEASUREMENT and report["prompts"] == 3
+    assert report["position_rounds"][0] == report["rounds"] == report["by_depth"][-1]["verifier_passes"]
+    dataset = report["dataset_text"]
+    assert dataset["measurement"] == DATASET_MEASUREMENT and dataset["prompts"] == 3
+    assert dataset["rounds"] == 3 * (16 + 24 - 1 - MAX_DEPTH)  # every position of three full samples
+    for measured in (report, dataset):
+        rounds = measured["position_rounds"]
+        assert all(b <= a for a, b in zip(rounds, rounds[1:], strict=False)), rounds
+        for value, bounds in zip(measured["position_acceptance"], measured["position_acceptance_interval"],
+                                 strict=True):
+            assert bounds[0] <= value <= bounds[1]
+    assert report["interval"] == {"confidence": 0.9, "resamples": 2000, "over": "prompts"}
+
+
+def test_summary_counts_rounds_per_position_and_bootstraps_over_prompts():
+    runs = [[0, 3, 1], [2, 2], [3, 0, 0, 1]]  # accepted proposals per round, per prompt
+    summary = acceptance_summary(runs, 3)
+    assert summary["rounds"] == 9 and summary["prompts"] == 3
+    assert summary["position_rounds"] == [9, 6, 4]  # rounds with all earlier proposals accepted
+    assert summary["position_acceptance"] == pytest.approx([6 / 9, 4 / 9, 2 / 9])
+    assert summary["conditional_acceptance"] == pytest.approx([6 / 9, 4 / 6, 2 / 4])
+    assert [row["mean_accepted"] for row in summary["by_depth"]] == pytest.approx([15 / 9, 19 / 9, 21 / 9])
+    figures = [*zip(summary["position_acceptance"], summary["position_acceptance_interval"], strict=True),
+               *zip(summary["conditional_acceptance"], summary["conditional_acceptance_interval"], strict=True),
+               *((row["mean_accepted"], row["mean_accepted_interval"]) for row in summary["by_depth"])]
+    for value, (low, high) in figures:
+        assert low <= value + 1e-9 and value <= high + 1e-9 and low < high  # prompts differ: a real spread
+    assert acceptance_summary(runs, 3) == summary  # a fixed seed: the same interval every time
+
+    alike = acceptance_summary([[2, 0, 1]] * 40, 3)  # every prompt the same: no spread
+    assert all(low == high for low, high in alike["position_acceptance_interval"])
+    many = acceptance_summary(runs * 30, 3)  # the same rounds from 30 times the prompts: a narrower interval
+    width = [high - low for low, high in summary["conditional_acceptance_interval"]]
+    narrower = [high - low for low, high in many["conditional_acceptance_interval"]]
+    assert all(n < w for n, w in zip(narrower, width, strict=True)), (narrower, width)
+
+    never = acceptance_summary([[0, 0], [1]], 3)  # position 3 never reached
+    assert never["position_rounds"] == [3, 1, 0]
+    assert never["conditional_acceptance"][2] == 0.0 and never["conditional_acceptance_interval"][2] is None
+
+
+def test_teacher_forced_on_the_verifiers_own_text_equals_decoding(partial):
+    """On text the verifier wrote itself, the dataset measurement at the positions where decoding rounds
+    start counts exactly the proposals the real decoding accepted there."""
+    verifier, draft, prompts = partial
+    depth, checked = 4, 0
+    for prompt in prompts[:3]:
+        stats = DecodeStats()
+        generated = speculative_decode(verifier, DraftProposer(draft), prompt, depth, 40, None, stats)
+        text = [*prompt, *generated]
+        [runs] = teacher_forced_runs(verifier, draft, [(text, [1] * len(text))], depth)
+        assert len(runs) == len(text) - 1 - depth  # a round at every position whose chain fits
+        read = len(prompt)  # tokens the verifier has read when a round starts
+        for accepted in stats.run_lengths:
+            if read - 1 < len(runs):
+                assert runs[read - 1] == accepted, read
+                checked += 1
+            read += accepted + 1
+    assert checked > 10
