@@ -11,6 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import trainer.attention as attention
+import trainer.model
+from tests.trainer.test_model import dense_ttt_attention
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.evaluate import (
     DATASET_MEASUREMENT,
@@ -25,7 +28,7 @@ from trainer.evaluate import (
     teacher_forced_runs,
 )
 from trainer.evaluate import main as evaluate_main
-from trainer.model import TTTCache, load_draft
+from trainer.model import DraftConfig, EagleDraft, TTTCache, load_draft
 from trainer.prepare import load_verifier
 from trainer.train import main as train_main
 
@@ -230,3 +233,51 @@ def test_teacher_forced_on_the_verifiers_own_text_equals_decoding(partial):
                 checked += 1
             read += accepted + 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_decode_attention_of_one_position_matches_a_float64_reference(device, monkeypatch):
+    """The proposer's chain (queries at the last position only, under bf16 autocast on a GPU) gives the
+    logits that the training path (every position, causal plus diagonal keys, with a dense-mask
+    attention) computes in float64 on the CPU for the same tokens; and its proposals are their argmax
+    wherever that is clear."""
+    torch.manual_seed(0)
+    config = DraftConfig(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=512, draft_vocab_size=256,
+                         target_hidden_size=192, aux_hidden_state_layer_ids=[2, 4, 5], ttt_steps=4)
+    reference = EagleDraft(config, torch.randn(config.vocab_size, config.hidden_size)).double().eval()
+    reference.d2t.copy_(torch.arange(config.draft_vocab_size) % 7)  # draft id i is target id i + i % 7
+    n, depth = 300, 4  # 300: not a multiple of the flash kernel's block size
+    features = torch.randn(1, n, 3 * config.target_hidden_size, dtype=torch.float64)
+    tokens = torch.randint(0, config.vocab_size, (n + 1,)).tolist()
+
+    draft = EagleDraft(config, reference.embed_weight.float()).to(device).eval()
+    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in reference.state_dict().items()})
+    backends, step_logits = [], []
+    causal_backend, logits = attention._causal_backend, draft.logits
+    monkeypatch.setattr(attention, "_causal_backend", lambda q: backends.append((q.shape[1], causal_backend(q)))
+                        or backends[-1][1])
+    monkeypatch.setattr(draft, "logits", lambda hidden: step_logits.append(logits(hidden)) or step_logits[-1])
+    proposals = DraftProposer(draft)(tokens, features.float().to(device), depth)
+    fast = "cuda_flash" if device == "cuda" else "cpu_flash"
+    assert backends == [(n, fast)] + [(1, fast)] * (depth - 1)  # step 0 over the context, then one position
+    if device == "cuda":
+        assert step_logits[0].dtype == torch.bfloat16
+
+    monkeypatch.setattr(trainer.model, "ttt_attention", dense_ttt_attention)  # no kernel in the reference
+    ids = torch.tensor([tokens + proposals])
+    with torch.no_grad():
+        token_qkv = reference.token_qkv(F.pad(ids[:, 1:], (0, depth)))
+        cos, sin = reference.rope(torch.arange(n + depth))
+        cache, hidden = TTTCache(), reference.fuse(features)
+        for k in range(depth):
+            hidden = reference.step(cache, hidden, token_qkv[:, k : k + n], cos[k : k + n], sin[k : k + n])
+            want = reference.logits(hidden)[0, n - 1]
+            got = step_logits[k][0, -1].double().cpu()
+            tolerance = 0.05 * float(want.abs().max()) if device == "cuda" else 1e-4
+            torch.testing.assert_close(got, want, atol=tolerance, rtol=0)
+            top2 = want.topk(2).values
+            if top2[0] - top2[1] > 2 * tolerance:
+                draft_id = int(want.argmax())
+                assert proposals[k] == draft_id + draft_id % 7, k
