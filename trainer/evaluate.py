@@ -19,8 +19,9 @@ verifier's own greedy text, and every round starts right after a rejection or a 
   max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d}
   position_acceptance[i]). It never falls with depth and equals the measurement at max depth.
 - `by_depth[d-1].measured_accepted`: tokens per pass of a real decoding at depth d. Rounds then start
-  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic). With
-  --measure-depths, only those depths (and max-depth) are decoded; the others report null.
+  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic). Only the
+  depths of --measure-depths (`all`: every one) and max-depth are decoded, each costing a decoding as
+  long again; the others report null.
 - `*_interval`: a 90% bootstrap interval (2000 resamples of the prompts with replacement, seed 0):
   rounds of one prompt are not independent, so prompts are the unit. null where a resample never
   reaches the position.
@@ -323,8 +324,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-samples", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length taken from plain-text samples")
-    p.add_argument("--measure-depths", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
-                   help="comma-separated depths to decode for real besides max-depth (default: all)")
+    p.add_argument("--measure-depths", default=[],
+                   type=lambda v: None if v == "all" else [int(x) for x in v.split(",") if x.strip()],
+                   help="comma-separated depths to decode for real besides max-depth, or `all` (default: none)")
     p.add_argument("--output", type=Path, help="also write the JSON report here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -335,8 +337,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth: int = 16, max_samples: int = 16,
                    max_new_tokens: int = 128, prompt_tokens: int = 64, device: str | None = None,
-                   measure_depths: Sequence[int] | None = None) -> dict:
-    """Load the verifier and the draft, decode held-out prompts at every depth, return the acceptance report."""
+                   measure_depths: Sequence[int] | None = ()) -> dict:
+    """Load the verifier and the draft, decode held-out prompts at max_depth (and at `measure_depths`, None: every
+    depth), measure on the held-out text as written, return the acceptance report."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model, tokenizer = load_verifier(verifier_path, dev, dtype)
