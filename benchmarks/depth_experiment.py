@@ -159,6 +159,7 @@ def main() -> int:
         for key, value in PREVIEW.items():
             setattr(args, key, value)
         args.gpus = 0
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared CPU cores: no spinning threads
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -179,7 +180,8 @@ def main() -> int:
                 args.out / f"prepare-{'regenerated' if regenerated else 'written'}.log")
     print(f"verifier and data ready in {time.time() - started:.0f}s: {timings}", flush=True)
 
-    jobs = [(ttt, regenerated) for regenerated in variants for ttt in (int(x) for x in args.ttt.split(","))]
+    # both data variants in every wave of --parallel jobs: a run cut short still compares them
+    jobs = [(int(ttt), regenerated) for ttt in args.ttt.split(",") for regenerated in variants]
     results: list[dict] = []
 
     def save() -> list[dict]:

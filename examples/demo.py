@@ -21,6 +21,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"
+# For every process the demo starts: on two busy shared cores, spinning OpenMP threads made prepare 75x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT))
 
 from longrun.cli import progress_line  # noqa: E402
