@@ -215,14 +215,14 @@ def acceptance_summary(
     position, and a bootstrap interval of each figure over prompts (resampled with replacement).
 
     `runs_by_prompt[p]`: for every round (verifier pass) of prompt p, how many proposals were accepted."""
-    depths = torch.arange(max_depth, dtype=torch.float64)
-    # Per prompt: [rounds, accepted at position i (run > i) ..., reached position i (run >= i) ...].
-    counts = torch.stack([
-        torch.cat([torch.tensor([float(len(runs))], dtype=torch.float64),
-                   (torch.tensor(runs, dtype=torch.float64)[:, None] > depths).sum(0) if runs else depths * 0,
-                   (torch.tensor(runs, dtype=torch.float64)[:, None] >= depths).sum(0) if runs else depths * 0])
-        for runs in runs_by_prompt
-    ])
+    depths = torch.arange(max_depth)
+
+    def prompt_counts(runs: Sequence[int]) -> Tensor:
+        """[rounds, accepted at position i (run > i) for each i, reached position i (run >= i) for each i]."""
+        accepted = torch.tensor(runs, dtype=torch.long).reshape(-1, 1)
+        return torch.cat([torch.tensor([len(runs)]), (accepted > depths).sum(0), (accepted >= depths).sum(0)])
+
+    counts = torch.stack([prompt_counts(runs) for runs in runs_by_prompt]).double()
 
     def figures(totals: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rounds, accepted, reached = totals[..., :1], totals[..., 1 : max_depth + 1], totals[..., max_depth + 1 :]
