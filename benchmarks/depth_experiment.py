@@ -145,14 +145,14 @@ def main() -> int:
     p.add_argument("--ttt", default="1,3,5,7")
     p.add_argument("--regenerate", choices=("both", "yes", "no"), default="both",
                    help="train on the corpus as written, on the regenerated one, or both")
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--samples", type=int, default=32, help="held-out prompts")
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--max-depth", type=int, default=10)
-    p.add_argument("--max-samples", type=int, default=2000, help="training samples prepared")
-    p.add_argument("--parallel", type=int, default=4, help="drafts trained and evaluated at once")
+    p.add_argument("--max-samples", type=int, default=1500, help="training samples prepared")
+    p.add_argument("--parallel", type=int, default=8, help="drafts trained and evaluated at once")
     p.add_argument("--gpus", type=int, default=1, help="GPUs to spread them over (0: leave devices alone)")
     args = p.parse_args()
     if args.preview:
