@@ -265,7 +265,9 @@ def test_decode_attention_of_one_position_matches_a_float64_reference(device, mo
     if device == "cuda":
         assert step_logits[0].dtype == torch.bfloat16
 
-    monkeypatch.setattr(trainer.model, "ttt_attention", dense_ttt_attention)  # no kernel in the reference
+    monkeypatch.setattr(trainer.model, "ttt_attention",  # no kernel in the reference
+                        lambda q, keys, values, diag_keys, diag_values, scale, *unpacked_documents:
+                        dense_ttt_attention(q, keys, values, diag_keys, diag_values, scale))
     ids = torch.tensor([tokens + proposals])
     with torch.no_grad():
         token_qkv = reference.token_qkv(F.pad(ids[:, 1:], (0, depth)))
