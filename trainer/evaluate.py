@@ -1,22 +1,38 @@
-"""Measure a draft by real greedy speculative decoding with its verifier.
+"""Measure a draft with its verifier: by real greedy speculative decoding, and on held-out dataset text.
 
     python -m trainer.evaluate --verifier-path V --draft-path O --corpus FILE --max-depth 16
 
-For every depth d in 1..max-depth and every prompt of the corpus: the draft proposes d tokens one
-after another, chaining its own hidden states; the verifier checks them in one forward pass (with
-its KV cache); the longest agreeing prefix plus the verifier's own next token are accepted.
+The primary measurement (`measurement: "verifier_greedy_decoding"`, the top-level keys) is what serving
+sees: for every prompt, the draft proposes d tokens one after another, chaining its own hidden states;
+the verifier checks them in one forward pass (with its KV cache); the longest agreeing prefix plus the
+verifier's own next token are accepted, and the next round starts after them. So the text is the
+verifier's own greedy text, and every round starts right after a rejection or a full acceptance.
 
-The JSON report:
-- `position_acceptance[i]`: at max depth, the probability that draft tokens 0..i are all accepted in
-  a round (so it never increases; what the depth advisor takes);
-- `conditional_acceptance[i]`: the probability that draft token i is accepted given that the ones
-  before it were (0 for a position never reached): how the draft itself holds up with depth;
-- `by_depth[d-1].mean_accepted`: tokens per verifier pass at depth d, counted on the rounds of the
+- `position_acceptance[i]`: at max depth, the share of rounds in which draft tokens 0..i are all accepted
+  (so it never increases; what the depth advisor takes);
+- `conditional_acceptance[i]`: the share of the rounds that reached position i (tokens before it all
+  accepted) in which token i is accepted too (0 for a position never reached): how the draft itself holds
+  up with depth. `position_acceptance[i]` = Π_{j<=i} `conditional_acceptance[j]`;
+- `position_rounds[i]`: how many rounds reached position i (`position_rounds[0]` = `rounds`, every round):
+  the sample size behind `conditional_acceptance[i]`;
+- `by_depth[d-1].mean_accepted`: τ, tokens per verifier pass at depth d, counted on the rounds of the
   max-depth decoding as if only the first d proposals had been made (= 1 + Σ_{i<d}
   position_acceptance[i]). It never falls with depth and equals the measurement at max depth.
 - `by_depth[d-1].measured_accepted`: tokens per pass of a real decoding at depth d. Rounds then start
-  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic). With
-  --measure-depths, only those depths (and max-depth) are decoded; the others report null.
+  elsewhere, so it can differ a little from `mean_accepted` (and is not always monotonic). Only the
+  depths of --measure-depths (`all`: every one) and max-depth are decoded, each costing a decoding as
+  long again; the others report null.
+- `*_interval`: a 90% bootstrap interval (2000 resamples of the prompts with replacement, seed 0):
+  rounds of one prompt are not independent, so prompts are the unit. null where a resample never
+  reaches the position.
+
+`dataset_text` (`measurement: "dataset_text_teacher_forced"`) holds the same figures on held-out text
+as written, cut into samples of --prompt-tokens + --max-new-tokens tokens: a round starts at every
+position t whose chain of max-depth targets lies inside the sample; the draft's proposal for token
+t+2+k reads the dataset's tokens up to t+1+k (teacher-forced, as in training) and counts as accepted
+when it and every earlier one equal the verifier's top-1 at that place. This is training's
+`cond_acc_k` on held-out text, with every position a round; on the verifier's own text it equals the
+decoding measurement at the positions where decoding rounds start (tested).
 
 Prompts: for chat records, everything before the first assistant token; for plain text, the first
 --prompt-tokens tokens of each chunk. The draft recomputes its step-0 pass over the whole context
@@ -25,6 +41,7 @@ each round (one layer, cheap next to the verifier) rather than keeping a KV cach
 
 import argparse
 import inspect
+import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -33,11 +50,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
 from trainer.prepare import iter_samples
 from trainer.verifier_io import capture_layers, concat_features, decoder_layers, load_verifier
+
+GREEDY_MEASUREMENT = "verifier_greedy_decoding"
+DATASET_MEASUREMENT = "dataset_text_teacher_forced"
+CONFIDENCE = 0.9  # of the bootstrap intervals
+RESAMPLES = 2000
 
 # propose(tokens so far x_0..x_n, verifier features of x_0..x_{n-1} [1, n, 3H], depth) -> d target ids
 Proposer = Callable[[list[int], Tensor, int], list[int]]
@@ -166,30 +189,112 @@ def corpus_prompts(tokenizer, corpus: Path, max_samples: int, prompt_tokens: int
     return prompts
 
 
+def acceptance_summary(
+    runs_by_prompt: Sequence[Sequence[int]], max_depth: int, confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES, seed: int = 0,
+) -> dict:
+    """τ by depth, acceptance at each position and given the earlier ones, the rounds that reached each
+    position, and a bootstrap interval of each figure over prompts (resampled with replacement).
+
+    `runs_by_prompt[p]`: for every round (verifier pass) of prompt p, how many proposals were accepted."""
+    depths = torch.arange(max_depth)
+
+    def prompt_counts(runs: Sequence[int]) -> Tensor:
+        """[rounds, accepted at position i (run > i) for each i, reached position i (run >= i) for each i]."""
+        accepted = torch.tensor(runs, dtype=torch.long).reshape(-1, 1)
+        return torch.cat([torch.tensor([len(runs)]), (accepted > depths).sum(0), (accepted >= depths).sum(0)])
+
+    counts = torch.stack([prompt_counts(runs) for runs in runs_by_prompt]).double()
+
+    def figures(totals: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rounds, accepted, reached = totals[..., :1], totals[..., 1 : max_depth + 1], totals[..., max_depth + 1 :]
+        position = accepted / rounds.clamp(min=1)
+        return position, accepted / reached, 1 + position.cumsum(-1)  # conditional is nan where never reached
+
+    total = counts.sum(0)
+    position, conditional, taus = figures(total)
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(runs_by_prompt), (resamples, len(runs_by_prompt)), generator=generator)
+    weights = torch.zeros(resamples, len(runs_by_prompt), dtype=torch.float64).scatter_add_(
+        1, picks, torch.ones_like(picks, dtype=torch.float64))
+    tails = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64)
+    bounds = [torch.nanquantile(f, tails, dim=0).T for f in figures(weights @ counts)]
+
+    def interval(bound: Tensor) -> list[float] | None:
+        return None if bound.isnan().any() else [round(float(b), 4) for b in bound]
+
+    position_bounds, conditional_bounds, tau_bounds = bounds
+    return {
+        "by_depth": [{"depth": d + 1, "mean_accepted": float(taus[d]), "mean_accepted_interval": interval(tau_bounds[d])}
+                     for d in range(max_depth)],
+        "position_acceptance": position.tolist(),
+        "position_acceptance_interval": [interval(b) for b in position_bounds],
+        "conditional_acceptance": conditional.nan_to_num(0.0).tolist(),
+        "conditional_acceptance_interval": [interval(b) for b in conditional_bounds],
+        "position_rounds": [int(r) for r in total[max_depth + 1 :]],
+        "rounds": int(total[0]),
+        "prompts": len(runs_by_prompt),
+    }
+
+
 def evaluate(
     verifier: Verifier, propose: Proposer, prompts: Sequence[Sequence[int]], max_depth: int, max_new_tokens: int,
     eos_token_id: int | None, measure_depths: Sequence[int] | None = None,
 ) -> dict:
-    """The acceptance report (see the module docstring) from real decoding at max_depth and at each of
-    `measure_depths` (default: every depth 1..max_depth)."""
+    """The acceptance report on the verifier's own greedy text (see the module docstring), from real
+    decoding at max_depth and at each of `measure_depths` (default: every depth 1..max_depth)."""
     depths = range(1, max_depth + 1) if measure_depths is None else {d for d in measure_depths if 0 < d < max_depth}
     measured: dict[int, DecodeStats] = {}
+    deepest_by_prompt: list[list[int]] = []
     for depth in sorted({*depths, max_depth}):
         measured[depth] = DecodeStats()
         for prompt in prompts:
-            speculative_decode(verifier, propose, prompt, depth, max_new_tokens, eos_token_id, measured[depth])
-    deepest = measured[max_depth]
-    by_depth = [
-        {
-            "depth": depth,
-            "mean_accepted": deepest.mean_accepted(depth),
-            "measured_accepted": measured[depth].mean_accepted() if depth in measured else None,
-            "verifier_passes": measured[depth].passes if depth in measured else None,
-        }
-        for depth in range(1, max_depth + 1)
-    ]
-    return {"by_depth": by_depth, "position_acceptance": deepest.position_acceptance(max_depth),
-            "conditional_acceptance": deepest.conditional_acceptance(max_depth)}
+            stats = DecodeStats()
+            speculative_decode(verifier, propose, prompt, depth, max_new_tokens, eos_token_id, stats)
+            measured[depth].run_lengths += stats.run_lengths
+            if depth == max_depth:
+                deepest_by_prompt.append(stats.run_lengths)
+    report = {"measurement": GREEDY_MEASUREMENT, **acceptance_summary(deepest_by_prompt, max_depth)}
+    for row in report["by_depth"]:
+        depth = row["depth"]
+        row["measured_accepted"] = measured[depth].mean_accepted() if depth in measured else None
+        row["verifier_passes"] = measured[depth].passes if depth in measured else None
+    return report
+
+
+@torch.no_grad()
+def teacher_forced_runs(
+    verifier: Verifier, draft: EagleDraft, samples: Sequence[tuple[list[int], list[int]]], max_depth: int
+) -> list[list[int]]:
+    """Per sample of dataset text, a round at every position t whose chain fits in it: how many of the
+    draft's proposals for tokens t+2.. match the verifier's top-1 there, reading the dataset's tokens
+    (TRAINER.md's TTT chain, as training's `cond_acc_k` counts it on the validation split)."""
+    device = draft.d2t.device
+    runs_by_sample = []
+    for ids, mask in samples:
+        length = len(ids)
+        if length < max_depth + 3:
+            continue
+        starts = range(length - 1 - max_depth)  # the whole chain's targets lie inside the sample
+        verifier.reset()
+        features, greedy = verifier.forward(ids)
+        verifier.reset()
+        with _autocast(device):
+            token_qkv = draft.token_qkv(F.pad(torch.tensor([ids[1:]], device=device), (0, max_depth)))
+            cos, sin = draft.rope(torch.arange(length + max_depth - 1, device=device))
+            cache, hidden = TTTCache(), draft.fuse(features.to(device))
+            agree = []
+            for k in range(max_depth):
+                hidden = draft.step(cache, hidden, token_qkv[:, k : k + length], cos[k : k + length],
+                                    sin[k : k + length])
+                draft_ids = draft.logits(hidden)[0].argmax(-1)
+                proposals = (draft_ids + draft.d2t[draft_ids]).tolist()
+                # position t's step k proposes token t+2+k, which the verifier predicts at position t+1+k
+                agree.append([proposals[t] == greedy[t + 1 + k] and mask[t + 2 + k] == 1 for t in starts])
+        runs = [next((k for k in range(max_depth) if not agree[k][t]), max_depth) for t in starts if mask[t + 2]]
+        if runs:
+            runs_by_sample.append(runs)
+    return runs_by_sample
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -201,8 +306,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-samples", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length taken from plain-text samples")
-    p.add_argument("--measure-depths", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
-                   help="comma-separated depths to decode for real besides max-depth (default: all)")
+    p.add_argument("--measure-depths", default=[],
+                   type=lambda v: None if v == "all" else [int(x) for x in v.split(",") if x.strip()],
+                   help="comma-separated depths to decode for real besides max-depth, or `all` (default: none)")
     p.add_argument("--output", type=Path, help="also write the JSON report here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -213,8 +319,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth: int = 16, max_samples: int = 16,
                    max_new_tokens: int = 128, prompt_tokens: int = 64, device: str | None = None,
-                   measure_depths: Sequence[int] | None = None) -> dict:
-    """Load the verifier and the draft, decode held-out prompts at every depth, return the acceptance report."""
+                   measure_depths: Sequence[int] | None = ()) -> dict:
+    """Load the verifier and the draft, decode held-out prompts at max_depth (and at `measure_depths`, None: every
+    depth), measure on the held-out text as written, return the acceptance report."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model, tokenizer = load_verifier(verifier_path, dev, dtype)
@@ -226,7 +333,13 @@ def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth:
     verifier = Verifier(model, read_draft_config(draft_path).aux_hidden_state_layer_ids)
     report = evaluate(verifier, DraftProposer(draft), prompts, max_depth, max_new_tokens, tokenizer.eos_token_id,
                       measure_depths)
-    report.update(samples=len(prompts), max_new_tokens=max_new_tokens, draft_ttt_steps=draft.config.ttt_steps)
+    samples = list(itertools.islice(iter_samples(tokenizer, corpus, prompt_tokens + max_new_tokens), max_samples))
+    dataset_runs = teacher_forced_runs(verifier, draft, samples, max_depth)
+    dataset = acceptance_summary(dataset_runs, max_depth) if dataset_runs else {}
+    report.update(samples=len(prompts), max_new_tokens=max_new_tokens, draft_ttt_steps=draft.config.ttt_steps,
+                  interval={"confidence": CONFIDENCE, "resamples": RESAMPLES, "over": "prompts"},
+                  dataset_text={"measurement": DATASET_MEASUREMENT, "sample_tokens": prompt_tokens + max_new_tokens,
+                                **dataset})
     return report
 
 

@@ -416,8 +416,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="run the verifier's own modelling/tokenizer code"
     )
+    parser.add_argument("--regenerate", action="store_true",
+                        help="first replace the responses with the verifier's own (D/regenerated.jsonl, resumable)")
+    parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--regen-batch-size", type=int, default=32)
+    parser.add_argument("--regen-max-new-tokens", type=int, help="default: up to max-seq-len")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
+    if args.regenerate:
+        from trainer.regenerate import regenerate_corpus
+
+        args.corpus = regenerate_corpus(
+            args.verifier_path, args.corpus, args.output_dir, args.max_seq_len, args.max_samples,
+            args.regen_temperature, args.regen_batch_size, args.regen_max_new_tokens,
+            [args.device] if args.device else None, trust_remote_code=args.trust_remote_code)
     metadata = prepare(
         args.verifier_path,
         args.corpus,

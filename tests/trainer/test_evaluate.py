@@ -12,17 +12,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import trainer.attention as attention
+import trainer.model
+from tests.trainer.test_model import dense_ttt_attention
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.evaluate import (
+    DATASET_MEASUREMENT,
+    GREEDY_MEASUREMENT,
     DecodeStats,
     DraftProposer,
     Verifier,
+    acceptance_summary,
     corpus_prompts,
     evaluate,
     speculative_decode,
+    teacher_forced_runs,
 )
 from trainer.evaluate import main as evaluate_main
-from trainer.model import TTTCache, load_draft, read_draft_config, save_draft
+from trainer.model import DraftConfig, EagleDraft, TTTCache, load_draft, read_draft_config, save_draft
 from trainer.train import main as train_main
 from trainer.verifier_io import load_verifier
 
@@ -168,6 +175,18 @@ def test_cli_report_shapes(trained_draft, tiny_verifier, tiny_corpus, tmp_path, 
     assert all(0.0 <= p <= 1.0 for p in report["position_acceptance"])
     assert report["position_acceptance"][0] > 0.2  # the trained draft is much better than chance
     assert report["draft_ttt_steps"] == 3 and report["samples"] == 3
+    assert report["measurement"] == GREEDY_MEASUREMENT and report["prompts"] == 3
+    assert report["position_rounds"][0] == report["rounds"] == report["by_depth"][-1]["verifier_passes"]
+    dataset = report["dataset_text"]
+    assert dataset["measurement"] == DATASET_MEASUREMENT and dataset["prompts"] == 3
+    assert dataset["rounds"] == 3 * (16 + 24 - 1 - MAX_DEPTH)  # every position of three full samples
+    for measured in (report, dataset):
+        rounds = measured["position_rounds"]
+        assert all(b <= a for a, b in zip(rounds, rounds[1:], strict=False)), rounds
+        for value, bounds in zip(measured["position_acceptance"], measured["position_acceptance_interval"],
+                                 strict=True):
+            assert bounds[0] <= value <= bounds[1]
+    assert report["interval"] == {"confidence": 0.9, "resamples": 2000, "over": "prompts"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -185,3 +204,100 @@ def test_exported_draft_reloaded_from_disk_accepts_as_the_draft_in_memory(partia
                    DraftProposer(reloaded), prompts, MAX_DEPTH, 16, None)
     assert got == expected
     assert 0 < expected["position_acceptance"][0] < 1  # partial acceptance: a wrong weight would show
+
+
+def test_summary_counts_rounds_per_position_and_bootstraps_over_prompts():
+    runs = [[0, 3, 1], [2, 2], [3, 0, 0, 1]]  # accepted proposals per round, per prompt
+    summary = acceptance_summary(runs, 3)
+    assert summary["rounds"] == 9 and summary["prompts"] == 3
+    assert summary["position_rounds"] == [9, 6, 4]  # rounds with all earlier proposals accepted
+    assert summary["position_acceptance"] == pytest.approx([6 / 9, 4 / 9, 2 / 9])
+    assert summary["conditional_acceptance"] == pytest.approx([6 / 9, 4 / 6, 2 / 4])
+    assert [row["mean_accepted"] for row in summary["by_depth"]] == pytest.approx([15 / 9, 19 / 9, 21 / 9])
+    figures = [*zip(summary["position_acceptance"], summary["position_acceptance_interval"], strict=True),
+               *zip(summary["conditional_acceptance"], summary["conditional_acceptance_interval"], strict=True),
+               *((row["mean_accepted"], row["mean_accepted_interval"]) for row in summary["by_depth"])]
+    for value, (low, high) in figures:
+        assert low <= value + 1e-9 and value <= high + 1e-9 and low < high  # prompts differ: a real spread
+    assert acceptance_summary(runs, 3) == summary  # a fixed seed: the same interval every time
+
+    alike = acceptance_summary([[2, 0, 1]] * 40, 3)  # every prompt the same: no spread
+    assert all(low == high for low, high in alike["position_acceptance_interval"])
+    many = acceptance_summary(runs * 30, 3)  # the same rounds from 30 times the prompts: a narrower interval
+    width = [high - low for low, high in summary["conditional_acceptance_interval"]]
+    narrower = [high - low for low, high in many["conditional_acceptance_interval"]]
+    assert all(n < w for n, w in zip(narrower, width, strict=True)), (narrower, width)
+
+    never = acceptance_summary([[0, 0], [1]], 3)  # position 3 never reached
+    assert never["position_rounds"] == [3, 1, 0]
+    assert never["conditional_acceptance"][2] == 0.0 and never["conditional_acceptance_interval"][2] is None
+
+
+def test_teacher_forced_on_the_verifiers_own_text_equals_decoding(partial):
+    """On text the verifier wrote itself, the dataset measurement at the positions where decoding rounds
+    start counts exactly the proposals the real decoding accepted there."""
+    verifier, draft, prompts = partial
+    depth, checked = 4, 0
+    for prompt in prompts[:3]:
+        stats = DecodeStats()
+        generated = speculative_decode(verifier, DraftProposer(draft), prompt, depth, 40, None, stats)
+        text = [*prompt, *generated]
+        [runs] = teacher_forced_runs(verifier, draft, [(text, [1] * len(text))], depth)
+        assert len(runs) == len(text) - 1 - depth  # a round at every position whose chain fits
+        read = len(prompt)  # tokens the verifier has read when a round starts
+        for accepted in stats.run_lengths:
+            if read - 1 < len(runs):
+                assert runs[read - 1] == accepted, read
+                checked += 1
+            read += accepted + 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_decode_attention_of_one_position_matches_a_float64_reference(device, monkeypatch):
+    """The proposer's chain (queries at the last position only, under bf16 autocast on a GPU) gives the
+    logits that the training path (every position, causal plus diagonal keys, with a dense-mask
+    attention) computes in float64 on the CPU for the same tokens; and its proposals are their argmax
+    wherever that is clear."""
+    torch.manual_seed(0)
+    config = DraftConfig(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=512, draft_vocab_size=256,
+                         target_hidden_size=192, aux_hidden_state_layer_ids=[2, 4, 5], ttt_steps=4)
+    reference = EagleDraft(config, torch.randn(config.vocab_size, config.hidden_size)).double().eval()
+    reference.d2t.copy_(torch.arange(config.draft_vocab_size) % 7)  # draft id i is target id i + i % 7
+    n, depth = 300, 4  # 300: not a multiple of the flash kernel's block size
+    features = torch.randn(1, n, 3 * config.target_hidden_size, dtype=torch.float64)
+    tokens = torch.randint(0, config.vocab_size, (n + 1,)).tolist()
+
+    draft = EagleDraft(config, reference.embed_weight.float()).to(device).eval()
+    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in reference.state_dict().items()})
+    backends, step_logits = [], []
+    causal_backend, logits = attention._causal_backend, draft.logits
+    monkeypatch.setattr(attention, "_causal_backend", lambda q: backends.append((q.shape[1], causal_backend(q)))
+                        or backends[-1][1])
+    monkeypatch.setattr(draft, "logits", lambda hidden: step_logits.append(logits(hidden)) or step_logits[-1])
+    proposals = DraftProposer(draft)(tokens, features.float().to(device), depth)
+    fast = "cuda_flash" if device == "cuda" else "cpu_flash"
+    assert backends == [(n, fast)] + [(1, fast)] * (depth - 1)  # step 0 over the context, then one position
+    if device == "cuda":
+        assert step_logits[0].dtype == torch.bfloat16
+
+    monkeypatch.setattr(trainer.model, "ttt_attention",  # no kernel in the reference
+                        lambda q, keys, values, diag_keys, diag_values, scale, *unpacked_documents:
+                        dense_ttt_attention(q, keys, values, diag_keys, diag_values, scale))
+    ids = torch.tensor([tokens + proposals])
+    with torch.no_grad():
+        token_qkv = reference.token_qkv(F.pad(ids[:, 1:], (0, depth)))
+        cos, sin = reference.rope(torch.arange(n + depth))
+        cache, hidden = TTTCache(), reference.fuse(features)
+        for k in range(depth):
+            hidden = reference.step(cache, hidden, token_qkv[:, k : k + n], cos[k : k + n], sin[k : k + n])
+            want = reference.logits(hidden)[0, n - 1]
+            got = step_logits[k][0, -1].double().cpu()
+            tolerance = 0.05 * float(want.abs().max()) if device == "cuda" else 1e-4
+            torch.testing.assert_close(got, want, atol=tolerance, rtol=0)
+            top2 = want.topk(2).values
+            if top2[0] - top2[1] > 2 * tolerance:
+                draft_id = int(want.argmax())
+                assert proposals[k] == draft_id + draft_id % 7, k
