@@ -74,19 +74,19 @@ def per_document_reference(q, keys, values, diag_keys, diag_values, scale, docum
     return torch.cat(rows)
 
 
-def check_packed_attention(q, keys, values, diag_keys, diag_values, documents, atol, rtol):
+def check_packed_attention(q, keys, values, diag_keys, diag_values, documents, atol, rtol, scale=0.35):
     inputs = [q, keys, values, *diag_keys, *diag_values]
     grad_out = torch.randn_like(q)
-    fast = ttt_attention(q, keys, values, diag_keys, diag_values, 0.35, documents)
+    fast = ttt_attention(q, keys, values, diag_keys, diag_values, scale, documents)
     fast_grads = torch.autograd.grad(fast, inputs, grad_out)
     wide = [x.detach().float().requires_grad_() for x in inputs]
     n = len(diag_keys)
-    want = per_document_reference(wide[0], wide[1], wide[2], wide[3 : 3 + n], wide[3 + n :], 0.35, documents)
+    want = per_document_reference(wide[0], wide[1], wide[2], wide[3 : 3 + n], wide[3 + n :], scale, documents)
     want_grads = torch.autograd.grad(want, wide, grad_out.float())
     torch.testing.assert_close(fast.float(), want, atol=atol, rtol=rtol)
     for got, expected in zip(fast_grads, want_grads, strict=True):
         torch.testing.assert_close(got.float(), expected, atol=atol, rtol=rtol)
-    unpacked = ttt_attention(q, keys, values, diag_keys, diag_values, 0.35)  # guard: the mask matters
+    unpacked = ttt_attention(q, keys, values, diag_keys, diag_values, scale)  # guard: the mask matters
     assert not torch.allclose(unpacked.float(), want, atol=atol, rtol=rtol)
 
 
@@ -108,7 +108,9 @@ def test_cuda_flash_packed_rows_attend_only_within_each_sample(n_diag):
     q, keys, values = inputs[:3]
     diag_keys, diag_values = inputs[3 : 3 + n_diag], inputs[3 + n_diag :]
     assert attention._causal_backend(q) == "cuda_flash"
-    check_packed_attention(q, keys, values, diag_keys, diag_values, documents=((77, 130, 93),), atol=3e-2, rtol=3e-2)
+    # the model's own scale, as the unpacked CUDA test uses: a sharper softmax puts bf16 gradients past 3e-2
+    check_packed_attention(q, keys, values, diag_keys, diag_values, documents=((77, 130, 93),), atol=3e-2, rtol=3e-2,
+                           scale=128**-0.5)
 
 
 def test_ttt_attention_is_stable_when_diagonal_scores_dominate():

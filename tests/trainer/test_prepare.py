@@ -235,7 +235,7 @@ def test_prepare_with_other_settings_starts_over(tiny_verifier: Path, tiny_corpu
 
 
 def test_device_auto_spreads_the_verifier_and_writes_the_same_samples(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
-    """Without CUDA, accelerate's device_map="auto" keeps every layer on the CPU; with two GPUs or more, the layers
+    """Without CUDA, accelerate's device_map="auto" keeps every layer on the CPU, with one GPU on it; with two or more, the layers
     are spread over them (each layer's device is in prepare.json) and the features match the CPU's to bf16."""
     with one_cpu_thread():
         cpu = prepare(tiny_verifier, tiny_corpus, tmp_path / "cpu", max_seq_len=32, max_samples=4, draft_vocab_size=64,
@@ -245,6 +245,8 @@ def test_device_auto_spreads_the_verifier_and_writes_the_same_samples(tiny_verif
     assert len(auto["layer_devices"]) == cpu["num_hidden_layers"] == 8
     if torch.cuda.device_count() >= 2:
         assert len(set(auto["layer_devices"])) >= 2
+    elif torch.cuda.is_available():
+        assert set(auto["layer_devices"]) == {"cuda:0"}
     else:
         assert set(auto["layer_devices"]) == set(cpu["layer_devices"]) == {"cpu"}
     for got, want in zip(_samples(tmp_path / "auto"), _samples(tmp_path / "cpu"), strict=True):
