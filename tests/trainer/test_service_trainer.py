@@ -1,11 +1,12 @@
 """The bundled trainer driven through the service on the `local` host, as a user would: a TTT=3 run
 with live per-step metrics, the dry run, a restart at TTT=5, and the evaluation and advice it feeds."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.service import Service
+from tests.service import Service, kill_leftovers
 
 pytestmark = pytest.mark.slow  # a real server running the trainer under torchrun
 
@@ -83,11 +84,24 @@ def test_warm_restart_starts_from_the_last_draft_even_with_clean(
     assert second[0]["value"] < first[0]["value"], "warm: it starts where the TTT=3 draft ended"
 
 
+@pytest.fixture
+def patient_service(tmp_path: Path) -> Iterator[Service]:
+    """A service whose cancel grace outlasts a training step on a loaded 2-core machine (the default 5 s
+    does not), so that a SIGKILL can only mean the ranks did not stop at a step."""
+    svc = Service(tmp_path / "home", cancel_grace=30)
+    svc.home.mkdir()
+    svc.start()
+    yield svc
+    svc.stop()
+    kill_leftovers(svc.workspace)
+
+
 def test_restart_mid_run_stops_the_trainer_at_a_step_not_by_sigkill(
-        service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
+        patient_service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
     # With data-loader workers, as in production: the cancel's SIGTERM reaches every process of the run.
     # Seen on two H200s: a worker dying under its rank left the other rank in an NCCL all-reduce until
     # the grace ran out and the attempt was SIGKILLed (exit 137).
+    service = patient_service
     spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
     spec["trainer"].update(epochs=500, num_workers=2)
     del spec["trainer"]["eval_corpus"]
