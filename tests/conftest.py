@@ -26,3 +26,14 @@ def service(tmp_path: Path) -> Iterator[Service]:
     yield svc
     svc.stop()
     kill_leftovers(svc.workspace)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> "Database":  # noqa: F821
+    """An empty SQLite database made by the migrations, as the service makes its own."""
+    # imported here, not at the top: the GPU host runs the trainer tests without SQLAlchemy
+    from server.db import Database
+
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    database.migrate()
+    return database

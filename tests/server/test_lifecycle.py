@@ -24,13 +24,6 @@ from server.lifecycle import (
 from server.models import Attempt, Event, Run
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    database.migrate()
-    return database
-
-
 def _run(db: Database, status: RunStatus) -> str:
     with db.writing() as s:
         s.add(Run(id="r1", name="r", status=status, spec={}, hosts=["local"], latest={}))

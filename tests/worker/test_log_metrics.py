@@ -169,13 +169,6 @@ def test_hostile_output_never_raises_and_gives_only_sane_values() -> None:
 # storage: through worker/ingest.py into a real database
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    database.migrate()
-    return database
-
-
 def _add_run(db: Database, spec: dict) -> None:
     with db.writing() as s:
         s.add(Run(id="r", name="r", status="running", spec=spec, hosts=["local"], latest={}))
