@@ -25,7 +25,9 @@ def test_ttt3_run_then_restart_at_ttt5_through_the_service(
         service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
     spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
     run = service.submit(spec)
-    live = service.wait(run["id"], lambda r: r["status"] == "running" and "acc_2" in r["latest"], what="live metrics")
+    # an ETA needs a step rate, so at least two metric reads: wait for it rather than race the first one
+    live = service.wait(run["id"], lambda r: r["status"] == "running" and "acc_2" in r["latest"]
+                        and r["eta_seconds"] is not None, what="live metrics with an ETA")
     assert {"loss_0", "loss_1", "loss_2", "cond_acc_2", "lr", "grad_norm", "tokens_per_s"} <= set(live["latest"])
     assert "loss_3" not in live["latest"], "a TTT=3 draft reports exactly three steps"
     assert live["eta_seconds"] is not None and live["progress"] is not None
