@@ -159,8 +159,11 @@ def end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None, 
 
 
 def drop_unstarted_attempt(attempt: Attempt) -> None:
-    """A restart supersedes an attempt that never started: it ends there, cancelled."""
-    if attempt.started_at is None:
+    """A restart supersedes an attempt that never started: it ends there, cancelled.
+
+    An attempt whose nodes are planned may be starting right now (the worker plans them in one transaction and
+    records the launch in the next): it is left to the restart handler, which stops it before launching n+1."""
+    if attempt.started_at is None and not attempt.nodes:
         end_attempt(attempt, AttemptStatus.CANCELLED, None, "never started")
 
 
