@@ -12,7 +12,8 @@ Nodes (one per host of an attempt): pending -> running -> exited | lost | missin
 the unreachable-deadline rule gives up on a node whose host is away (the orphan reaper stops it later).
 
 The rules are named functions below: `retry_or_fail` (retries), `host_unreachable` (the unreachable
-deadline) and `wait_for_gpus` (the GPU-wait deadline). Callers hold a write transaction
+deadline), `wait_for_gpus` (the GPU-wait deadline), `step_failed` (worker steps that raise) and `stall_seen`
+(a step that stopped moving). Callers hold a write transaction
 (Database.writing) and pass the run as read in it (`load_run`), so the check and the change are atomic.
 Nothing outside this module assigns a status.
 """
@@ -373,3 +374,34 @@ def wait_for_gpus(session: Session, run: Run, why: str, now: datetime, deadline:
         transition(session, run, RunStatus.FAILED, message, now=now)
     else:
         run.message = f"waiting for GPUs ({waited:.0f}s of {deadline:.0f}s): {why}"
+
+
+# --- service hardening (issue 15): worker steps that raise, and stalled attempts ---
+
+# worker steps in a row that may raise something unexpected before the run fails with the error
+MAX_STEP_FAILURES = 3
+
+
+def step_failed(session: Session, run: Run, error: str, now: datetime, limit: int = MAX_STEP_FAILURES) -> None:
+    """The step-failure rule: a worker step that raised something unexpected (a bug, a host's or a job's
+    nonsense) is counted and said in the message; after `limit` in a row the run fails with it, never wedges.
+    What may still run of it on its hosts is marked for the orphan reaper, as the unreachable rule does."""
+    if run.status not in ACTIVE:
+        return
+    run.step_failures += 1
+    if run.step_failures < limit:
+        run.message = f"worker step failed ({run.step_failures} of {limit} in a row; trying again): {error}"
+        return
+    why = f"gave up after {limit} failed worker steps in a row: {error}"
+    for attempt in run.attempts:
+        if attempt.status not in ENDED_ATTEMPT:
+            end_attempt(attempt, AttemptStatus.FAILED, None, why, now)
+            if attempt.nodes:
+                abandon_nodes(attempt)
+    run.step_failures = 0
+    transition(session, run, RunStatus.FAILED, why, now=now)
+
+
+def step_succeeded(run: Run) -> None:
+    """A worker step went through: the count of failed steps in a row starts again."""
+    run.step_failures = 0

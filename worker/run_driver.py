@@ -31,6 +31,8 @@ from server.lifecycle import (
     restart_blocked,
     restart_cleared,
     start_launching,
+    step_failed,
+    step_succeeded,
     wait_for_gpus,
 )
 from server.models import Attempt, Host, Run
@@ -90,6 +92,15 @@ class RunDriver:
             with fresh_run(self.db, run_id) as (s, fresh):
                 wait_for_gpus(s, fresh, str(exc), self.clock.now(), self.settings.gpu_wait_deadline)
             return
+        except Exception as exc:
+            # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
+            log.exception("run %s: step failed", run_id)
+            with fresh_run(self.db, run_id) as (s, fresh):
+                step_failed(s, fresh, f"{type(exc).__name__}: {exc}", self.clock.now())
+            return
+        if run.step_failures:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                step_succeeded(fresh)
         self.contact.mark_answered(hosts.values(), started)
         if not run.host_reachable:
             with fresh_run(self.db, run_id) as (s, fresh):

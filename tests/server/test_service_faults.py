@@ -4,10 +4,13 @@ an API call landing between the worker's transactions, and a job that writes wha
 import json
 from typing import Any
 
+import pytest
+
 from server.lifecycle import nodes_of
 from server.runs import request_restart
 from server.schemas import RestartRequest
 from tests.worker.conftest import Rig, migrated_db, rig  # noqa: F401 - the worker's fixtures, shared
+from worker.attempt_io import store_probes
 
 __all__ = ["migrated_db", "rig"]
 
@@ -53,3 +56,77 @@ def test_a_restart_before_any_launch_still_drops_the_attempt_at_once(rig: Rig) -
     assert rig.run(run_id).status == "running" and list(rig.hosts["a"].jobs) == ["/ws/.longrun/run1/2"]
     assert nodes_of(rig.attempt(run_id, 2))[0].state == "running"
     assert json.dumps(rig.statuses(run_id)) == json.dumps(["queued", "restarting", "launching", "running"])
+
+
+POISON = [
+    {"step": 1, "total_steps": 10, "time": 1_767_268_800_000, "loss": 2.0},  # a millisecond timestamp
+    {"step": 2**64, "loss": 1.9},  # a step no database column holds
+    {"step": 2, "total_steps": 2**70, "time": -5, "loss": float("nan"), "acc": 10**400},
+    {"step": 3, "loss": 1.5, "gpu_util_0": 99.0, "node1_gpu_mem_1": 1.0, "attempt": 7, "nested": {"a": [1, {}]}},
+    {"step": 4, "loss": 1.25, "padding": "x" * 70_000},  # longer than a metric line may be
+    {"step": 5, **{f"k{i}": i for i in range(300)}},  # more keys than a line may have
+    {"step": 6, "total_steps": 10, "time": 1_767_268_800.5, "loss": "1.0\u2028", "note": "a\u2028b\rc"},
+]
+
+
+def test_poisoned_metric_lines_are_dropped_and_the_run_stays_in_control(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    job = host.job(run_id, 1)
+    job.metrics = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in POISON) + "[1, 2]\n"
+    rig.step(run_id)
+    run = rig.run(run_id)
+    attempt = run.attempts[0]
+    assert run.status == "running" and attempt.metrics_lines == 8, "every line read once, in its place"
+    gpus = {k: v for k, v in run.latest.items() if k.startswith("gpu_")}
+    assert gpus == {"gpu_util_0": 0.0, "gpu_util_1": 0.0, "gpu_mem_0": 0.0, "gpu_mem_1": 0.0}, "the server's own"
+    assert {k: v for k, v in run.latest.items() if k not in gpus} == {"step": 6, "loss": 1.5, "total_steps": 10}
+    assert attempt.last_step == 6 and attempt.total_steps == 10
+    assert attempt.metrics_skipped == 2
+    assert attempt.message.startswith("2 metric line(s) skipped, the last one a line of more than 256 keys")
+    rig.cancel(run_id)
+    rig.step(run_id)
+    assert rig.run(run_id).status == "cancelled" and not job.alive
+
+
+def test_a_step_that_keeps_raising_fails_the_run_with_its_error_instead_of_wedging_it(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    job = rig.hosts["a"].job(run_id, 1)
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("database disk image is malformed")
+
+    monkeypatch.setattr("worker.attempt_stopper.store_probes", broken)
+    rig.cancel(run_id)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "cancelling" and run.step_failures == 1
+    assert run.message == ("worker step failed (1 of 3 in a row; trying again): "
+                           "RuntimeError: database disk image is malformed")
+    rig.step(run_id, 2)
+    run = rig.run(run_id)
+    assert run.status == "failed" and run.message == (
+        "gave up after 3 failed worker steps in a row: RuntimeError: database disk image is malformed")
+    assert run.attempts[0].status == "failed" and run.attempts[0].abandoned, "what may run is left to the reaper"
+    monkeypatch.undo()
+    rig.supervisor.reaper.stop(run.attempts[0].id)
+    assert not job.alive and not rig.attempt(run_id, 1).abandoned
+
+
+def test_a_step_that_goes_through_starts_the_count_again(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    calls = {"n": 0}
+
+    def flaky(*args: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] % 3:
+            raise OSError("transient")
+        store_probes(*args)
+
+    monkeypatch.setattr("worker.run_driver.store_probes", flaky)
+    rig.step(run_id, 9)
+    assert rig.run(run_id).status == "running", "two failures, then a good step, never three in a row"
