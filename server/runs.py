@@ -25,7 +25,16 @@ from server.lifecycle import (
 )
 from server.models import Host, Run, utcnow
 from server.queries import get_run
-from server.schemas import RESTART_TOP_LEVEL, TRAINER_FIELDS, DryRunPublic, RestartRequest, RunCreate
+from server.schemas import (
+    RESTART_TOP_LEVEL,
+    TRAINER_FIELDS,
+    DryRunPublic,
+    RestartRequest,
+    RunCreate,
+    is_inside,
+    normalized_path,
+    without_env_values,
+)
 
 
 def spec_dict(spec: RunCreate) -> dict[str, Any]:
@@ -113,8 +122,8 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
         if target is None:
             raise FieldError(("clean",), "clean needs an `output_dir` (trainer.output_dir for trainer runs)")
         for host in _check_hosts(session, spec):
-            ws = host.workspace.rstrip("/")
-            if not target.startswith(ws + "/"):
+            # a workspace registered before `//` was refused may still spell `/`: nothing is inside it
+            if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
                                  f"{host.workspace} of host {host.name}", target)
     return spec
@@ -126,7 +135,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     previous = run.current
     try:
         transition(session, run, RunStatus.RESTARTING, f"restart requested: attempt {run.attempt + 1}",
-                   overrides=req.overrides)
+                   overrides=without_env_values(req.overrides))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
     attempt = open_attempt(session, run, spec_dict(spec), run.attempt + 1)
@@ -148,4 +157,4 @@ def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRu
         raise Conflict(f"run {run_id} is {run.status}; wait until it settles, then restart", run.status)
     seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=spec, predicted_duration_seconds=seconds, predicted_finish=finish, basis=basis)
+    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish, basis=basis)

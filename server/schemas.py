@@ -22,13 +22,25 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def normalized_path(value: str) -> str:
+    """An absolute path with `.`, empty components and trailing slashes gone: `//`, `/./` and `/.` are `/`
+    (posixpath.normpath alone keeps a leading `//`)."""
+    return "/" + posixpath.normpath(value).lstrip("/")
+
+
+def is_inside(path: str, directory: str) -> bool:
+    """Whether `path` lies strictly below `directory`, both compared normalised (no `..` may climb out)."""
+    path, directory = normalized_path(path), normalized_path(directory)
+    return ".." not in path.split("/") and path != directory and posixpath.commonpath([path, directory]) == directory
+
+
 def _absolute_path(value: str) -> str:
     _no_nul(value)
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path (starting with /), got {value!r}")
     if ".." in value.split("/"):
         raise ValueError("must not contain '..' components")
-    return posixpath.normpath(value)
+    return normalized_path(value)
 
 
 def _name(value: str) -> str:
@@ -45,6 +57,19 @@ def _env(value: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"{key!r}: LONGRUN_* variables are set by longrun itself")
         _no_nul(val)
     return value
+
+
+# what the API shows instead of an env value: values are write-only (a token in `env` must not leak through
+# GET /v1/runs, a run's events or a dry run); the job still gets the real value
+SECRET = "***"
+
+
+def without_env_values(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec (or restart overrides) as the API shows it: `env` names kept, every value SECRET."""
+    env = spec.get("env")
+    if not isinstance(env, dict):
+        return spec
+    return {**spec, "env": dict.fromkeys(env, SECRET)}
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute_path)]
@@ -69,8 +94,8 @@ class HostCreate(Strict):
 
     @model_validator(mode="after")
     def _workspace_not_root(self) -> "HostCreate":
-        if self.workspace == "/":
-            raise ValueError("workspace must not be /")
+        if normalized_path(self.workspace) == "/":
+            raise ValueError("workspace must not be / (nor a spelling of it such as // or /.)")
         return self
 
 
@@ -157,7 +182,8 @@ class RunCreate(Strict):
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None
     args: list[SafeStr] = Field(default_factory=list)
-    env: Env = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict, description="the job's environment; values are write-only: responses "
+                     "and events show each name with `***` (a restart that overrides `env` sends every value again)")
     cwd: AbsPath | None = None
     output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
     max_retries: int = Field(0, ge=0, le=100)

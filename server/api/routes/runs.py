@@ -22,6 +22,7 @@ from server.schemas import (
     RunCreate,
     RunPage,
     RunPublic,
+    without_env_values,
 )
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -131,6 +132,9 @@ async def run_events(run_id: str, request: Request, db: DB,
             for e in events:
                 after = e.id
                 payload = {"time": e.time.isoformat(), **e.data}
+                if isinstance(payload.get("overrides"), dict):
+                    # events stored before env values were redacted at the source
+                    payload["overrides"] = without_env_values(payload["overrides"])
                 yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(payload)}\n\n"
             if not events:
                 if state in TERMINAL:
