@@ -1,12 +1,18 @@
 """The API against hostile input: workspaces that spell `/`, secrets in `env`, limits, and exposure."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from server.lifecycle import RunStatus as S
 from server.models import Host, Run
 from tests.inprocess import App
+from tests.service import ROOT, free_port
 
 
 def locs(response) -> list[list]:  # type: ignore[no-untyped-def]
@@ -76,3 +82,73 @@ def test_restart_keeps_env_values_it_was_not_given(api: App) -> None:
     api.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": ["--more"]}})
     with api.db.reading() as s:
         assert s.get(Run, run["id"]).spec["env"] == {"HF_TOKEN": "abc"}
+
+
+def test_a_host_header_outside_the_allow_list_is_refused(api: App) -> None:
+    evil = api.client.get("/v1/runs", headers={"Host": "attacker.example"})
+    assert evil.status_code == 400 and "LONGRUN_ALLOWED_HOSTS" in evil.json()["detail"]
+    for name in ("127.0.0.1:8080", "localhost", "[::1]:8080", "LOCALHOST:1"):
+        assert api.client.get("/v1/runs", headers={"Host": name}).status_code == 200, name
+    assert api.client.get("/healthz", headers={"Host": "attacker.example"}).status_code == 400
+
+
+def test_an_allow_list_from_the_settings_replaces_the_loopback_default(tmp_path: Path) -> None:
+    from server.api.app import create_app
+    from server.config import Settings
+
+    settings = Settings(home=tmp_path, allowed_hosts="lr.internal, 10.0.0.5")
+    assert settings.host_allow_list() == ["lr.internal", "10.0.0.5"]
+    assert Settings(home=tmp_path).host_allow_list("10.1.2.3")[-1] == "10.1.2.3"
+    client = TestClient(create_app(None, settings), base_url="http://lr.internal:8080")  # type: ignore[arg-type]
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/healthz", headers={"Host": "127.0.0.1"}).status_code == 400
+
+
+def test_docs_and_the_openapi_document_need_the_token_when_one_is_set(tmp_path: Path) -> None:
+    guarded = App(tmp_path / "home", tmp_path, token="s3cret")
+    try:
+        bare = TestClient(guarded.app, base_url="http://127.0.0.1")
+        assert bare.get("/openapi.json").status_code == 401 and bare.get("/docs").status_code == 401
+        assert bare.get("/healthz").status_code == 200
+        assert guarded.client.get("/openapi.json").json()["info"]["title"] == "longrun"
+        assert "swagger" in guarded.client.get("/docs").text.lower()
+    finally:
+        guarded.close()
+
+
+def test_a_body_above_the_limit_is_a_413_before_it_is_parsed(api: App) -> None:
+    big = b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+    r = api.client.post("/v1/runs", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "LONGRUN_MAX_BODY_BYTES" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: counted while it streams in
+        yield b'{"name": "'
+        for _ in range(40):
+            yield b"x" * 64 * 1024
+        yield b'"}'
+
+    streamed = api.client.post("/v1/runs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413 and "LONGRUN_MAX_BODY_BYTES" in streamed.json()["detail"]
+    assert api.client.get("/v1/runs").json()["items"] == []
+
+
+def _serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "LONGRUN_API_TOKEN"}
+    environ.update(LONGRUN_HOME=str(tmp_path), **env)
+    return subprocess.run([sys.executable, "-m", "longrun.cli", "serve", *args], env=environ, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.5", "example.org"])
+def test_serve_refuses_a_non_loopback_address_without_a_token(tmp_path: Path, bind: str) -> None:
+    done = _serve(tmp_path, "--host", bind, "--port", str(free_port()))
+    assert done.returncode != 0
+    assert f"refusing to listen on {bind} without LONGRUN_API_TOKEN" in done.stderr
+    assert not (tmp_path / "longrun.db").exists(), "refused before anything was opened"
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_non_loopback_bind_host_from_the_environment(tmp_path: Path) -> None:
+    done = _serve(tmp_path, LONGRUN_BIND_HOST="0.0.0.0")
+    assert done.returncode != 0 and "LONGRUN_API_TOKEN" in done.stderr
