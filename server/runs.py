@@ -41,6 +41,21 @@ def spec_dict(spec: RunCreate) -> dict[str, Any]:
     return spec.model_dump(mode="json", exclude_none=True)
 
 
+# what of a spec travels to the host in the launch request, and the bound on its JSON: the launch goes as one
+# argument of a command, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the rest is the token, paths and torchrun's
+LAUNCHED_FIELDS = ("args", "env", "trainer", "entrypoint", "cwd")
+MAX_LAUNCH_BYTES = 96 * 1024
+
+
+def _check_launch_size(body: dict[str, Any], loc: tuple[str, ...] = ()) -> None:
+    """Refuse a spec whose launch would not fit, naming its largest field, rather than one stuck launching."""
+    sizes = {f: len(json.dumps(body[f])) for f in LAUNCHED_FIELDS if f in body}
+    if sum(sizes.values()) > MAX_LAUNCH_BYTES:
+        largest = max(sizes, key=lambda f: sizes[f])
+        raise FieldError((*loc, largest), f"the launch would carry {sum(sizes.values())} bytes of JSON (at most "
+                         f"{MAX_LAUNCH_BYTES}); `{largest}` alone is {sizes[largest]}: pass large data as a file")
+
+
 def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     names = spec.host_names
     field = "host" if spec.host is not None else "hosts"
@@ -65,6 +80,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
     _check_hosts(session, spec)
+    _check_launch_size(body)
     run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
@@ -126,6 +142,7 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
             if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
                                  f"{host.workspace} of host {host.name}", target)
+    _check_launch_size(spec_dict(spec), ("overrides",))
     return spec
 
 

@@ -49,8 +49,20 @@ def _name(value: str) -> str:
     return value
 
 
+# bounds on what a run may carry to its host; the whole launch is bounded once more in server/runs.py
+MAX_ARGS, MAX_ARG_CHARS = 1024, 16 * 1024
+MAX_ENV_VARS, MAX_ENV_NAME, MAX_ENV_VALUE = 256, 256, 32 * 1024
+# a path or name: PATH_MAX on Linux
+MAX_STR = 4096
+
+
 def _env(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_ENV_VARS:
+        raise ValueError(f"at most {MAX_ENV_VARS} variables, got {len(value)}")
     for key, val in value.items():
+        if len(key) > MAX_ENV_NAME or len(val) > MAX_ENV_VALUE:
+            raise ValueError(f"{key[:64]!r}: names are at most {MAX_ENV_NAME} characters and values "
+                             f"{MAX_ENV_VALUE}")
         if not ENV_NAME_RE.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         if key.startswith("LONGRUN_"):
@@ -72,9 +84,10 @@ def without_env_values(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "env": dict.fromkeys(env, SECRET)}
 
 
-AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+AbsPath = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_absolute_path)]
 Name = Annotated[str, AfterValidator(_name)]
-SafeStr = Annotated[str, AfterValidator(_no_nul)]
+SafeStr = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_no_nul)]
+Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
 Env = Annotated[dict[str, str], AfterValidator(_env)]
 
 
@@ -181,7 +194,7 @@ class RunCreate(Strict):
     nproc_per_node: int = Field(1, gt=0, le=256)
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None
-    args: list[SafeStr] = Field(default_factory=list)
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS)
     env: Env = Field(default_factory=dict, description="the job's environment; values are write-only: responses "
                      "and events show each name with `***` (a restart that overrides `env` sends every value again)")
     cwd: AbsPath | None = None

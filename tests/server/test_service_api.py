@@ -152,3 +152,26 @@ def test_serve_refuses_a_non_loopback_address_without_a_token(tmp_path: Path, bi
 def test_serve_refuses_a_non_loopback_bind_host_from_the_environment(tmp_path: Path) -> None:
     done = _serve(tmp_path, LONGRUN_BIND_HOST="0.0.0.0")
     assert done.returncode != 0 and "LONGRUN_API_TOKEN" in done.stderr
+
+
+def test_args_and_env_beyond_their_bounds_are_422s_naming_the_field(api: App) -> None:
+    base = {"name": "toy", "host": "local", "entrypoint": "/opt/train.py"}
+    assert locs(api.client.post("/v1/runs", json={**base, "args": ["a"] * 1025})) == [["body", "args"]]
+    assert locs(api.client.post("/v1/runs", json={**base, "args": ["a" * 20_000]})) == [["body", "args", 0]]
+    many = {f"V{i}": "x" for i in range(257)}
+    assert locs(api.client.post("/v1/runs", json={**base, "env": many})) == [["body", "env"]]
+    assert locs(api.client.post("/v1/runs", json={**base, "env": {"V": "x" * 40_000}})) == [["body", "env"]]
+    assert locs(api.client.post("/v1/runs", json={**base, "cwd": "/" + "d" * 5000})) == [["body", "cwd"]]
+
+
+def test_a_spec_whose_launch_would_not_fit_is_refused_at_submit_naming_its_largest_field(api: App) -> None:
+    base = {"name": "toy", "host": "local", "entrypoint": "/opt/train.py"}
+    # each value is allowed alone; together they exceed what one launch may carry (before: stuck in launching)
+    env = {f"V{i}": "x" * 30_000 for i in range(4)}
+    r = api.client.post("/v1/runs", json={**base, "env": env, "args": ["y" * 10_000]})
+    assert locs(r) == [["body", "env"]] and "at most 98304" in r.text and "pass large data as a file" in r.text
+    assert api.client.get("/v1/runs").json()["items"] == []
+    run = api.submit(env={"V0": "x" * 30_000})
+    api.move(run["id"], S.LAUNCHING, S.RUNNING, S.FAILED)
+    grown = api.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": ["z" * 16_000] * 5}})
+    assert locs(grown) == [["body", "overrides", "args"]]
