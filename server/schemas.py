@@ -302,6 +302,8 @@ class LogsPublic(BaseModel):
     log_path: str | None
     lines: list[str]
     next_offset: int = Field(description="pass as since_offset to follow the log")
+    dropped_bytes: int = Field(0, description="bytes of the log before `lines` that are no longer stored: longrun "
+                               "keeps the last 64 MiB of each node's log per attempt (the file on the host is whole)")
 
 
 class DepthAcceptance(BaseModel):

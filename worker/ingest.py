@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, insert
+from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -36,6 +36,10 @@ MAX_SERIES_NAME = 128
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
+# the tail of each node's log kept per attempt: older chunks are dropped as new ones come (GET .../logs says so)
+MAX_STORED_LOG_BYTES = 64 * 1024 * 1024
+# metrics events kept per run (the newest; status events are all kept): a week of probes would be 600,000
+MAX_METRICS_EVENTS = 10_000
 # names the server fills itself (the attempt, and worker/gpu_placement.gpu_readings): a job must not overwrite them
 SERVER_SERIES = re.compile(r"^(attempt|(node\d+_)?gpu_(util|mem)_\d+)$")
 
@@ -182,6 +186,15 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     session.add(Event(run_id=run.id, kind="metrics",
                       data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
+    _drop_old_metrics_events(session, run.id)
+
+
+def _drop_old_metrics_events(session: Session, run_id: str) -> None:
+    session.flush()
+    oldest_kept = session.scalar(select(Event.id).where(Event.run_id == run_id, Event.kind == "metrics")
+                                 .order_by(Event.id.desc()).offset(MAX_METRICS_EVENTS - 1).limit(1))
+    if oldest_kept is not None:
+        session.execute(delete(Event).where(Event.run_id == run_id, Event.kind == "metrics", Event.id < oldest_kept))
 
 
 def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tuple[int, bool], text: str,
@@ -224,6 +237,12 @@ def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:
 
 
 def store_log(session: Session, run_id: str, attempt: int, node: int, offset: int, end: int, text: str) -> None:
-    if end > offset:
-        _insert_ignore(session, LogChunk.__table__, [{"run_id": run_id, "attempt": attempt, "node": node,
-                                                      "offset": offset, "end": end, "text": text}])
+    """Store one read of a node's log, keeping its last MAX_STORED_LOG_BYTES (whole chunks) and dropping the rest."""
+    if end <= offset:
+        return
+    _insert_ignore(session, LogChunk.__table__, [{"run_id": run_id, "attempt": attempt, "node": node,
+                                                  "offset": offset, "end": end, "text": text}])
+    if end > MAX_STORED_LOG_BYTES:
+        session.execute(delete(LogChunk).where(
+            LogChunk.run_id == run_id, LogChunk.attempt == attempt, LogChunk.node == node,
+            LogChunk.end <= end - MAX_STORED_LOG_BYTES))

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from server.lifecycle import nodes_of
+from server.models import Event, LogChunk, MetricPoint
+from server.queries import log_lines
 from server.runs import request_restart
 from server.schemas import RestartRequest
 from tests.worker.conftest import Rig, migrated_db, rig  # noqa: F401 - the worker's fixtures, shared
@@ -130,3 +132,35 @@ def test_a_step_that_goes_through_starts_the_count_again(rig: Rig, monkeypatch: 
     monkeypatch.setattr("worker.run_driver.store_probes", flaky)
     rig.step(run_id, 9)
     assert rig.run(run_id).status == "running", "two failures, then a good step, never three in a row"
+
+
+def test_a_log_beyond_what_is_kept_keeps_its_tail_and_the_api_says_how_much_was_dropped(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("worker.ingest.MAX_STORED_LOG_BYTES", 1000)
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    job = rig.hosts["a"].job(run_id, 1)
+    for i in range(30):
+        job.log += f"line {i:04d} " + "." * 89 + "\n"  # 100 bytes a line, one read per step
+        rig.step(run_id)
+    with rig.db.reading() as s:
+        stored = sum(len(c.text) for c in s.query(LogChunk).filter_by(run_id=run_id))
+        _, _, lines, end, dropped = log_lines(s, run_id, None, None, None)
+    assert stored == 1000 and end == 3000 and dropped == 2000
+    assert lines[0].startswith("line 0020") and lines[-1].startswith("line 0029")
+
+
+def test_metrics_events_beyond_what_is_kept_are_dropped_oldest_first(rig: Rig,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("worker.ingest.MAX_METRICS_EVENTS", 5)
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    for step in range(1, 13):
+        host.write_metrics(host.job(run_id, 1), {"step": step, "loss": 1.0 / step})
+        rig.step(run_id)
+    with rig.db.reading() as s:
+        kept = [e.data["step"] for e in s.query(Event).filter_by(run_id=run_id, kind="metrics").order_by(Event.id)]
+        assert kept == [8, 9, 10, 11, 12]
+        assert s.query(Event).filter_by(run_id=run_id, kind="status").count() == 3, "status events all kept"
+        assert s.query(MetricPoint).filter_by(run_id=run_id, name="loss").count() == 12, "the series whole"

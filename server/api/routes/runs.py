@@ -90,8 +90,8 @@ def get_metrics(run_id: str, session: ReadSession, names: str | None = None, att
 def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
              attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
-    number, path, lines, end = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
-    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end)
+    number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
+    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end, dropped_bytes=dropped)
 
 
 @router.get("/{run_id}/evaluation", responses={404: {"description": "no such run, or not evaluated yet"}})
