@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     unreachable_deadline: float = 900.0
     gpu_wait_deadline: float = 1800.0
     gpu_sample_interval: float = 5.0
+    # the stall rule (server/lifecycle.py stall_seen): no step for stall_factor x the attempt's own step time,
+    # and at least stall_floor seconds
+    stall_factor: float = 10.0
+    stall_floor: float = 600.0
     ssh_connect_timeout: float = 10.0
     ssh_command_timeout: float = 120.0
 

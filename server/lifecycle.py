@@ -405,3 +405,36 @@ def step_failed(session: Session, run: Run, error: str, now: datetime, limit: in
 def step_succeeded(run: Run) -> None:
     """A worker step went through: the count of failed steps in a row starts again."""
     run.step_failures = 0
+
+
+def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: float) -> None:
+    """The stall rule: a running attempt whose step has not moved for `factor` times its own measured seconds per
+    step (and at least `floor` seconds, by the server's clock) is marked stalled in the run's message and a
+    `stall` event, once. With `"on_stall": "restart"` in its spec and retries left it is restarted as attempt n+1
+    with the same spec (counted as a retry; the trainer resumes from its last checkpoint), the old one stopped first."""
+    attempt = run.current
+    if run.status != RunStatus.RUNNING or attempt.sec_per_step is None or attempt.step_seen_at is None:
+        return
+    if attempt.stalled_at is not None:
+        if attempt.step_seen_at > attempt.stalled_at:
+            attempt.stalled_at = None
+            run.message = f"attempt {attempt.number} running; its step moved again after a stall"
+        return
+    still = (now - attempt.step_seen_at).total_seconds()
+    allowed = max(floor, factor * attempt.sec_per_step)
+    if still <= allowed:
+        return
+    attempt.stalled_at = now
+    why = (f"stalled: step {attempt.last_step} has not advanced for {still:.0f}s ({factor:g} x its "
+           f"{attempt.sec_per_step:.3g}s per step, at least {floor:.0f}s)")
+    session.add(Event(run_id=run.id, kind="stall", data={"attempt": attempt.number, "step": attempt.last_step,
+                                                          "seconds": round(still), "message": why}))
+    if attempt.spec.get("on_stall") != "restart":
+        run.message = why
+    elif run.retries_used < run.max_retries:
+        run.retries_used += 1
+        transition(session, run, RunStatus.RESTARTING,
+                   f"retry {run.retries_used} of {run.max_retries}: attempt {attempt.number} {why}", now=now)
+        open_attempt(session, run, attempt.spec, attempt.number + 1)
+    else:
+        run.message = f"{why}; not restarted: no retries left (max_retries {run.max_retries})"

@@ -200,6 +200,10 @@ class RunCreate(Strict):
     cwd: AbsPath | None = None
     output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
     max_retries: int = Field(0, ge=0, le=100)
+    on_stall: Literal["restart"] | None = Field(
+        None, description="`restart`: an attempt whose step stops moving (LONGRUN_STALL_FACTOR x its own step time, "
+        "at least LONGRUN_STALL_FLOOR seconds) is restarted from its last checkpoint, counted against max_retries; "
+        "unset: it is only marked stalled")
     log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
 
     @model_validator(mode="after")
@@ -225,7 +229,7 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics"})
+                               "log_metrics", "on_stall"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

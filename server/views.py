@@ -47,7 +47,8 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
     if run.status in TERMINAL:
         return progress, None
     if a.sec_per_step is not None:
-        since = (utcnow() - a.last_metric_at).total_seconds() if a.last_metric_at else 0.0
+        # the server's clock on both sides: a job's clock an hour off must not move the ETA
+        since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
         return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
     seconds, _ = eta.predict_duration(pace.paces(run, history), a.spec)
     return progress, seconds

@@ -118,7 +118,7 @@ def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> 
     session.execute(stmt, rows)
 
 
-def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> int:
+def store_metrics(session: Session, run: Run, attempt: Attempt, text: str, now: datetime | None = None) -> int:
     """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines read."""
     parsed = parse_metric_lines(text)
     if not parsed.records:
@@ -126,7 +126,7 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
     if attempt.metrics_lines == 0:
         _drop_log_metrics(session, run, attempt)
     store_metric_records(session, run, attempt,
-                         [(i, obj, None) for i, obj in enumerate(parsed.records, start=attempt.metrics_lines)])
+                         [(i, obj, None) for i, obj in enumerate(parsed.records, start=attempt.metrics_lines)], now)
     attempt.metrics_lines += len(parsed.records)
     if parsed.skipped:
         attempt.metrics_skipped += len(parsed.skipped)
@@ -136,11 +136,11 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> in
 
 
 def store_metric_records(session: Session, run: Run, attempt: Attempt,
-                         records: list[tuple[int, dict[str, Any], float | None]]) -> None:
+                         records: list[tuple[int, dict[str, Any], float | None]], now: datetime | None = None) -> None:
     """Store metric records, each (line, record in the metrics-file vocabulary, the trainer's own seconds
     per step or None); a line is the record's identity within the attempt. Every field is the job's word:
     a value that is not a finite number, a step out of range or an implausible time is dropped or replaced."""
-    now = utcnow()
+    now = now or utcnow()
     rows: list[dict[str, Any]] = []
     # an older attempt drained after a restart must not overwrite the new attempt's figures
     current = attempt.number == run.attempt
@@ -172,7 +172,7 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
             else:
                 sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
             if last_step is None or step > last_step:
-                attempt.step_seen_at, attempt.stalled_at = now, None
+                attempt.step_seen_at = now
             last_step, last_time = step, ts
             latest["step"] = step
     _insert_ignore(session, MetricPoint.__table__, rows)
@@ -198,7 +198,7 @@ def _drop_old_metrics_events(session: Session, run_id: str) -> None:
 
 
 def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tuple[int, bool], text: str,
-                      complete: bool) -> tuple[int, bool]:
+                      complete: bool, now: datetime | None = None) -> tuple[int, bool]:
     """Metrics from what node 0 printed (worker/log_metrics.py), for jobs that write no metrics file.
 
     A record's identity is its index in the log, counted in `position` (records read so far, and whether the
@@ -222,7 +222,7 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tu
         shown.update(record.values)
         records.append((LOG_LINES_FROM + record.index, record.values, record.step_seconds))
     if records:
-        store_metric_records(session, run, attempt, records)
+        store_metric_records(session, run, attempt, records, now)
     return first + got.consumed, got.midline
 
 

@@ -30,6 +30,7 @@ from server.lifecycle import (
     plan_nodes,
     restart_blocked,
     restart_cleared,
+    stall_seen,
     start_launching,
     step_failed,
     step_succeeded,
@@ -171,7 +172,10 @@ class RunDriver:
         drained = not any(p.answer.more for p in probes)
         with fresh_run(self.db, run.id) as (s, fresh):
             store_probes(s, fresh, attempt_numbered(fresh, attempt.number), probes, self.clock.now())
-            if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number) or running or not drained:
+            if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number):
+                return
+            if running or not drained:
+                stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
                 return
             bad = failed[0] if failed else None
             failure = NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code) if bad else None

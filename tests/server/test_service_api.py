@@ -10,9 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.lifecycle import RunStatus as S
-from server.models import Host, Run
+from server.lifecycle import start_attempt
+from server.models import Host, Run, utcnow
 from tests.inprocess import App
 from tests.service import ROOT, free_port
+from worker.ingest import store_metrics
 
 
 def locs(response) -> list[list]:  # type: ignore[no-untyped-def]
@@ -175,3 +177,20 @@ def test_a_spec_whose_launch_would_not_fit_is_refused_at_submit_naming_its_large
     api.move(run["id"], S.LAUNCHING, S.RUNNING, S.FAILED)
     grown = api.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": ["z" * 16_000] * 5}})
     assert locs(grown) == [["body", "overrides", "args"]]
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_a_job_clock_an_hour_off_moves_neither_the_eta_nor_the_startup(api: App, skew: float) -> None:
+    run = api.submit()
+    api.move(run["id"], S.LAUNCHING, S.RUNNING)
+    now = utcnow()
+    lines = "".join(json.dumps({"step": i, "total_steps": 100, "time": now.timestamp() + skew - 10 + i}) + "\n"
+                    for i in range(1, 11))
+    with api.db.writing() as s:
+        stored = s.get(Run, run["id"])
+        start_attempt(stored.current, now)
+        store_metrics(s, stored, stored.current, lines, now)
+    shown = api.client.get(f"/v1/runs/{run['id']}").json()
+    assert shown["progress"] == 0.1 and shown["attempts"][0]["seconds_per_step"] == pytest.approx(1.0)
+    assert 85 < shown["eta_seconds"] <= 90, "90 steps of 1 s left, whatever the job's clock says"
+    assert shown["attempts"][0]["first_step_at"] == shown["attempts"][0]["started_at"]

@@ -164,3 +164,73 @@ def test_metrics_events_beyond_what_is_kept_are_dropped_oldest_first(rig: Rig,
         assert kept == [8, 9, 10, 11, 12]
         assert s.query(Event).filter_by(run_id=run_id, kind="status").count() == 3, "status events all kept"
         assert s.query(MetricPoint).filter_by(run_id=run_id, name="loss").count() == 12, "the series whole"
+
+
+def _steady_steps(rig: Rig, run_id: str, attempt: int, steps: range, skew: float = 0.0) -> None:
+    """The job writes a step every 2 s of its own clock, which is `skew` seconds off the server's."""
+    host = rig.hosts["a"]
+    for step in steps:
+        rig.clock.advance(2)
+        when = rig.clock.now().timestamp() + skew
+        host.write_metrics(host.job(run_id, attempt), {"step": step, "total_steps": 1000, "time": when})
+        rig.step(run_id)
+
+
+@pytest.mark.parametrize("skew", [0.0, 3600.0, -3600.0])
+def test_a_step_that_stops_moving_is_marked_stalled_once_by_the_servers_clock(rig: Rig, skew: float) -> None:
+    rig.supervisor.driver.settings.stall_floor = 60
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    _steady_steps(rig, run_id, 1, range(1, 6), skew)
+    assert rig.attempt(run_id, 1).sec_per_step == pytest.approx(2.0), "measured on the job's clock, offset or not"
+    rig.clock.advance(59)
+    rig.step(run_id)
+    assert rig.run(run_id).message == "attempt 1 running", "within the floor: not stalled"
+    rig.clock.advance(2)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "running" and run.message == (
+        "stalled: step 5 has not advanced for 61s (10 x its 2s per step, at least 60s)")
+    rig.clock.advance(100)
+    rig.step(run_id)
+    with rig.db.reading() as s:
+        stalls = [e.data for e in s.query(Event).filter_by(run_id=run_id, kind="stall")]
+    assert len(stalls) == 1 and stalls[0]["step"] == 5 and stalls[0]["seconds"] == 61
+    _steady_steps(rig, run_id, 1, range(6, 7), skew)
+    assert rig.run(run_id).message == "attempt 1 running; its step moved again after a stall"
+    assert rig.attempt(run_id, 1).stalled_at is None
+
+
+def test_the_stall_window_is_the_attempts_own_step_time_times_the_factor(rig: Rig) -> None:
+    rig.supervisor.driver.settings.stall_floor = 5
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    _steady_steps(rig, run_id, 1, range(1, 6))
+    rig.clock.advance(19)
+    rig.step(run_id)
+    assert rig.attempt(run_id, 1).stalled_at is None, "10 x 2 s: not yet"
+    rig.clock.advance(2)
+    rig.step(run_id)
+    assert rig.attempt(run_id, 1).stalled_at is not None
+
+
+def test_on_stall_restart_relaunches_from_the_checkpoint_as_a_counted_retry(rig: Rig) -> None:
+    rig.supervisor.driver.settings.stall_floor = 60
+    run_id = rig.submit(max_retries=1, on_stall="restart")
+    rig.step(run_id, 2)
+    _steady_steps(rig, run_id, 1, range(1, 4))
+    stuck = rig.hosts["a"].job(run_id, 1)
+    rig.clock.advance(61)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "restarting" and run.retries_used == 1 and run.attempt == 2
+    assert run.message.startswith("retry 1 of 1: attempt 1 stalled: step 3 has not advanced for 61s")
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "running" and not stuck.alive and rig.hosts["a"].job(run_id, 2).alive
+    assert run.attempts[1].spec == run.attempts[0].spec, "the same spec: the job resumes from its checkpoint"
+    _steady_steps(rig, run_id, 2, range(3, 5))
+    rig.clock.advance(61)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "running" and run.message.endswith("not restarted: no retries left (max_retries 1)")
