@@ -270,7 +270,8 @@ def attempt_finished(session: Session, run: Run, failure: NodeFailure | None, no
     """Every node of the current attempt has ended and its output is stored: succeeded, or the retry rule."""
     current = run.current
     if failure is None:
-        end_attempt(current, AttemptStatus.SUCCEEDED, 0, None, now)
+        # a note made while it ran (metric lines skipped, a stall) stays
+        end_attempt(current, AttemptStatus.SUCCEEDED, 0, current.message, now)
         transition(session, run, RunStatus.SUCCEEDED, f"attempt {current.number} finished", now=now)
         return
     why = f"attempt {current.number} {failure.why}"
