@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from server import eta, queries
 from server.errors import Conflict, FieldError
+from server.layout import HostLayout
 from server.lifecycle import (
     RunStatus,
     TransitionError,
@@ -129,9 +130,10 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
         if req.clean and spec.trainer.output_dir == previous:
             # the clean would delete it: the worker moves the draft here first (hostside clean keep_into)
             host = _check_hosts(session, spec)[0]
-            previous = f"{host.workspace.rstrip('/')}/.longrun/{run.id}/draft-before-attempt-{run.attempt + 1}"
+            previous = HostLayout(host.workspace).draft_stash(run.id, run.attempt + 1)
         spec.trainer.init_from = previous
-    elif spec.trainer and spec.trainer.init_from and "/.longrun/" in spec.trainer.init_from:
+    elif spec.trainer and spec.trainer.init_from and any(
+            HostLayout(h.workspace).holds_records_of(spec.trainer.init_from, run.id) for h in _check_hosts(session, spec)):
         spec.trainer.init_from = None  # a stash from an earlier warm restart is not this restart's start
     if req.clean:
         target = spec.clean_dir

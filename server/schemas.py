@@ -141,6 +141,7 @@ class TrainerSpec(Strict):
 
     verifier_path: AbsPath
     data_dir: AbsPath
+    data_format: Literal["auto", "longrun", "speculators", "specforge"] | None = None
     vocab_mapping_dir: AbsPath
     output_dir: AbsPath
     epochs: int | None = Field(None, gt=0)

@@ -27,8 +27,8 @@ import argparse
 import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,29 +36,11 @@ import torch
 from torch import Tensor
 
 from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
-from trainer.prepare import decoder_layers, iter_samples, load_verifier
+from trainer.prepare import iter_samples
+from trainer.verifier_io import capture_layers, concat_features, decoder_layers, load_verifier
 
 # propose(tokens so far x_0..x_n, verifier features of x_0..x_{n-1} [1, n, 3H], depth) -> d target ids
 Proposer = Callable[[list[int], Tensor, int], list[int]]
-
-
-@contextmanager
-def layer_inputs(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[dict[int, Tensor]]:
-    """Collects the input hidden state of each layer in `layer_ids` during a forward pass."""
-    captured: dict[int, Tensor] = {}
-
-    def hook(index: int):
-        def save(module, args, kwargs):
-            captured[index] = args[0] if args else kwargs["hidden_states"]
-
-        return save
-
-    handles = [layers[i].register_forward_pre_hook(hook(i), with_kwargs=True) for i in set(layer_ids)]
-    try:
-        yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class Verifier:
@@ -77,10 +59,10 @@ class Verifier:
         """Read `tokens` after the cached context: (features [1, len, 3H], greedy next token at each)."""
         device = next(self.model.parameters()).device
         ids = torch.tensor([list(tokens)], device=device)
-        with layer_inputs(self.layers, self.layer_ids) as captured:
+        with capture_layers(self.layers, self.layer_ids) as captured:
             out = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: self.cache})
         self.cache = getattr(out, self.cache_arg)
-        features = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        features = concat_features(captured, self.layer_ids)
         return features, out.logits[0].argmax(-1).tolist()
 
     def reset(self) -> None:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from trainer.attention import ttt_attention
+from trainer.verifier_io import default_layer_ids
 
 
 @dataclass
@@ -64,12 +65,20 @@ class DraftConfig:
             vocab_size=verifier["vocab_size"],
             draft_vocab_size=draft_vocab_size,
             target_hidden_size=hidden,
-            aux_hidden_state_layer_ids=[2, layers // 2, layers - 3],
+            aux_hidden_state_layer_ids=default_layer_ids(layers),
             ttt_steps=ttt_steps,
         )
 
     def to_engine_config(self) -> dict:
-        """config.json that vLLM / SGLang load as an EAGLE-3 draft, plus this class's own fields."""
+        """config.json that vLLM / SGLang load as an EAGLE-3 draft, plus this class's own fields.
+
+        `aux_hidden_state_layer_ids` are inputs of layers (longrun's convention). The engines name the
+        same capture points differently, so each gets its own key:
+        - vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` and captures the input of each layer;
+        - SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as outputs of layers and captures the
+          input of layer id + 1, so it is given the ids minus one.
+        """
+        layer_ids = list(self.aux_hidden_state_layer_ids)
         return {
             "architectures": ["LlamaForCausalLMEagle3"],
             "model_type": "llama",
@@ -78,16 +87,26 @@ class DraftConfig:
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
             **asdict(self),
+            "eagle_aux_hidden_state_layer_ids": layer_ids,
             "eagle_config": {
-                "eagle_aux_hidden_state_layer_ids": list(self.aux_hidden_state_layer_ids),
+                "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
                 "use_aux_hidden_state": True,
             },
         }
 
     @classmethod
     def from_engine_config(cls, config: dict) -> "DraftConfig":
+        """This class's fields from a config.json; a draft written by another trainer gets its capture
+        layers from the engines' keys (vLLM's top-level input-of-layer ids, else SGLang's output-of-layer ids)."""
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in config.items() if k in names})
+        fields = {k: v for k, v in config.items() if k in names}
+        if "aux_hidden_state_layer_ids" not in fields:
+            eagle_config = config.get("eagle_config") or {}
+            if config.get("eagle_aux_hidden_state_layer_ids"):
+                fields["aux_hidden_state_layer_ids"] = list(config["eagle_aux_hidden_state_layer_ids"])
+            elif eagle_config.get("eagle_aux_hidden_state_layer_ids"):
+                fields["aux_hidden_state_layer_ids"] = [i + 1 for i in eagle_config["eagle_aux_hidden_state_layer_ids"]]
+        return cls(**fields)
 
 
 class RMSNorm(nn.Module):

@@ -2,6 +2,12 @@
 
     python -m trainer.prepare --verifier-path V --corpus FILE --output-dir D [--max-seq-len N]
         [--draft-vocab-size K] [--max-samples M] [--batch-size B] [--layer-ids 2,16,29]
+        [--device auto|cuda:1|cpu] [--trust-remote-code]
+
+The verifier is spread over every GPU of the host (`--device auto`, the default with CUDA: accelerate's
+`device_map="auto"`), so a verifier larger than one GPU prepares on one machine. Samples stream from the
+corpus to disk; a relaunch into the same output dir with the same settings resumes, skipping the samples
+already written completely (each is written under a temporary name and renamed into place).
 
 Corpus formats (a `.jsonl` / `.json` file is JSONL, anything else plain text):
 - plain text: one token stream cut into chunks of max-seq-len tokens; every token is a target.
@@ -17,6 +23,7 @@ Output under D:
   `last_hidden_state` bf16 [S, H] (output of the last decoder layer, before the final norm, so that
   `lm_head(norm(last_hidden_state))` are the verifier's logits);
 - vocab_mapping/vocab_mapping.safetensors: the K most frequent tokens at loss-masked positions (trainer.vocab);
+- prepare.settings.json: what the samples were made with (a relaunch with other settings starts over);
 - prepare.json: metadata, written last.
 """
 
@@ -27,18 +34,18 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import transformers
+from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from trainer.verifier_io import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
 SAMPLE_PATTERN = "sample_*.safetensors"
+SETTINGS_FILE = "prepare.settings.json"
 PREPARE_FORMAT = 1
 FALLBACK_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -53,11 +60,6 @@ SHAREGPT_ROLES = {
 }
 MIN_CHUNK_TOKENS = 8  # a shorter tail of a text stream is dropped: too little context to train on
 TEXT_PIECE_CHARS = 1 << 20  # plain text is tokenised in pieces of about this size, cut at line ends
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    """Inputs of layers 2, N//2 and N-3: low, middle and high features, as in EAGLE-3."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def _adds_bos(tokenizer) -> bool:
@@ -208,76 +210,39 @@ def iter_samples(tokenizer, corpus: Path, max_seq_len: int) -> Iterator[tuple[li
                 )
 
 
-def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    """The stack of decoder layers of a causal LM (`model.model.layers` for Llama and most others)."""
-    num_layers = model.config.num_hidden_layers
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-    layers = getattr(decoder, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList) and len(layers) == num_layers:
-        return layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
-            return module
-    raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
-
-
-@contextmanager
-def _capture(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[dict]:
-    captured: dict = {}
-
-    def save_input(index: int):
-        def hook(module, args, kwargs):
-            captured[index] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def save_output(module, args, output):
-        captured["last"] = output[0] if isinstance(output, tuple) else output
-
-    handles = [layers[i].register_forward_pre_hook(save_input(i), with_kwargs=True) for i in set(layer_ids)]
-    handles.append(layers[-1].register_forward_hook(save_output))
-    try:
-        yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@torch.no_grad()
-def capture_hidden_states(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    layer_ids: Sequence[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the verifier's decoder once: (inputs of `layer_ids` concatenated [B, S, 3H], last layer output [B, S, H]).
-
-    The last layer output is taken before the final norm; HF's `hidden_states[-1]` is after it in
-    transformers 5, so it is read with a hook rather than from `output_hidden_states`.
-    """
-    layers = decoder_layers(model)
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-    with _capture(layers, layer_ids) as captured:
-        decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return torch.cat([captured[i] for i in layer_ids], dim=-1), captured["last"]
-
-
-def load_verifier(
-    path: str | Path, device: torch.device, dtype: torch.dtype
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The verifier in eval mode on `device`, and its tokenizer."""
-    major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
-    dtype_arg = "dtype" if major_minor >= (4, 56) else "torch_dtype"
-    model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_arg: dtype}).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    return model, tokenizer
-
-
 def _save_sample(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
-    # Renamed into place so that a reader never sees a half-written sample.
+    # Renamed into place so that a reader (or a resumed prepare) never sees a half-written sample.
     tmp.replace(path)
+
+
+def _sample_path(sample_dir: Path, index: int) -> Path:
+    return sample_dir / f"sample_{index:06d}.safetensors"
+
+
+def _written_sample_matches(path: Path, ids: list[int]) -> bool:
+    """Whether a complete sample for exactly these tokens is already on disk (a resumed prepare skips it)."""
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor("input_ids").tolist() == ids
+    except Exception:  # an unreadable file is written again
+        return False
+
+
+def _start_or_resume(output_dir: Path, sample_dir: Path, settings: dict) -> bool:
+    """Keep the samples already written when they were made with the same settings; returns whether it resumes."""
+    settings_path = output_dir / SETTINGS_FILE
+    resume = settings_path.is_file() and json.loads(settings_path.read_text()) == settings
+    sample_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "prepare.json").unlink(missing_ok=True)
+    stale = list(sample_dir.glob("sample_*.tmp")) + ([] if resume else list(sample_dir.glob(SAMPLE_PATTERN)))
+    for path in stale:
+        path.unlink()
+    settings_path.write_text(json.dumps(settings, indent=2) + "\n")
+    return resume
 
 
 def prepare(
@@ -290,17 +255,23 @@ def prepare(
     batch_size: int = 8,
     layer_ids: Sequence[int] | None = None,
     device: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict:
-    """Write D/hidden_states/, D/vocab_mapping/ and D/prepare.json; returns the metadata written."""
+    """Write D/hidden_states/, D/vocab_mapping/ and D/prepare.json; returns the metadata written.
+
+    Samples stream from the corpus through the verifier to disk; only a few batches are in memory at once.
+    A relaunch with the same verifier, corpus and settings resumes: samples already written completely
+    (checked by their tokens) are skipped, the others are computed.
+    """
     started = time.monotonic()
     corpus, output_dir = Path(corpus), Path(output_dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus {corpus} does not exist")
-    run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device or ("auto" if torch.cuda.is_available() else "cpu")
     # bf16 on GPU as in serving; fp32 on CPU, where bf16 matmuls are slow and the features are cast anyway.
-    model_dtype = torch.bfloat16 if run_device.type == "cuda" else torch.float32
-    model, tokenizer = load_verifier(verifier_path, run_device, model_dtype)
-    config = model.config
+    model_dtype = torch.bfloat16 if device != "cpu" and torch.cuda.is_available() else torch.float32
+    model, tokenizer = load_verifier(verifier_path, device, model_dtype, trust_remote_code)
+    config = model.config.get_text_config()
     num_layers, hidden_size, vocab_size = config.num_hidden_layers, config.hidden_size, config.vocab_size
     layer_ids = list(layer_ids) if layer_ids is not None else default_layer_ids(num_layers)
     if len(layer_ids) != 3 or not all(0 <= i < num_layers for i in layer_ids):
@@ -310,59 +281,65 @@ def prepare(
             f"prepare: draft vocab size {draft_vocab_size} > verifier vocab {vocab_size}; using {vocab_size}"
         )
         draft_vocab_size = vocab_size
+    input_device = model.get_input_embeddings().weight.device
 
     sample_dir = output_dir / "hidden_states"
-    sample_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "prepare.json").unlink(missing_ok=True)
-    for stale in [*sample_dir.glob(SAMPLE_PATTERN), *sample_dir.glob("sample_*.tmp")]:
-        stale.unlink()
+    settings = {
+        "verifier_path": str(Path(verifier_path).resolve()),
+        "corpus": str(corpus.resolve()),
+        "corpus_bytes": corpus.stat().st_size,
+        "max_seq_len": max_seq_len,
+        "layer_ids": layer_ids,
+        "dtype": str(model_dtype),
+    }
+    resume = _start_or_resume(output_dir, sample_dir, settings)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    stats = {"samples": 0, "tokens": 0, "loss_tokens": 0}
+    stats = {"samples": 0, "tokens": 0, "loss_tokens": 0, "skipped": 0}
     pending: deque[Future] = deque()
     last_report = time.monotonic()
 
-    def run_batch(batch: list[tuple[list[int], list[int]]], writer: ThreadPoolExecutor) -> None:
-        lengths = [len(ids) for ids, _ in batch]
+    def run_batch(batch: list[tuple[Path, list[int], list[int]]], writer: ThreadPoolExecutor) -> None:
+        lengths = [len(ids) for _, ids, _ in batch]
         longest = max(lengths)
         input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        for row, (ids, _) in enumerate(batch):
+        for row, (_, ids, _) in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention_mask[row, : len(ids)] = 1
-        if int(input_ids.max()) >= vocab_size:
-            raise ValueError(
-                f"tokenizer produced id {int(input_ids.max())} >= the model's vocab size {vocab_size}"
-            )
         aux, last = capture_hidden_states(
-            model, input_ids.to(run_device), attention_mask.to(run_device), layer_ids
+            model, input_ids.to(input_device), attention_mask.to(input_device), layer_ids
         )
         aux, last = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu()
-        for row, ((ids, mask), length) in enumerate(zip(batch, lengths, strict=True)):
-            ids_tensor = torch.tensor(ids, dtype=torch.long)
-            mask_tensor = torch.tensor(mask, dtype=torch.uint8)
-            counts.add_(torch.bincount(ids_tensor[mask_tensor.bool()], minlength=vocab_size))
+        for row, ((path, ids, mask), length) in enumerate(zip(batch, lengths, strict=True)):
             tensors = {
-                "input_ids": ids_tensor,
-                "loss_mask": mask_tensor,
+                "input_ids": torch.tensor(ids, dtype=torch.long),
+                "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                 "hidden_states": aux[row, :length].clone(),
                 "last_hidden_state": last[row, :length].clone(),
             }
-            path = sample_dir / f"sample_{stats['samples']:06d}.safetensors"
             pending.append(writer.submit(_save_sample, path, tensors))
-            stats["samples"] += 1
-            stats["tokens"] += length
-            stats["loss_tokens"] += int(mask_tensor.sum())
         # Bounded queue of writes: the GPU keeps working while the disk catches up, memory stays flat.
         while len(pending) > 4 * batch_size:
             pending.popleft().result()
 
     with ThreadPoolExecutor(max_workers=4) as writer:
-        batch: list[tuple[list[int], list[int]]] = []
-        for sample in iter_samples(tokenizer, corpus, max_seq_len):
-            if max_samples is not None and stats["samples"] + len(batch) >= max_samples:
+        batch: list[tuple[Path, list[int], list[int]]] = []
+        for ids, mask in iter_samples(tokenizer, corpus, max_seq_len):
+            if max_samples is not None and stats["samples"] >= max_samples:
                 break
-            batch.append(sample)
+            if max(ids) >= vocab_size:
+                raise ValueError(f"tokenizer produced id {max(ids)} >= the model's vocab size {vocab_size}")
+            targets = torch.tensor(ids)[torch.tensor(mask, dtype=torch.bool)]
+            counts.index_add_(0, targets, torch.ones_like(targets))  # no vocab-sized temporary per sample
+            path = _sample_path(sample_dir, stats["samples"])
+            stats["samples"] += 1
+            stats["tokens"] += len(ids)
+            stats["loss_tokens"] += targets.numel()
+            if resume and _written_sample_matches(path, ids):
+                stats["skipped"] += 1
+                continue
+            batch.append((path, ids, mask))
             if len(batch) == batch_size:
                 run_batch(batch, writer)
                 batch = []
@@ -370,7 +347,8 @@ def prepare(
                     last_report = time.monotonic()
                     rate = stats["tokens"] / (last_report - started)
                     print(
-                        f"prepare: {stats['samples']} samples, {stats['tokens']} tokens, {rate:.0f} tokens/s",
+                        f"prepare: {stats['samples']} samples ({stats['skipped']} already written), "
+                        f"{stats['tokens']} tokens, {rate:.0f} tokens/s",
                         flush=True,
                     )
         if batch:
@@ -381,6 +359,9 @@ def prepare(
         raise ValueError(
             f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on"
         )
+    for surplus in sample_dir.glob(SAMPLE_PATTERN):  # left by an earlier run with a larger --max-samples
+        if int(surplus.stem.split("_")[1]) >= stats["samples"]:
+            surplus.unlink()
 
     d2t, t2d = build_vocab_mapping(
         {int(i): int(counts[i]) for i in counts.nonzero().flatten()}, vocab_size, draft_vocab_size
@@ -389,8 +370,8 @@ def prepare(
     covered = int(counts[t2d].sum())
     metadata = {
         "format": PREPARE_FORMAT,
-        "verifier_path": str(Path(verifier_path).resolve()),
-        "corpus": str(corpus.resolve()),
+        "verifier_path": settings["verifier_path"],
+        "corpus": settings["corpus"],
         "layer_ids": layer_ids,
         "num_hidden_layers": num_layers,
         "hidden_size": hidden_size,
@@ -401,6 +382,8 @@ def prepare(
         "num_samples": stats["samples"],
         "num_tokens": stats["tokens"],
         "num_loss_tokens": stats["loss_tokens"],
+        "resumed_samples": stats["skipped"],
+        "layer_devices": layer_devices(model),
         "chat_template": "tokenizer" if tokenizer.chat_template else "fallback",
         "dtype": "bfloat16",
         "seconds": round(time.monotonic() - started, 1),
@@ -427,7 +410,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--layer-ids", type=_layer_ids, help="three comma-separated layer indices (default 2,N//2,N-3)"
     )
-    parser.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
+    parser.add_argument(
+        "--device", help="auto (spread over every GPU), cuda:1, cpu (default: auto when CUDA is available, else cpu)"
+    )
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="run the verifier's own modelling/tokenizer code"
+    )
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
     metadata = prepare(
@@ -440,10 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=args.batch_size,
         layer_ids=args.layer_ids,
         device=args.device,
+        trust_remote_code=args.trust_remote_code,
     )
     print(
         f"prepare: {metadata['num_samples']} samples, {metadata['num_tokens']} tokens "
-        f"({metadata['num_loss_tokens']} with loss), layers {metadata['layer_ids']}, draft vocab "
+        f"({metadata['num_loss_tokens']} with loss; {metadata['resumed_samples']} already written), layers {metadata['layer_ids']}, draft vocab "
         f"{metadata['draft_vocab_size']} covering {metadata['draft_vocab_coverage']:.1%}, "
         f"{metadata['seconds']:.0f}s -> {args.output_dir}"
     )

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.ttt import TTTObjective, add_feature_noise, trained_position_counts, verifier_targets
-from trainer.verifier_head import VerifierHead
+from trainer.verifier_io import VerifierHead
 
 
 @dataclass

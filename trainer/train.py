@@ -10,7 +10,6 @@ code 143.
 """
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -23,9 +22,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 
 from trainer.checkpoint import Checkpointer, Position, latest_checkpoint
-from trainer.data import BatchLoader, HiddenStatesDataset, make_loader, prefetch_to_device, split_files
+from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
+from trainer.formats import DATA_FORMATS, open_training_data
 from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
@@ -33,7 +34,7 @@ from trainer.profiling import StepProfiler
 from trainer.step import TrainingStep
 from trainer.ttt import TTTObjective
 from trainer.validation import Validator
-from trainer.verifier_head import VerifierHead, load_verifier_head, read_verifier_config
+from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -42,8 +43,10 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
-    p.add_argument("--data-dir", required=True, help="per-sample safetensors written by trainer.prepare")
-    p.add_argument("--vocab-mapping-dir", required=True, help="directory with vocab_mapping.safetensors")
+    p.add_argument("--data-dir", required=True, help="per-sample files: trainer.prepare's, speculators' or SpecForge's")
+    p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default="auto", help="layout of --data-dir")
+    p.add_argument("--vocab-mapping-dir", required=True,
+                   help="vocab_mapping.safetensors, speculators' d2t.npy + t2d.npy or SpecForge's vocab_mapping.pt")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -153,14 +156,6 @@ class StopRequest:
             raise SystemExit(128 + signum)
 
 
-def aux_layer_ids(data_dir: Path, default: list[int]) -> list[int]:
-    """The layers `prepare` captured (its prepare.json sits next to the hidden_states dir)."""
-    for candidate in (data_dir / "prepare.json", data_dir.parent / "prepare.json"):
-        if candidate.is_file():
-            return list(json.loads(candidate.read_text()).get("layer_ids", default))
-    return default
-
-
 def init_weights_path(path: str) -> Path:
     """A directory with model.safetensors (a checkpoint or an exported draft), or an output dir's latest checkpoint."""
     candidate = Path(path)
@@ -182,9 +177,12 @@ def load_weights_with_same_vocab(draft: EagleDraft, path: Path) -> None:
 def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | None) -> tuple[EagleDraft, VerifierHead]:
     """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
     d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
-    config = DraftConfig.from_verifier(read_verifier_config(args.verifier_path), d2t.numel(), args.ttt_steps)
-    config.aux_hidden_state_layer_ids = aux_layer_ids(Path(args.data_dir), config.aux_hidden_state_layer_ids)
+    verifier = read_verifier_config(args.verifier_path)
+    config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps)
+    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"])
+    config.aux_hidden_state_layer_ids = data.layer_ids
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
+    head.input_is_normed = data.last_hidden_state_normed
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     draft = EagleDraft(config, embed_weight.to(dtype))
     draft.set_vocab_mapping(d2t, t2d)
@@ -204,13 +202,14 @@ def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
     draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
 
 
-def open_datasets(args: argparse.Namespace) -> tuple[HiddenStatesDataset, HiddenStatesDataset | None]:
-    """(training set, validation set or None) over `--data-dir`, split by `--val-ratio`."""
-    train_files, val_files = split_files(args.data_dir, args.val_ratio, args.seed)
+def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
+    """(training set, validation set or None) over `--data-dir` in its `--data-format`, split by `--val-ratio`."""
+    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
     if not train_files:
         raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
-    val_set = HiddenStatesDataset(None, args.max_seq_len, files=val_files) if val_files else None
-    return HiddenStatesDataset(None, args.max_seq_len, files=train_files), val_set
+    val_set = data.dataset(val_files, args.max_seq_len) if val_files else None
+    return data.dataset(train_files, args.max_seq_len), val_set
 
 
 @dataclass

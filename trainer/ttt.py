@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.model import EagleDraft, TTTCache
-from trainer.verifier_head import VerifierHead
+from trainer.verifier_io import VerifierHead
 
 # Per TTT step, summed over positions (then over ranks): what the metrics are made of.
 STAT_FIELDS = ("loss", "positions", "correct", "chain_before", "chain_after")

@@ -7,7 +7,7 @@ import torch
 from trainer.data import BatchLoader, batch_to
 from trainer.step import packing
 from trainer.ttt import STAT_FIELDS, TTTObjective, summarize_stats, verifier_targets
-from trainer.verifier_head import VerifierHead
+from trainer.verifier_io import VerifierHead
 
 
 class Validator:

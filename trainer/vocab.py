@@ -4,6 +4,9 @@ On disk (`DIR/vocab_mapping.safetensors`), in the convention vLLM and SGLang use
 - `d2t` int64 [K]: an OFFSET, `target_id = draft_id + d2t[draft_id]`;
 - `t2d` bool [V]: True where the target id is in the draft vocabulary.
 Draft ids are assigned in increasing target-id order, so both maps are monotonic.
+
+`load_vocab_mapping` also reads the same two maps as the peers write them: speculators'
+scripts/build_vocab_mapping.py (`d2t.npy`, `t2d.npy`) and SpecForge's `vocab_mapping.pt` ({"d2t", "t2d"}).
 """
 
 from collections.abc import Iterable, Mapping
@@ -76,15 +79,35 @@ def save_vocab_mapping(directory: str | Path, d2t: torch.Tensor, t2d: torch.Tens
     return path
 
 
+def _read_mapping_file(path: Path) -> dict:
+    if path.suffix == ".pt":
+        return torch.load(path, map_location="cpu", weights_only=True)
+    if path.suffix == ".npy":  # speculators writes d2t.npy and t2d.npy side by side
+        import numpy
+
+        return {name: torch.from_numpy(numpy.load(path.parent / f"{name}.npy")) for name in ("d2t", "t2d")}
+    return load_file(str(path))
+
+
 def load_vocab_mapping(directory: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read `(d2t, t2d)` from a directory written by `save_vocab_mapping` (or the file itself)."""
+    """Read `(d2t, t2d)` from a directory (or file) written by `save_vocab_mapping`, speculators or SpecForge."""
     path = Path(directory)
     if path.is_dir():
-        path = path / VOCAB_MAPPING_FILE
+        candidates = [path / VOCAB_MAPPING_FILE, path / "d2t.npy", path / "vocab_mapping.pt"]
+        path = next((c for c in candidates if c.is_file()), candidates[0])
     if not path.is_file():
-        raise FileNotFoundError(f"no vocab mapping at {path}; run `python -m trainer.prepare` to build one")
-    tensors = load_file(str(path))
-    return tensors["d2t"], tensors["t2d"]
+        raise FileNotFoundError(
+            f"no vocab mapping at {path} ({VOCAB_MAPPING_FILE}, speculators' d2t.npy + t2d.npy or SpecForge's "
+            "vocab_mapping.pt); run `python -m trainer.prepare` to build one"
+        )
+    tensors = _read_mapping_file(path)
+    for name in ("d2t", "t2d"):
+        if name not in tensors:
+            raise KeyError(f"{path} has no {name!r}: not a vocab mapping (it holds {sorted(tensors)})")
+    d2t, t2d = tensors["d2t"].long(), tensors["t2d"].bool()
+    if int(t2d.sum()) != d2t.numel():
+        raise ValueError(f"{path}: t2d marks {int(t2d.sum())} ids but d2t has {d2t.numel()}: not the same mapping")
+    return d2t, t2d
 
 
 def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:

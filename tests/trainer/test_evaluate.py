@@ -4,6 +4,7 @@ Two verifiers: the shared tiny one (with a tokenizer, for the CLI), whose greedy
 that a draft is accepted nearly always, and the random sharp Llama of tiny_setup, where acceptance
 is partial (rejections, fall-off with depth)."""
 
+import copy
 import json
 import math
 
@@ -21,9 +22,9 @@ from trainer.evaluate import (
     speculative_decode,
 )
 from trainer.evaluate import main as evaluate_main
-from trainer.model import TTTCache, load_draft
-from trainer.prepare import load_verifier
+from trainer.model import TTTCache, load_draft, read_draft_config, save_draft
 from trainer.train import main as train_main
+from trainer.verifier_io import load_verifier
 
 MAX_DEPTH = 4
 
@@ -167,3 +168,20 @@ def test_cli_report_shapes(trained_draft, tiny_verifier, tiny_corpus, tmp_path, 
     assert all(0.0 <= p <= 1.0 for p in report["position_acceptance"])
     assert report["position_acceptance"][0] > 0.2  # the trained draft is much better than chance
     assert report["draft_ttt_steps"] == 3 and report["samples"] == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exported_draft_reloaded_from_disk_accepts_as_the_draft_in_memory(partial, tmp_path, dtype):
+    verifier, draft, prompts = partial
+    in_memory = copy.deepcopy(draft)
+    with torch.no_grad():  # what the export keeps of each weight (bf16 is how the trainer exports its final draft)
+        for parameter in in_memory.parameters():
+            parameter.copy_(parameter.to(dtype).float())
+    save_draft(draft, tmp_path, dtype=dtype)
+    reloaded = load_draft(tmp_path, verifier.model.get_input_embeddings().weight.detach())
+    expected = evaluate(Verifier(verifier.model, in_memory.config.aux_hidden_state_layer_ids), DraftProposer(in_memory),
+                        prompts, MAX_DEPTH, 16, None)
+    got = evaluate(Verifier(verifier.model, read_draft_config(tmp_path).aux_hidden_state_layer_ids),
+                   DraftProposer(reloaded), prompts, MAX_DEPTH, 16, None)
+    assert got == expected
+    assert 0 < expected["position_acceptance"][0] < 1  # partial acceptance: a wrong weight would show

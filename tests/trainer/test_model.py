@@ -235,7 +235,8 @@ def test_engine_format_round_trip(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["draft_vocab_size"] == 24 and config["vocab_size"] == 64
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM: inputs of layers
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang: outputs of layers
 
     from safetensors.torch import load_file
 

@@ -1,4 +1,8 @@
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -6,16 +10,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.conftest import PREPARED_DRAFT_VOCAB, PREPARED_MAX_SAMPLES, PREPARED_MAX_SEQ_LEN
-from trainer.prepare import (
-    capture_hidden_states,
-    default_layer_ids,
-    iter_samples,
-    prepare,
-    tokenize_chat,
+from tests.trainer.conftest import (
+    PREPARED_DRAFT_VOCAB,
+    PREPARED_MAX_SAMPLES,
+    PREPARED_MAX_SEQ_LEN,
+    one_cpu_thread,
 )
+from trainer.prepare import iter_samples, prepare, tokenize_chat
+from trainer.verifier_io import capture_hidden_states, default_layer_ids
 from trainer.vocab import draft_to_target_ids, load_vocab_mapping
 
+REPO = Path(__file__).resolve().parents[2]
 CONVERSATION = [
     {"role": "system", "content": "You write Python."},
     {"role": "user", "content": "Sort a list."},
@@ -179,3 +184,71 @@ def test_chat_corpus_vocab_mapping_counts_only_masked_tokens(tiny_verifier: Path
 def test_bad_layer_ids_are_refused(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="layer-ids"):
         prepare(tiny_verifier, tiny_corpus, tmp_path, layer_ids=[2, 4, 8], device="cpu")
+
+
+def _prepare_command(verifier: Path, corpus: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier), "--corpus", str(corpus),
+            "--output-dir", str(out), "--max-seq-len", "32", "--batch-size", "1", "--draft-vocab-size", "64",
+            "--device", "cpu"]
+
+
+def test_killed_prepare_resumes_skipping_the_samples_written(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_prepare_command(tiny_verifier, tiny_corpus, killed), cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(list((killed / "hidden_states").glob("sample_*.safetensors"))) < 30 and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    written = sorted((killed / "hidden_states").glob("sample_*.safetensors"))
+    assert len(written) >= 30 and not (killed / "prepare.json").exists()
+
+    resumed = subprocess.run(_prepare_command(tiny_verifier, tiny_corpus, killed), cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    metadata = json.loads((killed / "prepare.json").read_text())
+    assert metadata["resumed_samples"] == len(written) < metadata["num_samples"]
+    assert f"{len(written)} already written" in resumed.stdout
+    assert not list((killed / "hidden_states").glob("*.tmp"))
+
+    with one_cpu_thread():
+        clean = prepare(tiny_verifier, tiny_corpus, tmp_path / "clean", max_seq_len=32, draft_vocab_size=64,
+                        batch_size=1, device="cpu")
+    assert clean["resumed_samples"] == 0 and clean["num_samples"] == metadata["num_samples"]
+    for got, want in zip(_samples(killed), _samples(tmp_path / "clean"), strict=True):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    for got, want in zip(load_vocab_mapping(killed / "vocab_mapping"), load_vocab_mapping(tmp_path / "clean" / "vocab_mapping"),
+                         strict=True):
+        assert torch.equal(got, want)
+
+
+def test_prepare_with_other_settings_starts_over(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    with one_cpu_thread():
+        prepare(tiny_verifier, tiny_corpus, tmp_path, max_seq_len=32, max_samples=6, draft_vocab_size=64, device="cpu")
+        again = prepare(tiny_verifier, tiny_corpus, tmp_path, max_seq_len=32, max_samples=4, draft_vocab_size=64, device="cpu")
+        other = prepare(tiny_verifier, tiny_corpus, tmp_path, max_seq_len=24, max_samples=4, draft_vocab_size=64, device="cpu")
+    assert again["resumed_samples"] == 4 and other["resumed_samples"] == 0
+    assert len(_samples(tmp_path)) == 4 and all(s["input_ids"].numel() <= 24 for s in _samples(tmp_path))
+
+
+def test_device_auto_spreads_the_verifier_and_writes_the_same_samples(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    """Without CUDA, accelerate's device_map="auto" keeps every layer on the CPU; with two GPUs or more, the layers
+    are spread over them (each layer's device is in prepare.json) and the features match the CPU's to bf16."""
+    with one_cpu_thread():
+        cpu = prepare(tiny_verifier, tiny_corpus, tmp_path / "cpu", max_seq_len=32, max_samples=4, draft_vocab_size=64,
+                      device="cpu")
+        auto = prepare(tiny_verifier, tiny_corpus, tmp_path / "auto", max_seq_len=32, max_samples=4, draft_vocab_size=64,
+                       device="auto")
+    assert len(auto["layer_devices"]) == cpu["num_hidden_layers"] == 8
+    if torch.cuda.device_count() >= 2:
+        assert len(set(auto["layer_devices"])) >= 2
+    else:
+        assert set(auto["layer_devices"]) == set(cpu["layer_devices"]) == {"cpu"}
+    for got, want in zip(_samples(tmp_path / "auto"), _samples(tmp_path / "cpu"), strict=True):
+        assert torch.equal(got["input_ids"], want["input_ids"])
+        for name in ("hidden_states", "last_hidden_state"):
+            similarity = torch.nn.functional.cosine_similarity(got[name].float(), want[name].float(), dim=-1)
+            assert float(similarity.min()) > 0.99, name  # bf16 on GPUs against fp32 on the CPU
