@@ -33,6 +33,8 @@ MAX_STEP = 2**31 - 1
 MAX_METRIC_LINE_BYTES = 64 * 1024
 MAX_KEYS_PER_LINE = 256
 MAX_SERIES_NAME = 128
+# series names a run's `latest` (and so its store) takes: a job inventing new names on every line stops here
+MAX_SERIES_PER_RUN = 1024
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -151,7 +153,7 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
         step = _as_step(obj.get("step"))
         when = _as_time(obj.get("time"), now)
         for name, value in obj.items():
-            if not _is_series(name, value):
+            if not _is_series(name, value) or (name not in latest and len(latest) >= MAX_SERIES_PER_RUN):
                 continue
             v = _as_number(value)
             rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,

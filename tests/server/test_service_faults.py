@@ -234,3 +234,18 @@ def test_on_stall_restart_relaunches_from_the_checkpoint_as_a_counted_retry(rig:
     rig.step(run_id)
     run = rig.run(run_id)
     assert run.status == "running" and run.message.endswith("not restarted: no retries left (max_retries 1)")
+
+
+def test_a_job_inventing_new_series_on_every_line_stops_at_the_runs_bound(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    host.write_metrics(host.job(run_id, 1), *({"step": i, **{f"s{i}_{k}": 1.0 for k in range(250)}}
+                                              for i in range(1, 6)))
+    rig.step(run_id)
+    run = rig.run(run_id)
+    invented = [name for name in run.latest if name.startswith("s") and name != "step"]
+    assert run.status == "running" and 1000 < len(invented) <= 1024 and "s5_249" not in run.latest
+    with rig.db.reading() as s:
+        stored = s.query(MetricPoint.name).filter(MetricPoint.run_id == run_id, MetricPoint.name.like("s%"))
+        assert stored.distinct().count() == len(invented)
