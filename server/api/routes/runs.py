@@ -117,7 +117,7 @@ def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", 
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 async def run_events(run_id: str, request: Request, db: DB,
                      last_event_id: Annotated[int | None, Header()] = None) -> StreamingResponse:
-    """Server-Sent Events: `status` and `metrics` events as they are stored; resumable with Last-Event-ID."""
+    """Server-Sent Events: `status`, `metrics` and `stall` events as they are stored; resumable with Last-Event-ID."""
 
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:
