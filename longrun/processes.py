@@ -5,7 +5,7 @@ The one place where server and worker meet; `server` never imports `worker`.
 
 import signal
 
-from server.config import Settings
+from server.config import Settings, is_loopback
 from server.db import Database
 
 
@@ -24,6 +24,12 @@ def serve(host: str | None = None, port: int | None = None, with_worker: bool = 
     from server.api.app import create_app
     from server.hosts import ensure_local_host
 
+    settings = Settings()
+    bind = host or settings.bind_host
+    if not is_loopback(bind) and not settings.api_token:
+        raise SystemExit(f"longrun: refusing to listen on {bind} without LONGRUN_API_TOKEN: anyone who reaches it "
+                         f"could run commands on your hosts. Set LONGRUN_API_TOKEN (and LONGRUN_ALLOWED_HOSTS to "
+                         f"the names clients use), or listen on 127.0.0.1")
     settings, db = open_database()
     with db.writing() as s:
         ensure_local_host(s, settings)
@@ -33,8 +39,8 @@ def serve(host: str | None = None, port: int | None = None, with_worker: bool = 
 
         supervisor = Supervisor(db, settings)
     app = create_app(db, settings, on_startup=supervisor.start if supervisor else None,
-                     on_shutdown=supervisor.stop if supervisor else None)
-    uvicorn.run(app, host=host or settings.bind_host, port=port or settings.port, log_level="warning")
+                     on_shutdown=supervisor.stop if supervisor else None, bind_host=bind)
+    uvicorn.run(app, host=bind, port=port or settings.port, log_level="warning")
 
 
 def work() -> None:

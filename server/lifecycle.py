@@ -12,7 +12,8 @@ Nodes (one per host of an attempt): pending -> running -> exited | lost | missin
 the unreachable-deadline rule gives up on a node whose host is away (the orphan reaper stops it later).
 
 The rules are named functions below: `retry_or_fail` (retries), `host_unreachable` (the unreachable
-deadline) and `wait_for_gpus` (the GPU-wait deadline). Callers hold a write transaction
+deadline), `wait_for_gpus` (the GPU-wait deadline), `step_failed` (worker steps that raise) and `stall_seen`
+(a step that stopped moving). Callers hold a write transaction
 (Database.writing) and pass the run as read in it (`load_run`), so the check and the change are atomic.
 Nothing outside this module assigns a status.
 """
@@ -159,8 +160,11 @@ def end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None, 
 
 
 def drop_unstarted_attempt(attempt: Attempt) -> None:
-    """A restart supersedes an attempt that never started: it ends there, cancelled."""
-    if attempt.started_at is None:
+    """A restart supersedes an attempt that never started: it ends there, cancelled.
+
+    An attempt whose nodes are planned may be starting right now (the worker plans them in one transaction and
+    records the launch in the next): it is left to the restart handler, which stops it before launching n+1."""
+    if attempt.started_at is None and not attempt.nodes:
         end_attempt(attempt, AttemptStatus.CANCELLED, None, "never started")
 
 
@@ -266,7 +270,8 @@ def attempt_finished(session: Session, run: Run, failure: NodeFailure | None, no
     """Every node of the current attempt has ended and its output is stored: succeeded, or the retry rule."""
     current = run.current
     if failure is None:
-        end_attempt(current, AttemptStatus.SUCCEEDED, 0, None, now)
+        # a note made while it ran (metric lines skipped, a stall) stays
+        end_attempt(current, AttemptStatus.SUCCEEDED, 0, current.message, now)
         transition(session, run, RunStatus.SUCCEEDED, f"attempt {current.number} finished", now=now)
         return
     why = f"attempt {current.number} {failure.why}"
@@ -370,3 +375,67 @@ def wait_for_gpus(session: Session, run: Run, why: str, now: datetime, deadline:
         transition(session, run, RunStatus.FAILED, message, now=now)
     else:
         run.message = f"waiting for GPUs ({waited:.0f}s of {deadline:.0f}s): {why}"
+
+
+# --- service hardening (issue 15): worker steps that raise, and stalled attempts ---
+
+# worker steps in a row that may raise something unexpected before the run fails with the error
+MAX_STEP_FAILURES = 3
+
+
+def step_failed(session: Session, run: Run, error: str, now: datetime, limit: int = MAX_STEP_FAILURES) -> None:
+    """The step-failure rule: a worker step that raised something unexpected (a bug, a host's or a job's
+    nonsense) is counted and said in the message; after `limit` in a row the run fails with it, never wedges.
+    What may still run of it on its hosts is marked for the orphan reaper, as the unreachable rule does."""
+    if run.status not in ACTIVE:
+        return
+    run.step_failures += 1
+    if run.step_failures < limit:
+        run.message = f"worker step failed ({run.step_failures} of {limit} in a row; trying again): {error}"
+        return
+    why = f"gave up after {limit} failed worker steps in a row: {error}"
+    for attempt in run.attempts:
+        if attempt.status not in ENDED_ATTEMPT:
+            end_attempt(attempt, AttemptStatus.FAILED, None, why, now)
+            if attempt.nodes:
+                abandon_nodes(attempt)
+    run.step_failures = 0
+    transition(session, run, RunStatus.FAILED, why, now=now)
+
+
+def step_succeeded(run: Run) -> None:
+    """A worker step went through: the count of failed steps in a row starts again."""
+    run.step_failures = 0
+
+
+def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: float) -> None:
+    """The stall rule: a running attempt whose step has not moved for `factor` times its own measured seconds per
+    step (and at least `floor` seconds, by the server's clock) is marked stalled in the run's message and a
+    `stall` event, once. With `"on_stall": "restart"` in its spec and retries left it is restarted as attempt n+1
+    with the same spec (counted as a retry; the trainer resumes from its last checkpoint), the old one stopped first."""
+    attempt = run.current
+    if run.status != RunStatus.RUNNING or attempt.sec_per_step is None or attempt.step_seen_at is None:
+        return
+    if attempt.stalled_at is not None:
+        if attempt.step_seen_at > attempt.stalled_at:
+            attempt.stalled_at = None
+            run.message = f"attempt {attempt.number} running; its step moved again after a stall"
+        return
+    still = (now - attempt.step_seen_at).total_seconds()
+    allowed = max(floor, factor * attempt.sec_per_step)
+    if still <= allowed:
+        return
+    attempt.stalled_at = now
+    why = (f"stalled: step {attempt.last_step} has not advanced for {still:.0f}s ({factor:g} x its "
+           f"{attempt.sec_per_step:.3g}s per step, at least {floor:.0f}s)")
+    session.add(Event(run_id=run.id, kind="stall", data={"attempt": attempt.number, "step": attempt.last_step,
+                                                          "seconds": round(still), "message": why}))
+    if attempt.spec.get("on_stall") != "restart":
+        run.message = why
+    elif run.retries_used < run.max_retries:
+        run.retries_used += 1
+        transition(session, run, RunStatus.RESTARTING,
+                   f"retry {run.retries_used} of {run.max_retries}: attempt {attempt.number} {why}", now=now)
+        open_attempt(session, run, attempt.spec, attempt.number + 1)
+    else:
+        run.message = f"{why}; not restarted: no retries left (max_retries {run.max_retries})"

@@ -83,6 +83,8 @@ class Run(Base):
     message: Mapped[str | None] = mapped_column(Text)
     host_reachable: Mapped[bool] = mapped_column(Boolean, default=True)
     unreachable_since: Mapped[datetime | None]
+    # worker steps in a row that raised something unexpected (server/lifecycle.py: step_failed)
+    step_failures: Mapped[int] = mapped_column(Integer, default=0)
     latest: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(64))
@@ -126,6 +128,12 @@ class Attempt(Base):
     sec_per_step: Mapped[float | None] = mapped_column(Float)
     last_metric_at: Mapped[datetime | None]
     first_step_at: Mapped[datetime | None]
+    # the server's clock, not the job's: when the step last moved on (ETA and stall detection)
+    step_seen_at: Mapped[datetime | None]
+    # when the stall rule found the step stuck; cleared when it moves again
+    stalled_at: Mapped[datetime | None]
+    # metric lines skipped as too long or too wide (worker/ingest.py)
+    metrics_skipped: Mapped[int] = mapped_column(Integer, default=0)
     predicted_duration_seconds: Mapped[float | None] = mapped_column(Float)
     prediction_basis: Mapped[str | None] = mapped_column(Text)
     evaluation: Mapped[dict[str, Any] | None]

@@ -80,8 +80,9 @@ def metric_series(session: Session, run_id: str, names: list[str] | None, attemp
 
 
 def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | None,
-              since_offset: int | None, node: int = 0) -> tuple[int, str | None, list[str], int]:
-    """Lines of an attempt's log as ingested from the host; returns (attempt, path, lines, next_offset)."""
+              since_offset: int | None, node: int = 0) -> tuple[int, str | None, list[str], int, int]:
+    """Lines of an attempt's log as ingested from the host; returns (attempt, path, lines, next_offset, bytes
+    asked for that were dropped as the log outgrew what is kept)."""
     run = get_run(session, run_id)
     number = attempt or run.attempt
     att = next((a for a in run.attempts if a.number == number), None)
@@ -93,10 +94,12 @@ def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | No
     chunks = list(session.scalars(q.order_by(LogChunk.offset)))
     text = "".join(c.text for c in chunks)
     end = chunks[-1].end if chunks else (since_offset or 0)
+    # the worker keeps a log's tail only (worker/ingest.py): what was asked for before it is gone
+    dropped = chunks[0].offset - (since_offset or 0) if chunks else 0
     lines = text.splitlines()
     if tail is not None:
         lines = lines[-tail:] if tail > 0 else []
-    return number, att.log_path, lines, end
+    return number, att.log_path, lines, end, dropped
 
 
 def events_after(session: Session, run_id: str, after: int, limit: int = 500) -> tuple[list[Event], str]:

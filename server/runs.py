@@ -26,11 +26,35 @@ from server.lifecycle import (
 )
 from server.models import Host, Run, utcnow
 from server.queries import get_run
-from server.schemas import RESTART_TOP_LEVEL, TRAINER_FIELDS, DryRunPublic, RestartRequest, RunCreate
+from server.schemas import (
+    RESTART_TOP_LEVEL,
+    TRAINER_FIELDS,
+    DryRunPublic,
+    RestartRequest,
+    RunCreate,
+    is_inside,
+    normalized_path,
+    without_env_values,
+)
 
 
 def spec_dict(spec: RunCreate) -> dict[str, Any]:
     return spec.model_dump(mode="json", exclude_none=True)
+
+
+# what of a spec travels to the host in the launch request, and the bound on its JSON: the launch goes as one
+# argument of a command, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the rest is the token, paths and torchrun's
+LAUNCHED_FIELDS = ("args", "env", "trainer", "entrypoint", "cwd")
+MAX_LAUNCH_BYTES = 96 * 1024
+
+
+def _check_launch_size(body: dict[str, Any], loc: tuple[str, ...] = ()) -> None:
+    """Refuse a spec whose launch would not fit, naming its largest field, rather than one stuck launching."""
+    sizes = {f: len(json.dumps(body[f])) for f in LAUNCHED_FIELDS if f in body}
+    if sum(sizes.values()) > MAX_LAUNCH_BYTES:
+        largest = max(sizes, key=lambda f: sizes[f])
+        raise FieldError((*loc, largest), f"the launch would carry {sum(sizes.values())} bytes of JSON (at most "
+                         f"{MAX_LAUNCH_BYTES}); `{largest}` alone is {sizes[largest]}: pass large data as a file")
 
 
 def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
@@ -57,6 +81,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
     _check_hosts(session, spec)
+    _check_launch_size(body)
     run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
@@ -115,10 +140,11 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
         if target is None:
             raise FieldError(("clean",), "clean needs an `output_dir` (trainer.output_dir for trainer runs)")
         for host in _check_hosts(session, spec):
-            ws = host.workspace.rstrip("/")
-            if not target.startswith(ws + "/"):
+            # a workspace registered before `//` was refused may still spell `/`: nothing is inside it
+            if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
                                  f"{host.workspace} of host {host.name}", target)
+    _check_launch_size(spec_dict(spec), ("overrides",))
     return spec
 
 
@@ -128,7 +154,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     previous = run.current
     try:
         transition(session, run, RunStatus.RESTARTING, f"restart requested: attempt {run.attempt + 1}",
-                   overrides=req.overrides)
+                   overrides=without_env_values(req.overrides))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
     attempt = open_attempt(session, run, spec_dict(spec), run.attempt + 1)
@@ -150,4 +176,4 @@ def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRu
         raise Conflict(f"run {run_id} is {run.status}; wait until it settles, then restart", run.status)
     seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=spec, predicted_duration_seconds=seconds, predicted_finish=finish, basis=basis)
+    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish, basis=basis)

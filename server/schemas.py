@@ -22,13 +22,25 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def normalized_path(value: str) -> str:
+    """An absolute path with `.`, empty components and trailing slashes gone: `//`, `/./` and `/.` are `/`
+    (posixpath.normpath alone keeps a leading `//`)."""
+    return "/" + posixpath.normpath(value).lstrip("/")
+
+
+def is_inside(path: str, directory: str) -> bool:
+    """Whether `path` lies strictly below `directory`, both compared normalised (no `..` may climb out)."""
+    path, directory = normalized_path(path), normalized_path(directory)
+    return ".." not in path.split("/") and path != directory and posixpath.commonpath([path, directory]) == directory
+
+
 def _absolute_path(value: str) -> str:
     _no_nul(value)
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path (starting with /), got {value!r}")
     if ".." in value.split("/"):
         raise ValueError("must not contain '..' components")
-    return posixpath.normpath(value)
+    return normalized_path(value)
 
 
 def _name(value: str) -> str:
@@ -37,8 +49,20 @@ def _name(value: str) -> str:
     return value
 
 
+# bounds on what a run may carry to its host; the whole launch is bounded once more in server/runs.py
+MAX_ARGS, MAX_ARG_CHARS = 1024, 16 * 1024
+MAX_ENV_VARS, MAX_ENV_NAME, MAX_ENV_VALUE = 256, 256, 32 * 1024
+# a path or name: PATH_MAX on Linux
+MAX_STR = 4096
+
+
 def _env(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_ENV_VARS:
+        raise ValueError(f"at most {MAX_ENV_VARS} variables, got {len(value)}")
     for key, val in value.items():
+        if len(key) > MAX_ENV_NAME or len(val) > MAX_ENV_VALUE:
+            raise ValueError(f"{key[:64]!r}: names are at most {MAX_ENV_NAME} characters and values "
+                             f"{MAX_ENV_VALUE}")
         if not ENV_NAME_RE.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         if key.startswith("LONGRUN_"):
@@ -47,9 +71,23 @@ def _env(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+# what the API shows instead of an env value: values are write-only (a token in `env` must not leak through
+# GET /v1/runs, a run's events or a dry run); the job still gets the real value
+SECRET = "***"
+
+
+def without_env_values(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec (or restart overrides) as the API shows it: `env` names kept, every value SECRET."""
+    env = spec.get("env")
+    if not isinstance(env, dict):
+        return spec
+    return {**spec, "env": dict.fromkeys(env, SECRET)}
+
+
+AbsPath = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_absolute_path)]
 Name = Annotated[str, AfterValidator(_name)]
-SafeStr = Annotated[str, AfterValidator(_no_nul)]
+SafeStr = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_no_nul)]
+Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
 Env = Annotated[dict[str, str], AfterValidator(_env)]
 
 
@@ -69,8 +107,8 @@ class HostCreate(Strict):
 
     @model_validator(mode="after")
     def _workspace_not_root(self) -> "HostCreate":
-        if self.workspace == "/":
-            raise ValueError("workspace must not be /")
+        if normalized_path(self.workspace) == "/":
+            raise ValueError("workspace must not be / (nor a spelling of it such as // or /.)")
         return self
 
 
@@ -157,11 +195,16 @@ class RunCreate(Strict):
     nproc_per_node: int = Field(1, gt=0, le=256)
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None
-    args: list[SafeStr] = Field(default_factory=list)
-    env: Env = Field(default_factory=dict)
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS)
+    env: Env = Field(default_factory=dict, description="the job's environment; values are write-only: responses "
+                     "and events show each name with `***` (a restart that overrides `env` sends every value again)")
     cwd: AbsPath | None = None
     output_dir: AbsPath | None = Field(None, description="what a restart with clean=true empties (trainer runs: trainer.output_dir)")
     max_retries: int = Field(0, ge=0, le=100)
+    on_stall: Literal["restart"] | None = Field(
+        None, description="`restart`: an attempt whose step stops moving (LONGRUN_STALL_FACTOR x its own step time, "
+        "at least LONGRUN_STALL_FLOOR seconds) is restarted from its last checkpoint, counted against max_retries; "
+        "unset: it is only marked stalled")
     log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
 
     @model_validator(mode="after")
@@ -187,7 +230,7 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics"})
+                               "log_metrics", "on_stall"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 
@@ -264,6 +307,8 @@ class LogsPublic(BaseModel):
     log_path: str | None
     lines: list[str]
     next_offset: int = Field(description="pass as since_offset to follow the log")
+    dropped_bytes: int = Field(0, description="bytes of the log before `lines` that are no longer stored: longrun "
+                               "keeps the last 64 MiB of each node's log per attempt (the file on the host is whole)")
 
 
 class DepthAcceptance(BaseModel):

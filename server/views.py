@@ -6,7 +6,14 @@ from server import eta, pace
 from server.errors import Conflict
 from server.lifecycle import TERMINAL, RunStatus
 from server.models import Attempt, Host, Run, utcnow
-from server.schemas import AttemptEvaluation, AttemptPublic, GpuSnapshotPublic, HostPublic, RunPublic
+from server.schemas import (
+    AttemptEvaluation,
+    AttemptPublic,
+    GpuSnapshotPublic,
+    HostPublic,
+    RunPublic,
+    without_env_values,
+)
 
 
 def attempt_public(a: Attempt) -> AttemptPublic:
@@ -16,7 +23,7 @@ def attempt_public(a: Attempt) -> AttemptPublic:
         actual = (a.ended_at - a.started_at).total_seconds()
         if a.predicted_duration_seconds and a.status == "succeeded":
             error = (actual - a.predicted_duration_seconds) / a.predicted_duration_seconds
-    return AttemptPublic(number=a.number, spec=a.spec, status=a.status, created_at=a.created_at,
+    return AttemptPublic(number=a.number, spec=without_env_values(a.spec), status=a.status, created_at=a.created_at,
                          started_at=a.started_at, first_step_at=a.first_step_at, ended_at=a.ended_at,
                          exit_code=a.exit_code, message=a.message, log_path=a.log_path, nodes=a.nodes,
                          last_step=a.last_step, total_steps=a.total_steps, seconds_per_step=a.sec_per_step,
@@ -40,7 +47,8 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
     if run.status in TERMINAL:
         return progress, None
     if a.sec_per_step is not None:
-        since = (utcnow() - a.last_metric_at).total_seconds() if a.last_metric_at else 0.0
+        # the server's clock on both sides: a job's clock an hour off must not move the ETA
+        since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
         return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
     seconds, _ = eta.predict_duration(pace.paces(run, history), a.spec)
     return progress, seconds
@@ -50,7 +58,7 @@ def run_public(run: Run, history: list[pace.PastAttempt]) -> RunPublic:
     """The run as clients see it; `history` is queries.pace_history_for([run]) (empty when not needed)."""
     progress, eta_seconds = progress_and_eta(run, history)
     return RunPublic(id=run.id, name=run.name, status=run.status, message=run.message, attempt=run.attempt,
-                     hosts=run.hosts, spec=run.spec, progress=progress, eta_seconds=eta_seconds,
+                     hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
                      host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,
                      attempts=[attempt_public(a) for a in run.attempts])

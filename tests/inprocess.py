@@ -41,7 +41,8 @@ class App:
             ensure_local_host(s, self.settings)
         self.app = create_app(self.db, self.settings)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = TestClient(self.app, headers=headers)
+        # a loopback name: the API answers only to the Host names of its allow-list
+        self.client = TestClient(self.app, base_url="http://127.0.0.1", headers=headers)
 
     @property
     def workspace(self) -> Path:

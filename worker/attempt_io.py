@@ -47,12 +47,12 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
         if ReadFrom(node.metrics_offset, node.log_offset) != p.read_from:
             continue
         if p.index == 0 and a.metrics:
-            store_metrics(session, run, attempt, a.metrics)
+            store_metrics(session, run, attempt, a.metrics, now)
         log_position = (node.log_records, node.log_midline)
         if p.index == 0:
             # the read ends mid-record only while the job runs or the read was cut short
             log_position = store_log_metrics(session, run, attempt, log_position, a.log,
-                                             a.state != NodeState.RUNNING and not a.more)
+                                             a.state != NodeState.RUNNING and not a.more, now)
         store_log(session, run.id, attempt.number, p.index, node.log_offset, a.log_offset, a.log)
         if a.gpus is not None:
             host = session.scalar(select(Host).where(Host.name == node.host))

@@ -8,10 +8,12 @@ bytes and the unique key turns the replay into a no-op.
 
 import json
 import math
+import re
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, insert
+from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -25,24 +27,84 @@ NOT_SERIES = frozenset({"step", "total_steps", "time"})
 # metric lines from this number on are records of the log; the metrics file's lines stay below it
 LOG_LINES_FROM = 1 << 30
 MAX_LINE = 2**31 - 1
+# a step or step count the database holds on every backend (INTEGER is 32-bit on PostgreSQL)
+MAX_STEP = 2**31 - 1
+# a metric line longer than this, or with more keys, is skipped and counted (what a job writes is untrusted)
+MAX_METRIC_LINE_BYTES = 64 * 1024
+MAX_KEYS_PER_LINE = 256
+MAX_SERIES_NAME = 128
+# series names a run's `latest` (and so its store) takes: a job inventing new names on every line stops here
+MAX_SERIES_PER_RUN = 1024
+# a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
+# server's: a millisecond timestamp, a negative or far-off one would not even convert
+EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
+# the tail of each node's log kept per attempt: older chunks are dropped as new ones come (GET .../logs says so)
+MAX_STORED_LOG_BYTES = 64 * 1024 * 1024
+# metrics events kept per run (the newest; status events are all kept): a week of probes would be 600,000
+MAX_METRICS_EVENTS = 10_000
+# names the server fills itself (the attempt, and worker/gpu_placement.gpu_readings): a job must not overwrite them
+SERVER_SERIES = re.compile(r"^(attempt|(node\d+_)?gpu_(util|mem)_\d+)$")
 
 
-def parse_metric_lines(text: str) -> list[dict[str, Any]]:
-    """One dict per complete line; a line that is not a JSON object becomes {} so numbering holds."""
-    out = []
-    for raw in text.splitlines():
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            obj = {}
-        out.append(obj if isinstance(obj, dict) else {})
+@dataclass
+class MetricLines:
+    """The records of some metric lines (a skipped line is {} so numbering holds), and why lines were skipped."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def parse_metric_lines(text: str) -> MetricLines:
+    """One dict per complete line; a line that is not a JSON object, or too long or too wide, becomes {}."""
+    out = MetricLines()
+    # split on \n only: a job's \r, \x0b or \u2028 inside a line must not shift the numbering of the lines
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line (or no text at all)
+    for raw in lines:
+        obj: Any = {}
+        if len(raw.encode("utf-8", "surrogatepass")) > MAX_METRIC_LINE_BYTES:
+            out.skipped.append(f"a line of more than {MAX_METRIC_LINE_BYTES} bytes")
+        else:
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, RecursionError):
+                obj = {}
+            if isinstance(obj, dict) and len(obj) > MAX_KEYS_PER_LINE:
+                out.skipped.append(f"a line of more than {MAX_KEYS_PER_LINE} keys")
+                obj = {}
+        out.records.append(obj if isinstance(obj, dict) else {})
     return out
 
 
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None  # an integer beyond a double's range
+    return number if math.isfinite(number) else None
+
+
+def _as_step(value: Any) -> int | None:
+    """A step or step count: a non-negative integer the database holds, else none."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        return None
+    return value
+
+
+def _as_time(value: Any, now: datetime) -> datetime:
+    """The job's timestamp when it is a plausible Unix time in seconds, else the server's."""
+    t = _as_number(value)
+    if t is None or not EARLIEST_TIME <= t <= LATEST_TIME:
+        return now
+    return datetime.fromtimestamp(t, UTC)
+
+
+def _is_series(name: str, value: Any) -> bool:
+    return (name not in NOT_SERIES and len(name) <= MAX_SERIES_NAME and not SERVER_SERIES.match(name)
+            and _as_number(value) is not None)
 
 
 def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
@@ -58,24 +120,29 @@ def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> 
     session.execute(stmt, rows)
 
 
-def store_metrics(session: Session, run: Run, attempt: Attempt, text: str) -> int:
-    """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines stored."""
-    lines = parse_metric_lines(text)
-    if not lines:
+def store_metrics(session: Session, run: Run, attempt: Attempt, text: str, now: datetime | None = None) -> int:
+    """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines read."""
+    parsed = parse_metric_lines(text)
+    if not parsed.records:
         return 0
     if attempt.metrics_lines == 0:
         _drop_log_metrics(session, run, attempt)
     store_metric_records(session, run, attempt,
-                         [(i, obj, None) for i, obj in enumerate(lines, start=attempt.metrics_lines)])
-    attempt.metrics_lines += len(lines)
-    return len(lines)
+                         [(i, obj, None) for i, obj in enumerate(parsed.records, start=attempt.metrics_lines)], now)
+    attempt.metrics_lines += len(parsed.records)
+    if parsed.skipped:
+        attempt.metrics_skipped += len(parsed.skipped)
+        attempt.message = (f"{attempt.metrics_skipped} metric line(s) skipped, the last one {parsed.skipped[-1]} "
+                           f"(limits: {MAX_METRIC_LINE_BYTES} bytes, {MAX_KEYS_PER_LINE} keys)")
+    return len(parsed.records)
 
 
 def store_metric_records(session: Session, run: Run, attempt: Attempt,
-                         records: list[tuple[int, dict[str, Any], float | None]]) -> None:
+                         records: list[tuple[int, dict[str, Any], float | None]], now: datetime | None = None) -> None:
     """Store metric records, each (line, record in the metrics-file vocabulary, the trainer's own seconds
-    per step or None); a line is the record's identity within the attempt."""
-    now = utcnow()
+    per step or None); a line is the record's identity within the attempt. Every field is the job's word:
+    a value that is not a finite number, a step out of range or an implausible time is dropped or replaced."""
+    now = now or utcnow()
     rows: list[dict[str, Any]] = []
     # an older attempt drained after a restart must not overwrite the new attempt's figures
     current = attempt.number == run.attempt
@@ -83,29 +150,31 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
     for i, obj, step_seconds in records:
-        step = obj.get("step") if isinstance(obj.get("step"), int) else None
-        t = _as_number(obj.get("time"))
-        when = datetime.fromtimestamp(t, UTC) if t is not None else now
+        step = _as_step(obj.get("step"))
+        when = _as_time(obj.get("time"), now)
         for name, value in obj.items():
-            v = _as_number(value)
-            if v is None or name in NOT_SERIES:
+            if not _is_series(name, value) or (name not in latest and len(latest) >= MAX_SERIES_PER_RUN):
                 continue
+            v = _as_number(value)
             rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,
                          "step": step, "value": v, "time": when})
             latest[name] = v
         if isinstance(obj.get("evaluation"), dict):
             # the trainer's acceptance report (trainer.evaluate), sent as one metrics line
             attempt.evaluation = obj["evaluation"]
-        if isinstance(obj.get("total_steps"), int):
-            attempt.total_steps = obj["total_steps"]
+        total_steps = _as_step(obj.get("total_steps"))
+        if total_steps is not None:
+            attempt.total_steps = total_steps
         if step is not None:
             ts = when.timestamp()
             if attempt.first_step_at is None:
-                attempt.first_step_at = when
-            if step_seconds is not None:
+                attempt.first_step_at = now
+            if step_seconds is not None and _as_number(step_seconds) is not None and step_seconds >= 0:
                 sec_per_step = fold_step_time(sec_per_step, step_seconds)
             else:
                 sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
+            if last_step is None or step > last_step:
+                attempt.step_seen_at = now
             last_step, last_time = step, ts
             latest["step"] = step
     _insert_ignore(session, MetricPoint.__table__, rows)
@@ -119,10 +188,19 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     session.add(Event(run_id=run.id, kind="metrics",
                       data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
+    _drop_old_metrics_events(session, run.id)
+
+
+def _drop_old_metrics_events(session: Session, run_id: str) -> None:
+    session.flush()
+    oldest_kept = session.scalar(select(Event.id).where(Event.run_id == run_id, Event.kind == "metrics")
+                                 .order_by(Event.id.desc()).offset(MAX_METRICS_EVENTS - 1).limit(1))
+    if oldest_kept is not None:
+        session.execute(delete(Event).where(Event.run_id == run_id, Event.kind == "metrics", Event.id < oldest_kept))
 
 
 def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tuple[int, bool], text: str,
-                      complete: bool) -> tuple[int, bool]:
+                      complete: bool, now: datetime | None = None) -> tuple[int, bool]:
     """Metrics from what node 0 printed (worker/log_metrics.py), for jobs that write no metrics file.
 
     A record's identity is its index in the log, counted in `position` (records read so far, and whether the
@@ -146,7 +224,7 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tu
         shown.update(record.values)
         records.append((LOG_LINES_FROM + record.index, record.values, record.step_seconds))
     if records:
-        store_metric_records(session, run, attempt, records)
+        store_metric_records(session, run, attempt, records, now)
     return first + got.consumed, got.midline
 
 
@@ -157,10 +235,16 @@ def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:
         MetricPoint.line >= LOG_LINES_FROM)).rowcount
     if dropped:
         attempt.sec_per_step = attempt.last_step = attempt.total_steps = None
-        attempt.first_step_at = attempt.last_metric_at = None
+        attempt.first_step_at = attempt.last_metric_at = attempt.step_seen_at = None
 
 
 def store_log(session: Session, run_id: str, attempt: int, node: int, offset: int, end: int, text: str) -> None:
-    if end > offset:
-        _insert_ignore(session, LogChunk.__table__, [{"run_id": run_id, "attempt": attempt, "node": node,
-                                                      "offset": offset, "end": end, "text": text}])
+    """Store one read of a node's log, keeping its last MAX_STORED_LOG_BYTES (whole chunks) and dropping the rest."""
+    if end <= offset:
+        return
+    _insert_ignore(session, LogChunk.__table__, [{"run_id": run_id, "attempt": attempt, "node": node,
+                                                  "offset": offset, "end": end, "text": text}])
+    if end > MAX_STORED_LOG_BYTES:
+        session.execute(delete(LogChunk).where(
+            LogChunk.run_id == run_id, LogChunk.attempt == attempt, LogChunk.node == node,
+            LogChunk.end <= end - MAX_STORED_LOG_BYTES))

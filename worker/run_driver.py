@@ -30,7 +30,10 @@ from server.lifecycle import (
     plan_nodes,
     restart_blocked,
     restart_cleared,
+    stall_seen,
     start_launching,
+    step_failed,
+    step_succeeded,
     wait_for_gpus,
 )
 from server.models import Attempt, Host, Run
@@ -90,6 +93,15 @@ class RunDriver:
             with fresh_run(self.db, run_id) as (s, fresh):
                 wait_for_gpus(s, fresh, str(exc), self.clock.now(), self.settings.gpu_wait_deadline)
             return
+        except Exception as exc:
+            # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
+            log.exception("run %s: step failed", run_id)
+            with fresh_run(self.db, run_id) as (s, fresh):
+                step_failed(s, fresh, f"{type(exc).__name__}: {exc}", self.clock.now())
+            return
+        if run.step_failures:
+            with fresh_run(self.db, run_id) as (s, fresh):
+                step_succeeded(fresh)
         self.contact.mark_answered(hosts.values(), started)
         if not run.host_reachable:
             with fresh_run(self.db, run_id) as (s, fresh):
@@ -160,7 +172,10 @@ class RunDriver:
         drained = not any(p.answer.more for p in probes)
         with fresh_run(self.db, run.id) as (s, fresh):
             store_probes(s, fresh, attempt_numbered(fresh, attempt.number), probes, self.clock.now())
-            if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number) or running or not drained:
+            if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number):
+                return
+            if running or not drained:
+                stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
                 return
             bad = failed[0] if failed else None
             failure = NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code) if bad else None

@@ -5,9 +5,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from server.api.deps import require_token
+from server.api.guards import BodyLimit, HostAllowList
 from server.api.routes import hosts, runs
 from server.config import Settings
 from server.db import Database
@@ -15,8 +17,11 @@ from server.errors import Conflict, FieldError, NotFound, Unavailable
 
 
 def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] | None = None,
-               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
-    """The API over `db`; the hooks run when it starts and stops serving (`longrun serve` embeds the worker so)."""
+               on_shutdown: Callable[[], None] | None = None, bind_host: str | None = None) -> FastAPI:
+    """The API over `db`; the hooks run when it starts and stops serving (`longrun serve` embeds the worker so).
+
+    It answers only to the Host names of settings.host_allow_list(bind_host), refuses bodies above
+    settings.max_body_bytes, and with a token set guards /docs and /openapi.json like every route but /healthz."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -26,9 +31,11 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
         if on_shutdown:
             on_shutdown()
 
-    app = FastAPI(title="longrun", version="1", lifespan=lifespan,
+    app = FastAPI(title="longrun", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   description="Run long GPU training jobs on remote machines and keep them under control.")
     app.state.db, app.state.settings = db, settings
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HostAllowList, allowed=settings.host_allow_list(bind_host))
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -51,6 +58,14 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(require_token)])
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="longrun API")
 
     for router in (hosts.router, runs.router):
         app.include_router(router, prefix="/v1", dependencies=[Depends(require_token)])

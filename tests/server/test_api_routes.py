@@ -50,7 +50,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
 def test_with_a_token_set_every_v1_route_is_a_401_without_it(tmp_path: Path, tmp_path_factory) -> None:
     guarded = App(tmp_path / "home", tmp_path_factory.getbasetemp(), token="s3cret")
     try:
-        bare = TestClient(guarded.app)
+        bare = TestClient(guarded.app, base_url="http://127.0.0.1")
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path.startswith("/v1") for method in methods]
@@ -127,7 +127,7 @@ def test_waiting_gpu_requests_hold_no_thread_so_other_requests_are_answered(api:
     # more waiters than the server's thread pool has threads (40): a sleeping handler would hold them all
     async def scenario() -> tuple[list[int], float, int]:
         transport = httpx.ASGITransport(app=api.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as client:
             waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 4}))
                        for _ in range(60)]
             await asyncio.sleep(1.0)

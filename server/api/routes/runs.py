@@ -22,6 +22,7 @@ from server.schemas import (
     RunCreate,
     RunPage,
     RunPublic,
+    without_env_values,
 )
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -89,8 +90,8 @@ def get_metrics(run_id: str, session: ReadSession, names: str | None = None, att
 def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
              attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
-    number, path, lines, end = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
-    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end)
+    number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
+    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end, dropped_bytes=dropped)
 
 
 @router.get("/{run_id}/evaluation", responses={404: {"description": "no such run, or not evaluated yet"}})
@@ -116,7 +117,7 @@ def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", 
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 async def run_events(run_id: str, request: Request, db: DB,
                      last_event_id: Annotated[int | None, Header()] = None) -> StreamingResponse:
-    """Server-Sent Events: `status` and `metrics` events as they are stored; resumable with Last-Event-ID."""
+    """Server-Sent Events: `status`, `metrics` and `stall` events as they are stored; resumable with Last-Event-ID."""
 
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:
@@ -131,6 +132,9 @@ async def run_events(run_id: str, request: Request, db: DB,
             for e in events:
                 after = e.id
                 payload = {"time": e.time.isoformat(), **e.data}
+                if isinstance(payload.get("overrides"), dict):
+                    # events stored before env values were redacted at the source
+                    payload["overrides"] = without_env_values(payload["overrides"])
                 yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(payload)}\n\n"
             if not events:
                 if state in TERMINAL:
