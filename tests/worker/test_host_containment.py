@@ -1,0 +1,168 @@
+"""Containment on this machine: every process an attempt starts is the attempt's, whatever it does to its
+environment or session, and nothing of it outlives a cancel or the death of its wrapper.
+
+These run worker/hostside.py for real (LocalTransport); the layer they get is the best this host offers
+(a cgroup v2 directory here, as root) unless LONGRUN_CONTAINMENT picks one.
+"""
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.service import ROOT
+from worker import hostside
+from worker.host_agent import HostAgent
+from worker.protocol import LaunchRequest, ReadFrom
+from worker.transport import CommandResult, LocalTransport
+
+SLEEP = "import time; time.sleep(600)"
+# a job with three helpers: one in a session of its own (as torchrun's workers), one started with a fresh
+# environment (an eval server that drops LONGRUN_ATTEMPT_TOKEN), one with both (env -i setsid)
+JOB = f"""
+import os, subprocess, sys, time
+helpers = [
+    subprocess.Popen([sys.executable, "-c", {SLEEP!r}], start_new_session=True),
+    subprocess.Popen(["env", "-i", sys.executable, "-c", {SLEEP!r}]),
+    subprocess.Popen(["env", "-i", "setsid", sys.executable, "-c", {SLEEP!r}]),
+]
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(" ".join(str(p.pid) for p in helpers))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+OWN_SESSION, FRESH_ENV, ESCAPED = range(3)
+
+
+def cgroup_v2_writable() -> bool:
+    return "cgroup" in hostside._layers()
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (this sandbox's init reaps no orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start_job(tmp_path: Path, token: str, env: dict[str, str] | None = None) -> tuple[HostAgent, str, list[int], int]:
+    """Launch JOB; returns the agent, the attempt dir, the helpers' pids and the wrapper's pid."""
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("run1", 1)
+    helpers = tmp_path / "helpers"
+    answer = agent.launch(LaunchRequest(d, token, [sys.executable, "-c", JOB, str(helpers)], env or {}))
+    deadline = time.time() + 30
+    while not helpers.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in helpers.read_text().split()]
+    assert all(alive(p) for p in pids)
+    return agent, d, pids, answer.pid
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not cgroup_v2_writable(), reason="this host offers no writable cgroup v2 hierarchy")
+def test_in_a_cgroup_cancel_stops_helpers_that_left_the_session_and_dropped_the_token(tmp_path: Path) -> None:
+    agent, d, helpers, wrapper = start_job(tmp_path, "tok-cgroup")
+    try:
+        box = json.loads((Path(d) / "containment").read_text())
+        assert box["layer"] == "cgroup" and wrapper in hostside._cgroup_pids(box["cgroup"])
+        assert helpers[ESCAPED] in hostside._cgroup_pids(box["cgroup"]), "env -i setsid does not leave a cgroup"
+        answer = agent.cancel(d, grace=2)
+        assert answer.remaining == [] and set(helpers) <= set(answer.signalled)
+        assert [p for p in helpers + [wrapper] if alive(p)] == []
+        assert not os.path.exists(box["cgroup"]), "the emptied cgroup is removed"
+    finally:
+        kill_all(helpers)
+
+
+def test_in_a_session_cancel_stops_helpers_without_the_token(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback layer: what stays in the job's session is found by session id, token or not."""
+    monkeypatch.setenv("LONGRUN_CONTAINMENT", "session")
+    agent, d, helpers, wrapper = start_job(tmp_path, "tok-session")
+    try:
+        assert json.loads((Path(d) / "containment").read_text())["layer"] == "session"
+        answer = agent.cancel(d, grace=2)
+        assert answer.remaining == []
+        assert not alive(helpers[FRESH_ENV]) and not alive(helpers[OWN_SESSION]) and not alive(wrapper)
+    finally:
+        kill_all(helpers)
+
+
+def test_a_probe_that_finds_the_wrapper_killed_stops_the_job_it_left(tmp_path: Path) -> None:
+    agent, d, helpers, wrapper = start_job(tmp_path, "tok-wrapper")
+    try:
+        os.kill(wrapper, signal.SIGKILL)
+        while alive(wrapper):
+            time.sleep(0.05)
+        answer = agent.probe(d, ReadFrom())
+        assert answer.state == "lost" and answer.remaining == []
+        assert set(helpers[:2]) <= set(answer.stopped), "the job's processes were stopped by the probe"
+        assert [p for p in helpers[:2] if alive(p)] == []
+        again = agent.probe(d, ReadFrom())
+        assert (again.state, again.stopped, again.exit_code) == ("lost", [], None)
+    finally:
+        kill_all(helpers)
+
+
+def test_gpu_memory_held_by_a_helper_without_the_token_counts_as_the_attempts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent, d, helpers, _ = start_job(tmp_path, "tok-gpu")
+    try:
+        state = tmp_path / "gpu-state.json"
+        state.write_text(json.dumps({"holders": {"0": helpers[FRESH_ENV]}, "util": 90}))
+        monkeypatch.setenv("FAKE_GPU_STATE", str(state))
+        monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fakegpu'}:{os.environ['PATH']}")
+        view = agent.probe(d, ReadFrom(), gpu_tokens=["tok-gpu"]).gpus.view()
+        assert view.token_of.get(helpers[FRESH_ENV]) == "tok-gpu"
+        assert agent.cancel(d, grace=2).remaining == []
+        assert not alive(helpers[FRESH_ENV])
+    finally:
+        kill_all(helpers)
+
+
+class RecordingTransport(LocalTransport):
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        self.commands.append(command)
+        return super().exec(command, stdin, timeout)
+
+
+def test_the_launch_payload_travels_on_stdin_and_the_attempts_files_are_private(tmp_path: Path) -> None:
+    transport = RecordingTransport()
+    agent = HostAgent(transport, str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("run1", 1)
+    script = "import os; print(os.environ['API_KEY'] == 'hunter2-secret'); open('made-by-job', 'w').close()"
+    agent.launch(LaunchRequest(d, "tok-secret-123", [sys.executable, "-c", script], {"API_KEY": "hunter2-secret"}))
+    assert transport.commands and not any("hunter2" in c or "tok-secret-123" in c for c in transport.commands)
+    deadline = time.time() + 20
+    while (p := agent.probe(d, ReadFrom())).state == "running" and time.time() < deadline:
+        time.sleep(0.05)
+    assert p.exit_code == 0 and p.log == "True\n", "the job still gets its env"
+    for path in [Path(d), *Path(d).parents][:3]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    for name in ("token", "job.json", "output.log", "pid"):
+        assert stat.S_IMODE((Path(d) / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE((Path(d) / "made-by-job").stat().st_mode) == 0o644, "the job keeps the caller's umask"
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                assert b"hunter2" not in Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                pass
