@@ -73,6 +73,8 @@ class FakeHost(Transport):
     up: bool = True
     # raised instead of answering (a refused key, say); None answers
     refuse: HostError | None = None
+    # answered instead of the verb's answer (a broken or hostile host); None answers
+    garble: str | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     _pids: Any = field(default_factory=lambda: itertools.count(4000))
 
@@ -119,6 +121,8 @@ class FakeHost(Transport):
         verb = shlex.split(command.split("; then exec ", 1)[1].split(";", 1)[0])[-1]
         request = json.loads((stdin or b"").split(b"\n", 1)[0])
         self.calls.append((verb, request))
+        if self.garble is not None:
+            return CommandResult(0, self.garble, "")
         answer = getattr(self, f"_{verb}")(request)
         return CommandResult(2 if "error" in answer else 0, json.dumps(answer) + "\n", "")
 

@@ -255,6 +255,16 @@ def test_past_the_gpu_wait_deadline_the_run_fails(rig: Rig) -> None:
     assert run.attempts[0].status == "failed" and rig.hosts["a"].jobs == {}, "nothing was started"
 
 
+def test_a_host_answer_of_another_shape_fails_the_run_with_a_message_and_escapes_no_service(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    rig.hosts["a"].garble = '{"state": "running", "exit_code": null, "pid": "1; rm -rf /", "metrics": ""}\n'
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "failed"
+    assert run.message.startswith("probe: the host's answer is not of the expected shape (TypeError: pid is str")
+
+
 def test_a_refused_key_fails_the_run_at_once(rig: Rig) -> None:
     run_id = rig.submit()
     rig.step(run_id)
