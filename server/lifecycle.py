@@ -254,9 +254,13 @@ class NodeFailure:
     host: str
     state: NodeState
     exit_code: int | None
+    note: str | None = None  # what the host saw that the job's log may not say (a full disk)
 
     @property
     def why(self) -> str:
+        return self._what() + (f"; {self.note}" if self.note else "")
+
+    def _what(self) -> str:
         if self.state == NodeState.EXITED:
             return f"exited with code {self.exit_code} on {self.host}; see its log"
         # hostside.py stops whatever a dead wrapper left before it answers the node lost

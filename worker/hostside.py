@@ -10,7 +10,7 @@ beyond the files in the attempt directory the worker names (server/layout.py dec
         job.json    the launch request, read by the wrapper
         pid         the wrapper's pid (= its process group and session id)
         containment JSON: the layer that holds every process of the attempt, written by the wrapper
-        exit_code   written by the wrapper when the job ends
+        exit_code   written by the wrapper when the job ends (from exit_code.reserve when the disk is full)
         output.log  the job's stdout and stderr
         metrics.jsonl
 
@@ -40,6 +40,11 @@ CONTAINMENT_VAR = "LONGRUN_CONTAINMENT"
 LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 CONTAINMENT_FILE = "containment"
+EXIT_FILE = "exit_code"
+# written when the wrapper starts, so that the exit code finds room on a disk the job has filled since
+EXIT_RESERVE = "exit_code.reserve"
+# less free space than this where an attempt ended badly is named as a likely cause
+LOW_SPACE = 1 << 20
 # how long a probe that finds the wrapper dead gives the processes it left before SIGKILL
 LOST_GRACE = 5.0
 # the umask hostside was started with: the job gets it back (hostside's own files are private)
@@ -275,6 +280,7 @@ def wrap(d, layer):
     """Runs detached: record the containment, start the job in this session, wait, record its exit code."""
     job = json.loads(_read(os.path.join(d, "job.json")))
     pid = os.getpid()
+    _write_atomic(os.path.join(d, EXIT_RESERVE), " " * 8)
     _write_atomic(os.path.join(d, CONTAINMENT_FILE), json.dumps({
         "layer": layer, "cgroup": _cgroup_of() if layer != "session" else None,
         "session": pid, "session_start": _start_time(pid)}))
@@ -293,10 +299,20 @@ def wrap(d, layer):
                                      stdin=subprocess.DEVNULL, cwd=job.get("cwd") or d, preexec_fn=prepare)
         except OSError as exc:
             log.write(f"longrun: could not start {job['argv'][0]!r}: {exc}\n".encode())
-            _write_atomic(os.path.join(d, "exit_code"), "127")
+            _record_exit(d, 127)
             return
         rc = child.wait()
-    _write_atomic(os.path.join(d, "exit_code"), str(128 - rc if rc < 0 else rc))
+    _record_exit(d, 128 - rc if rc < 0 else rc)
+
+
+def _record_exit(d, code):
+    try:
+        _write_atomic(os.path.join(d, EXIT_FILE), str(code))
+    except OSError:
+        # no room for a new file: the reserve's bytes are already allocated
+        with open(os.path.join(d, EXIT_RESERVE), "r+") as f:
+            f.write(str(code).ljust(8))
+        os.replace(os.path.join(d, EXIT_RESERVE), os.path.join(d, EXIT_FILE))
 
 
 def _containment(d):
@@ -354,7 +370,7 @@ def _members(d, token):
 
 
 def _status(d):
-    code = _read(os.path.join(d, "exit_code"))
+    code = _read(os.path.join(d, EXIT_FILE))
     pid = _read(os.path.join(d, "pid"))
     token = _read(os.path.join(d, "token"))
     if code is not None:
@@ -365,7 +381,7 @@ def _status(d):
     if _carries_token(pid, token):
         return {"state": "running", "exit_code": None, "pid": pid}
     # re-read: the wrapper may have written its exit code between the two reads
-    code = _read(os.path.join(d, "exit_code"))
+    code = _read(os.path.join(d, EXIT_FILE))
     if code is not None:
         return {"state": "exited", "exit_code": int(code), "pid": pid}
     return {"state": "lost", "exit_code": None, "pid": pid}
@@ -406,7 +422,19 @@ def probe(req):
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
     if req.get("gpus"):
         out["gpus"] = gpus({**req["gpus"], "dirs": {_read(os.path.join(d, "token")): d}})
+    if out["state"] == "lost" or out["exit_code"] not in (None, 0):
+        out["note"] = _space_note(d)
     return out
+
+
+def _space_note(d):
+    """Says that the attempt's file system is full, which a job's log cannot say once it is."""
+    try:
+        fs = os.statvfs(d)
+    except OSError:
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    return f"the file system of {d} is full ({free} bytes free)" if free < LOW_SPACE else None
 
 
 def _signal_all(pids, sig):
@@ -465,9 +493,9 @@ def _stop(d, grace, record_exit=True):
     remaining = sorted(_members(d, token))
     if cgroup and not remaining:
         _remove_cgroup(cgroup)
-    if record_exit and _read(os.path.join(d, "exit_code")) is None:
-        _write_atomic(os.path.join(d, "exit_code"), "137")
-    code = _read(os.path.join(d, "exit_code"))
+    if record_exit and _read(os.path.join(d, EXIT_FILE)) is None:
+        _record_exit(d, 137)
+    code = _read(os.path.join(d, EXIT_FILE))
     return {"remaining": remaining, "signalled": signalled, "exit_code": int(code) if code else None}
 
 

@@ -153,6 +153,8 @@ class ProbeAnswer:
     # a node found lost (its wrapper dead): the processes of it that the probe stopped, and any still alive
     stopped: list[int] = field(default_factory=list)
     remaining: list[int] = field(default_factory=list)
+    # a node that ended badly: what the host saw that the job could not say (its disk is full)
+    note: str | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -161,7 +163,7 @@ class ProbeAnswer:
                    _typed(raw, "pid", int, True), _typed(raw, "metrics", str), _typed(raw, "metrics_offset", int),
                    _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
                    GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
-                   _pids(raw, "stopped", True), _pids(raw, "remaining", True))
+                   _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True))
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,8 @@ class RunDriver:
             if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number) or running or not drained:
                 return
             bad = failed[0] if failed else None
-            failure = NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code) if bad else None
+            failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note)
+                       if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
 
     def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:
