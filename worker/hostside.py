@@ -144,26 +144,27 @@ def _cgroup_of(pid="self"):
     return os.path.join(mount, path.lstrip("/")).rstrip("/")
 
 
-def _unit_name(token):
-    # cgroup names are world-readable: name the attempt by a digest, never by its token
-    return "longrun-" + hashlib.sha256(token.encode()).hexdigest()[:16]
+def _unit_name(token, d):
+    # cgroup names are world-readable: name the attempt's node by a digest, never by its token
+    return "longrun-" + hashlib.sha256(f"{token}\0{d}".encode()).hexdigest()[:16]
 
 
-def _systemd_scope(token):
-    """The argv prefix that starts the wrapper in a transient systemd scope, or None where systemd does not run."""
+def _systemd_scope(unit):
+    """The argv prefix that starts the wrapper in a transient systemd scope, or None where systemd does not run
+    on a cgroup v2 hierarchy (the scope is then killed and checked through its cgroup directory)."""
     tool = shutil.which("systemd-run")
-    if not os.path.isdir("/run/systemd/system") or tool is None:
+    if not os.path.isdir("/run/systemd/system") or tool is None or _cgroup2_mount() is None:
         return None
     user = ["--user"] if os.getuid() != 0 else []
-    return [tool, *user, "--scope", "--quiet", "--collect", f"--unit={_unit_name(token)}.scope", "--"]
+    return [tool, *user, "--scope", "--quiet", "--collect", f"--unit={unit}.scope", "--"]
 
 
-def _new_cgroup(token):
+def _new_cgroup(unit):
     """A cgroup v2 directory of the attempt's own, under ours, or None when we may not make one."""
     ours = _cgroup_of()
     if ours is None:
         return None
-    path = os.path.join(ours, _unit_name(token))
+    path = os.path.join(ours, unit)
     try:
         os.makedirs(path, mode=0o755, exist_ok=True)
     except OSError:
@@ -191,12 +192,12 @@ def _enter_cgroup(path):
 def _start_wrapper(d, env, cwd, layer):
     """Start the detached wrapper in the containment `layer`; returns the Popen, or None if that layer failed."""
     argv = [sys.executable, os.path.abspath(__file__), "wrap", d, layer]
-    token = env[TOKEN_VAR]
-    enter = None
+    unit = _unit_name(env[TOKEN_VAR], d)
+    enter = cgroup = None
     if layer == "systemd-scope":
-        argv = _systemd_scope(token) + argv
+        argv = _systemd_scope(unit) + argv
     elif layer == "cgroup":
-        cgroup = _new_cgroup(token)
+        cgroup = _new_cgroup(unit)
         if cgroup is None:
             return None
         enter = _enter_cgroup(cgroup)
@@ -205,7 +206,7 @@ def _start_wrapper(d, env, cwd, layer):
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=devnull, stdout=devnull, stderr=devnull,
                                 start_new_session=True, close_fds=True, preexec_fn=enter)
     except (OSError, subprocess.SubprocessError):
-        if layer == "cgroup":
+        if cgroup:
             _remove_cgroup(cgroup)
         return None
 
@@ -213,7 +214,7 @@ def _start_wrapper(d, env, cwd, layer):
 def _layers():
     """The containment layers to try, best first; LONGRUN_CONTAINMENT on the host picks one (session is the
     fallback of every layer)."""
-    offered = (["systemd-scope"] if _systemd_scope("x") else []) + (["cgroup"] if _cgroup_of() else [])
+    offered = (["systemd-scope"] if _systemd_scope("probe") else []) + (["cgroup"] if _cgroup_of() else [])
     chosen = os.environ.get(CONTAINMENT_VAR)
     return [layer for layer in offered if chosen in (None, layer)] + ["session"]
 
