@@ -57,9 +57,9 @@ def test_wrapper_killed_stops_the_job_before_the_attempt_fails(service: Service)
     assert len(job) >= 3, "torchrun's agent and its two workers run beside the wrapper"
     os.kill(wrapper, signal.SIGKILL)
     done = service.wait_status(run["id"], "failed", "succeeded", "cancelled")
+    assert [p for p in job if alive(p)] == [], "torchrun and its workers were stopped with the wrapper gone"
     assert done["status"] == "failed"
     assert "lost its wrapper on local: it died without recording the job's exit code" in done["message"]
-    assert [p for p in job if alive(p)] == [], "torchrun and its workers were stopped with the wrapper gone"
     steps = steps_of(service, run["id"], 1)
     assert steps == list(range(1, len(steps) + 1)), "every metric line written before the stop, once"
 
