@@ -11,24 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.service import Service, attempt_processes, kill_leftovers, toy_spec
+from tests.service import Service, alive, attempt_processes, kill_leftovers, toy_spec
 from worker import hostside
 
 pytestmark = pytest.mark.slow  # each row starts a real `longrun serve` and torchrun
 HERE = Path(__file__).resolve().parent
-
-
-def alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie (this sandbox's init reaps no orphans)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def live_attempt_processes(run: dict[str, Any], number: int) -> list[int]:
-    return [p for p in attempt_processes(run, number) if alive(p)]
 
 
 def cmdline(pid: int) -> str:
@@ -75,7 +62,7 @@ def test_trainer_sigkill_is_retried_and_resumes_from_its_checkpoint(service: Ser
     assert done["status"] == "succeeded", done["message"]
     first, second = done["attempts"]
     assert first["status"] == "failed" and first["exit_code"] not in (0, None)
-    assert live_attempt_processes(done, 1) == [] and live_attempt_processes(done, 2) == []
+    assert attempt_processes(done, 1) == [] and attempt_processes(done, 2) == []
     before, after = steps_of(service, run["id"], 1), steps_of(service, run["id"], 2)
     assert before == list(range(1, len(before) + 1)) and len(before) >= 8
     assert after == list(range(after[0], 41)) and after[0] in (len(before), len(before) + 1), \
@@ -97,7 +84,7 @@ def test_host_reboot_every_process_killed_at_once_retries_from_the_checkpoint(se
     first = done["attempts"][0]
     assert first["status"] == "failed" and first["exit_code"] is None
     assert "lost its wrapper on local" in first["message"] and "the host restarted" in first["message"]
-    assert live_attempt_processes(done, 1) == []
+    assert attempt_processes(done, 1) == []
     after = steps_of(service, run["id"], 2)
     assert after[-1] == 30 and after == list(range(after[0], 31)) and after[0] > 1
 
@@ -116,7 +103,7 @@ def test_a_helper_forked_outside_the_jobs_environment_and_session_does_not_survi
     done = service.wait_status(run["id"], "cancelled", "failed")
     assert done["status"] == "cancelled" and done["message"] == "cancelled; no process of the run remains"
     assert not alive(helper), "the helper left with the rest of the attempt"
-    assert live_attempt_processes(done, 1) == []
+    assert attempt_processes(done, 1) == []
 
 
 @pytest.fixture
@@ -145,7 +132,7 @@ def test_disk_full_on_the_host_fails_the_run_saying_so(small_disk_service: Servi
     assert done["status"] == "failed"
     assert "exited with code" in done["message"] and "is full" in done["message"], done["message"]
     assert done["attempts"][0]["exit_code"] not in (0, None), "the exit code found room in its reserve"
-    assert live_attempt_processes(done, 1) == []
+    assert attempt_processes(done, 1) == []
     steps = steps_of(service, run["id"], 1)
     assert steps[:5] == [1, 2, 3, 4, 5] and steps == list(range(1, len(steps) + 1))
     # what the disk took, and the workspace answers again once it has room

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import ROOT
+from tests.service import ROOT, alive
 from worker import hostside
 from worker.host_agent import HostAgent
 from worker.protocol import LaunchRequest, ReadFrom
@@ -41,15 +41,6 @@ OWN_SESSION, FRESH_ENV, ESCAPED = range(3)
 
 def cgroup_v2_writable() -> bool:
     return "cgroup" in hostside._layers()
-
-
-def alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie (this sandbox's init reaps no orphans)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def start_job(tmp_path: Path, token: str, env: dict[str, str] | None = None) -> tuple[HostAgent, str, list[int], int]:
