@@ -37,6 +37,7 @@ import time
 
 TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
 CONTAINMENT_VAR = "LONGRUN_CONTAINMENT"
+DIR_VAR = "LONGRUN_ATTEMPT_DIR"
 LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 CONTAINMENT_FILE = "containment"
@@ -45,7 +46,7 @@ EXIT_FILE = "exit_code"
 EXIT_RESERVE = "exit_code.reserve"
 # less free space than this where an attempt ended badly is named as a likely cause
 LOW_SPACE = 1 << 20
-# how long a probe that finds the wrapper dead gives the processes it left before SIGKILL
+# how long a probe gives what is left of an attempt whose job is over (or whose wrapper died) before SIGKILL
 LOST_GRACE = 5.0
 # the umask hostside was started with: the job gets it back (hostside's own files are private)
 CALLER_UMASK = 0o022
@@ -239,7 +240,7 @@ def launch(req):
             env["GLOO_SOCKET_IFNAME"] = ifname
     env[TOKEN_VAR] = req["token"]
     env["LONGRUN_METRICS_FILE"] = os.path.join(d, METRICS_FILE)
-    env["LONGRUN_ATTEMPT_DIR"] = d
+    env[DIR_VAR] = d
     for layer in _layers():
         proc = _start_wrapper(d, env, req.get("cwd") or d, layer)
         if proc is not None and _wait_contained(d, proc):
@@ -358,10 +359,17 @@ def _session_members(sid, started):
     return members
 
 
+def _node_carriers(d, token):
+    """The live processes whose environment carries the attempt's token and this node's directory: the nodes
+    of one attempt share the token, and two of them may share a host."""
+    wanted = {f"{TOKEN_VAR}={token}".encode(), f"{DIR_VAR}={d}".encode()}
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and wanted <= set(_environ(e) or ())}
+
+
 def _members(d, token):
-    """Every live process of the attempt: its cgroup, its session and the carriers of its token."""
+    """Every live process of the attempt's node: its cgroup, its session and the carriers of its token."""
     box = _containment(d)
-    pids = set(pids_with_token(token)) if token else set()
+    pids = _node_carriers(d, token) if token else set()
     if box["cgroup"] and os.path.isdir(box["cgroup"]):
         pids |= _cgroup_pids(box["cgroup"])
     if box["session"]:
@@ -408,13 +416,11 @@ def _read_from(path, offset, limit, whole_lines=True):
 
 
 def probe(req):
-    """Status, new metric lines and log text. A wrapper found dead without an exit code (killed, or the OOM
-    killer) leaves the job unwatched: everything of the attempt is stopped before the node is answered lost."""
+    """Status, new metric lines and log text; once the job is over, what is left of the attempt is stopped."""
     d = req["dir"]
     out = _status(d)
-    if out["state"] == "lost":
-        stopped = _stop(d, LOST_GRACE, record_exit=False)
-        out.update(stopped=stopped["signalled"], remaining=stopped["remaining"])
+    if out["state"] in ("lost", "exited"):
+        out.update(_sweep(d, out["pid"]))
     limit = int(req.get("limit", 4 << 20))
     metrics, m_off, m_more = _read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit)
     # once the job is over its last, unterminated log line is final: hand it back too
@@ -426,6 +432,20 @@ def probe(req):
     if out["state"] == "lost" or out["exit_code"] not in (None, 0):
         out["note"] = _space_note(d)
     return out
+
+
+def _sweep(d, wrapper):
+    """Nothing of an attempt runs on once its job is over: a wrapper found dead without an exit code (killed, or
+    the OOM killer) left the whole job unwatched, and a job that ended may have left a helper running. Both are
+    stopped before the node is answered; `remaining` names what would not stop."""
+    token = _read(os.path.join(d, "token"))
+    if not (_members(d, token) - {wrapper}):
+        cgroup = _containment(d)["cgroup"]
+        if cgroup:
+            _remove_cgroup(cgroup)
+        return {"stopped": [], "remaining": []}
+    stopped = _stop(d, LOST_GRACE, record_exit=False)
+    return {"stopped": stopped["signalled"], "remaining": stopped["remaining"]}
 
 
 def _space_note(d):

@@ -157,3 +157,41 @@ def test_the_launch_payload_travels_on_stdin_and_the_attempts_files_are_private(
                 assert b"hunter2" not in Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 pass
+
+
+def test_a_helper_the_job_left_behind_when_it_ended_is_stopped_by_the_probe_that_sees_the_end(
+        tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("run1", 1)
+    helper_file = tmp_path / "helper"
+    script = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {SLEEP!r}], "
+              f"start_new_session=True); open({str(helper_file)!r}, 'w').write(str(p.pid))")
+    agent.launch(LaunchRequest(d, "tok-left", [sys.executable, "-c", script], {}))
+    deadline = time.time() + 30
+    while not (Path(d) / "exit_code").exists():
+        assert time.time() < deadline, "the job did not end"
+        time.sleep(0.05)
+    helper = int(helper_file.read_text())
+    try:
+        assert alive(helper), "the job ended and left its helper running"
+        answer = agent.probe(d, ReadFrom())
+        assert (answer.state, answer.exit_code, answer.remaining) == ("exited", 0, [])
+        assert helper in answer.stopped and not alive(helper)
+    finally:
+        kill_all([helper])
+
+
+def test_the_end_of_one_node_stops_nothing_of_another_node_of_the_attempt_on_the_same_host(tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    first, second = agent.layout.attempt_dir("run1", 1), agent.layout.attempt_dir("run1", 1, node=1)
+    agent.launch(LaunchRequest(first, "tok-nodes", [sys.executable, "-c", "pass"], {}))
+    other = agent.launch(LaunchRequest(second, "tok-nodes", [sys.executable, "-c", SLEEP], {})).pid
+    deadline = time.time() + 30
+    while (answer := agent.probe(first, ReadFrom())).state != "exited":
+        assert time.time() < deadline, "node 0 did not end"
+        time.sleep(0.05)
+    try:
+        assert answer.stopped == [] and alive(other), "node 1 shares the token, not the node"
+        assert agent.probe(second, ReadFrom()).state == "running"
+    finally:
+        assert agent.cancel(second, grace=2).remaining == []
