@@ -595,8 +595,10 @@ def clean(req):
         except FileNotFoundError:
             return {"removed": 0}
         except OSError as exc:
-            return {"error": f"refusing to clean {target}: {os.strerror(exc.errno)} on the way there "
-                             "(a symlink or a file, never followed)"}
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return {"error": f"refusing to clean {target}: on the way there is a symlink or a file, which could "
+                                 f"lead outside the host workspace {workspace}; it is never followed"}
+            return {"error": f"refusing to clean {target}: {os.strerror(exc.errno)}"}
         try:
             kept = _keep_draft(root, fd, keep_parts) if keep_parts else []
             names = os.listdir(fd)
