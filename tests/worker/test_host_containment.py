@@ -7,6 +7,7 @@ These run worker/hostside.py for real (LocalTransport); the layer they get is th
 
 import json
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from tests.service import ROOT, alive
 from worker import hostside
+from worker.gpu_placement import gpu_holders
 from worker.host_agent import HostAgent
 from worker.protocol import LaunchRequest, ReadFrom
 from worker.transport import CommandResult, LocalTransport
@@ -195,3 +197,32 @@ def test_the_end_of_one_node_stops_nothing_of_another_node_of_the_attempt_on_the
         assert agent.probe(second, ReadFrom()).state == "running"
     finally:
         assert agent.cancel(second, grace=2).remaining == []
+
+
+GPU_HELPER = """
+import os, subprocess, sys
+held = sys.argv[1]
+script = ("import sys, time, torch; x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda'); "
+          "torch.cuda.synchronize(); open(sys.argv[1], 'w').write('held'); time.sleep(600)")
+subprocess.Popen(["env", "-i", sys.executable, "-c", script, held])
+import time; time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs a GPU and nvidia-smi")
+def test_on_a_gpu_memory_held_by_a_helper_without_the_token_is_the_attempts_and_freed_by_cancel(
+        tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("run1", 1)
+    held = tmp_path / "held"
+    agent.launch(LaunchRequest(d, "tok-real-gpu", [sys.executable, "-c", GPU_HELPER, str(held)], {}))
+    deadline = time.time() + 120
+    while not held.exists():
+        assert time.time() < deadline, f"the helper never held GPU memory: {Path(d, 'output.log').read_text()}"
+        time.sleep(0.2)
+    view = agent.probe(d, ReadFrom(), gpu_tokens=["tok-real-gpu"]).gpus.view()
+    ours = view.pids_of({"tok-real-gpu"})
+    assert ours, f"nvidia-smi lists the helper's memory as the attempt's: {view.snapshot}"
+    answer = agent.cancel(d, grace=5, gpu_tokens=["tok-real-gpu"])
+    assert answer.remaining == [] and answer.gpus is not None
+    assert gpu_holders(answer.gpus.view(), "tok-real-gpu", set(answer.signalled)) == []
