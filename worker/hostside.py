@@ -176,6 +176,14 @@ def _new_cgroup(unit):
     return None
 
 
+def _release_cgroup(path, seconds=2.0):
+    """Remove the attempt's cgroup once it is empty: the wrapper may still be on its way out."""
+    deadline = time.time() + seconds
+    while os.path.isdir(path) and _cgroup_pids(path) and time.time() < deadline:
+        time.sleep(0.02)
+    _remove_cgroup(path)
+
+
 def _remove_cgroup(path):
     try:
         os.rmdir(path)
@@ -442,7 +450,7 @@ def _sweep(d, wrapper):
     if not (_members(d, token) - {wrapper}):
         cgroup = _containment(d)["cgroup"]
         if cgroup:
-            _remove_cgroup(cgroup)
+            _release_cgroup(cgroup)
         return {"stopped": [], "remaining": []}
     stopped = _stop(d, LOST_GRACE, record_exit=False)
     return {"stopped": stopped["signalled"], "remaining": stopped["remaining"]}

@@ -194,6 +194,8 @@ def test_the_end_of_one_node_stops_nothing_of_another_node_of_the_attempt_on_the
         time.sleep(0.05)
     try:
         assert answer.stopped == [] and alive(other), "node 1 shares the token, not the node"
+        cgroup = json.loads((Path(first) / "containment").read_text())["cgroup"]
+        assert cgroup is None or not os.path.exists(cgroup), "the ended node's cgroup is removed"
         assert agent.probe(second, ReadFrom()).state == "running"
     finally:
         assert agent.cancel(second, grace=2).remaining == []
