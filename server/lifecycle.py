@@ -258,12 +258,18 @@ class NodeFailure:
     host: str
     state: NodeState
     exit_code: int | None
+    note: str | None = None  # what the host saw that the job's log may not say (a full disk)
 
     @property
     def why(self) -> str:
+        return self._what() + (f"; {self.note}" if self.note else "")
+
+    def _what(self) -> str:
         if self.state == NodeState.EXITED:
             return f"exited with code {self.exit_code} on {self.host}; see its log"
-        return f"its processes on {self.host} vanished without an exit code (host restarted, or killed)"
+        # hostside.py stops whatever a dead wrapper left before it answers the node lost
+        return (f"lost its wrapper on {self.host}: it died without recording the job's exit code (killed, out of "
+                "memory, or the host restarted); no process of the attempt is left there")
 
 
 def attempt_finished(session: Session, run: Run, failure: NodeFailure | None, now: datetime) -> None:

@@ -130,6 +130,15 @@ def processes_with_env(needle: str, prefix: bool = False) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (where no init reaps orphans, the killed stay listed)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def kill_leftovers(workspace: Path) -> None:
     """After a test, no job it started may keep running (a failed test must not leak CPU hogs)."""
     for pid in processes_with_env(f"LONGRUN_ATTEMPT_DIR={workspace}", prefix=True):

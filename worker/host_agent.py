@@ -1,8 +1,11 @@
 """The worker's client of a host: each call sends one request of worker/protocol.py to worker/hostside.py
 over a transport and reads its typed answer.
 
-The agent script installs itself on first use (content-addressed under <workspace>/.longrun/bin),
-inside the same single command, so every action stays one round trip.
+The request travels on stdin, never in argv (its env values and the attempt token would show in `ps`):
+stdin is the request as one JSON line, then the agent's source. The agent installs itself from that source
+on first use (content-addressed under <workspace>/.longrun/bin), inside the same single command, so every
+action stays one round trip. Its answer is untrusted input: anything but one JSON object of the expected
+shape, within MAX_ANSWER_BYTES, is a CommandFailed that says so.
 """
 
 import hashlib
@@ -29,12 +32,28 @@ from worker.protocol import (
     ReadFrom,
     Request,
 )
-from worker.transport import Transport
+from worker.transport import CommandResult, Transport
 
 HOSTSIDE_SOURCE = (Path(__file__).parent / "hostside.py").read_bytes()
 HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_SOURCE).hexdigest()[:12]}.py"
 # ssh's own exit status when the connection failed: the host never ran the command
 SSH_FAILED = 255
+# a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
+MAX_ANSWER_BYTES = 64 << 20
+# run when the agent is not installed yet: install it from stdin (after the request line), then run it
+INSTALL_AND_RUN = (
+    "import io, os, runpy, sys\n"
+    "path, verb = sys.argv[1], sys.argv[2]\n"
+    "request, source = sys.stdin.buffer.readline(), sys.stdin.buffer.read()\n"
+    "umask = os.umask(0o077)\n"
+    "os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+    "with open(path + '.%d' % os.getpid(), 'wb') as f:\n"
+    "    f.write(source)\n"
+    "os.replace(path + '.%d' % os.getpid(), path)\n"
+    "os.umask(umask)\n"
+    "sys.argv, sys.stdin = [path, verb], io.TextIOWrapper(io.BytesIO(request))\n"
+    "runpy.run_path(path, run_name='__main__')\n"
+)
 
 
 class HostAgent:
@@ -48,21 +67,18 @@ class HostAgent:
 
     def call(self, request: Request, timeout: float | None = None) -> Any:
         """Send `request`; its answer comes back as `request.answer`. Raises HostUnreachable, CommandFailed."""
-        script, bindir = shlex.quote(self.script), shlex.quote(self.layout.bin_dir)
-        run = shlex.join([self.python, self.script, request.verb, json.dumps(request.to_wire())])
-        command = (f"[ -f {script} ] || {{ mkdir -p {bindir} && cat > {script}.$$ && mv {script}.$$ {script}; }}"
-                   f" && exec {run}")
-        result = self.transport.exec(command, stdin=HOSTSIDE_SOURCE, timeout=timeout or self.timeout)
+        script = shlex.quote(self.script)
+        run = shlex.join([self.python, self.script, request.verb])
+        install = shlex.join([self.python, "-c", INSTALL_AND_RUN, self.script, request.verb])
+        command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
+        payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_SOURCE
+        result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
+        answer = _answer_of(request.verb, result)
         try:
-            answer = json.loads(result.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            if result.returncode == SSH_FAILED:
-                raise HostUnreachable(result.stderr.strip() or "connection lost") from None
-            raise CommandFailed(f"{request.verb} failed on the host (exit {result.returncode}): "
-                                f"{(result.stderr or result.stdout).strip()[-2000:]}") from None
-        if "error" in answer:
-            raise CommandFailed(answer["error"])
-        return request.answer.from_wire(answer)
+            return request.answer.from_wire(answer)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CommandFailed(f"{request.verb}: the host's answer is not of the expected shape "
+                                f"({type(exc).__name__}: {exc}): {result.stdout.strip()[:200]!r}") from None
 
     def launch(self, request: LaunchRequest) -> LaunchAnswer:
         return self.call(request)
@@ -86,3 +102,23 @@ class HostAgent:
     def gpus(self, tokens: list[str]) -> GpuView:
         answer: GpusAnswer = self.call(GpusRequest(tokens))
         return answer.view()
+
+
+def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:
+    """The host's answer: one JSON object on the last line of stdout; anything else raises."""
+    if len(result.stdout) > MAX_ANSWER_BYTES:
+        raise CommandFailed(f"{verb}: the host answered {len(result.stdout)} bytes, more than the "
+                            f"{MAX_ANSWER_BYTES} an answer may hold")
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        if result.returncode == SSH_FAILED:
+            raise HostUnreachable(result.stderr.strip() or "connection lost") from None
+        raise CommandFailed(f"{verb} failed on the host (exit {result.returncode}): "
+                            f"{(result.stderr or result.stdout).strip()[-2000:]}") from None
+    if not isinstance(answer, dict):
+        raise CommandFailed(f"{verb}: the host answered {type(answer).__name__}, not a JSON object: "
+                            f"{result.stdout.strip()[:200]!r}")
+    if "error" in answer:
+        raise CommandFailed(str(answer["error"]))
+    return answer

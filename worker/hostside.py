@@ -1,30 +1,55 @@
 """The host-side agent: the only code longrun runs on a host, stdlib only, Python >= 3.8.
 
-Each call is one command, `python3 hostside.py VERB 'JSON'`, answering one JSON line on stdout,
-so every action is a single round trip over the transport and needs no state on the host
+Each call is one command, `python3 hostside.py VERB`, reading its request as one JSON line on stdin
+(never argv: env values and the attempt token must not show in `ps`) and answering one JSON line on
+stdout, so every action is a single round trip over the transport and needs no state on the host
 beyond the files in the attempt directory the worker names (server/layout.py decides where it is):
 
-    <attempt dir>/
+    <attempt dir>/      0700, its files 0600 (they hold the token and the job's env)
         token       the attempt token, also in every process's environment (LONGRUN_ATTEMPT_TOKEN)
+        job.json    the launch request, read by the wrapper
         pid         the wrapper's pid (= its process group and session id)
-        exit_code   written by the wrapper when the job ends
+        containment JSON: the layer that holds every process of the attempt, written by the wrapper
+        exit_code   written by the wrapper when the job ends (from exit_code.reserve when the disk is full)
         output.log  the job's stdout and stderr
         metrics.jsonl
+
+Containment, the best layer the host offers (a job cannot leave the first two; `env -i setsid` leaves
+the third):
+    systemd-scope  a transient scope (`systemd-run --scope`) where systemd runs: its own cgroup
+    cgroup         a cgroup v2 directory of its own under ours, where that is writable (root, delegation)
+    session        its own session; swept by session id and by the token in the environment
+Every layer also sweeps the token carriers. Cancel kills the cgroup (cgroup.kill) and checks it is empty.
 
 Verbs: launch, wrap (internal: the detached wrapper), probe, cancel, clean, gpus.
 """
 
+import errno
+import hashlib
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
+CONTAINMENT_VAR = "LONGRUN_CONTAINMENT"
+DIR_VAR = "LONGRUN_ATTEMPT_DIR"
 LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
+CONTAINMENT_FILE = "containment"
+EXIT_FILE = "exit_code"
+# written when the wrapper starts, so that the exit code finds room on a disk the job has filled since
+EXIT_RESERVE = "exit_code.reserve"
+# less free space than this where an attempt ended badly is named as a likely cause
+LOW_SPACE = 1 << 20
+# how long a probe gives what is left of an attempt whose job is over (or whose wrapper died) before SIGKILL
+LOST_GRACE = 5.0
+# the umask hostside was started with: the job gets it back (hostside's own files are private)
+CALLER_UMASK = 0o022
 
 
 def _write_atomic(path, text):
@@ -94,15 +119,126 @@ def _interface_with(address):
     return None
 
 
+def _cgroup2_mount():
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified in hybrid mode)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, fs = line.partition(" - ")
+                if fs.split()[:1] == ["cgroup2"]:
+                    return fields.split()[4]
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_of(pid="self"):
+    """The cgroup v2 directory of a process, or None without a cgroup v2 hierarchy."""
+    mount = _cgroup2_mount()
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if mount is None or path is None:
+        return None
+    return os.path.join(mount, path.lstrip("/")).rstrip("/")
+
+
+def _unit_name(token, d):
+    # cgroup names are world-readable: name the attempt's node by a digest, never by its token
+    return "longrun-" + hashlib.sha256(f"{token}\0{d}".encode()).hexdigest()[:16]
+
+
+def _systemd_scope(unit):
+    """The argv prefix that starts the wrapper in a transient systemd scope, or None where systemd does not run
+    on a cgroup v2 hierarchy (the scope is then killed and checked through its cgroup directory)."""
+    tool = shutil.which("systemd-run")
+    if not os.path.isdir("/run/systemd/system") or tool is None or _cgroup2_mount() is None:
+        return None
+    user = ["--user"] if os.getuid() != 0 else []
+    return [tool, *user, "--scope", "--quiet", "--collect", f"--unit={unit}.scope", "--"]
+
+
+def _new_cgroup(unit):
+    """A cgroup v2 directory of the attempt's own, under ours, or None when we may not make one."""
+    ours = _cgroup_of()
+    if ours is None:
+        return None
+    path = os.path.join(ours, unit)
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    except OSError:
+        return None
+    if os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+        return path
+    _remove_cgroup(path)
+    return None
+
+
+def _release_cgroup(path, seconds=2.0):
+    """Remove the attempt's cgroup once it is empty: the wrapper may still be on its way out."""
+    deadline = time.time() + seconds
+    while os.path.isdir(path) and _cgroup_pids(path) and time.time() < deadline:
+        time.sleep(0.02)
+    _remove_cgroup(path)
+
+
+def _remove_cgroup(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _enter_cgroup(path):
+    def enter():
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write("0")
+    return enter
+
+
+def _start_wrapper(d, env, cwd, layer):
+    """Start the detached wrapper in the containment `layer`; returns the Popen, or None if that layer failed."""
+    argv = [sys.executable, os.path.abspath(__file__), "wrap", d, layer]
+    unit = _unit_name(env[TOKEN_VAR], d)
+    enter = cgroup = None
+    if layer == "systemd-scope":
+        argv = _systemd_scope(unit) + argv
+    elif layer == "cgroup":
+        cgroup = _new_cgroup(unit)
+        if cgroup is None:
+            return None
+        enter = _enter_cgroup(cgroup)
+    devnull = open(os.devnull, "r+b")
+    try:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=devnull, stdout=devnull, stderr=devnull,
+                                start_new_session=True, close_fds=True, preexec_fn=enter)
+    except (OSError, subprocess.SubprocessError):
+        if cgroup:
+            _remove_cgroup(cgroup)
+        return None
+
+
+def _layers():
+    """The containment layers to try, best first; LONGRUN_CONTAINMENT on the host picks one (session is the
+    fallback of every layer)."""
+    offered = (["systemd-scope"] if _systemd_scope("probe") else []) + (["cgroup"] if _cgroup_of() else [])
+    chosen = os.environ.get(CONTAINMENT_VAR)
+    return [layer for layer in offered if chosen in (None, layer)] + ["session"]
+
+
 def launch(req):
-    """Start the detached wrapper and return at once; a second call for the same dir is a no-op."""
+    """Start the detached wrapper in the best containment the host offers and return once it holds the
+    attempt; a second call for the same dir is a no-op."""
     d = req["dir"]
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    os.chmod(d, 0o700)
     existing = _read(os.path.join(d, "pid"))
     if existing:
         return {"pid": int(existing), "already": True}
     _write_atomic(os.path.join(d, "token"), req["token"])
-    _write_atomic(os.path.join(d, "job.json"), json.dumps(req))
+    _write_atomic(os.path.join(d, "job.json"), json.dumps({**req, "umask": CALLER_UMASK}))
     env = dict(os.environ)
     env.update(req.get("env") or {})
     if req.get("node_address") and "GLOO_SOCKET_IFNAME" not in env:
@@ -112,15 +248,27 @@ def launch(req):
             env["GLOO_SOCKET_IFNAME"] = ifname
     env[TOKEN_VAR] = req["token"]
     env["LONGRUN_METRICS_FILE"] = os.path.join(d, METRICS_FILE)
-    env["LONGRUN_ATTEMPT_DIR"] = d
-    devnull = open(os.devnull, "r+b")
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "wrap", d],
-        env=env, cwd=req.get("cwd") or d, stdin=devnull, stdout=devnull, stderr=devnull,
-        start_new_session=True, close_fds=True,
-    )
+    env[DIR_VAR] = d
+    for layer in _layers():
+        proc = _start_wrapper(d, env, req.get("cwd") or d, layer)
+        if proc is not None and _wait_contained(d, proc):
+            break
+    else:
+        return {"error": f"could not start the job's wrapper in {d}"}
     _write_atomic(os.path.join(d, "pid"), str(proc.pid))
-    return {"pid": proc.pid, "already": False}
+    return {"pid": proc.pid, "already": False, "containment": _containment(d)["layer"]}
+
+
+def _wait_contained(d, proc, seconds=10.0):
+    """Wait until the wrapper recorded its containment; False when it exited first (that layer failed)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if _read(os.path.join(d, CONTAINMENT_FILE)) is not None:
+            return True
+        if proc.poll() is not None:
+            return _read(os.path.join(d, CONTAINMENT_FILE)) is not None
+        time.sleep(0.01)
+    return True
 
 
 def _default_signals():
@@ -129,27 +277,117 @@ def _default_signals():
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-def wrap(d):
-    """Runs detached: start the job in this process group, wait, record its exit code."""
+def _start_time(pid):
+    """The process's start time in clock ticks since boot: with the pid, it names one process for ever."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wrap(d, layer):
+    """Runs detached: record the containment, start the job in this session, wait, record its exit code."""
     job = json.loads(_read(os.path.join(d, "job.json")))
+    pid = os.getpid()
+    _write_atomic(os.path.join(d, EXIT_RESERVE), " " * 8)
+    _write_atomic(os.path.join(d, CONTAINMENT_FILE), json.dumps({
+        "layer": layer, "cgroup": _cgroup_of() if layer != "session" else None,
+        "session": pid, "session_start": _start_time(pid)}))
     # the group gets SIGTERM on cancel; the wrapper must outlive the job to record its exit
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    umask = int(job.get("umask", 0o022))
+
+    def prepare():
+        _default_signals()
+        os.umask(umask)
+
     with open(os.path.join(d, LOG_FILE), "ab", buffering=0) as log:
         try:
             child = subprocess.Popen(job["argv"], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=job.get("cwd") or d,
-                                     preexec_fn=_default_signals)
+                                     stdin=subprocess.DEVNULL, cwd=job.get("cwd") or d, preexec_fn=prepare)
         except OSError as exc:
             log.write(f"longrun: could not start {job['argv'][0]!r}: {exc}\n".encode())
-            _write_atomic(os.path.join(d, "exit_code"), "127")
+            _record_exit(d, 127)
             return
         rc = child.wait()
-    _write_atomic(os.path.join(d, "exit_code"), str(128 - rc if rc < 0 else rc))
+    _record_exit(d, 128 - rc if rc < 0 else rc)
+
+
+def _record_exit(d, code):
+    try:
+        _write_atomic(os.path.join(d, EXIT_FILE), str(code))
+    except OSError:
+        # no room for a new file: the reserve's bytes are already allocated
+        with open(os.path.join(d, EXIT_RESERVE), "r+") as f:
+            f.write(str(code).ljust(8))
+        os.replace(os.path.join(d, EXIT_RESERVE), os.path.join(d, EXIT_FILE))
+
+
+def _containment(d):
+    raw = _read(os.path.join(d, CONTAINMENT_FILE))
+    try:
+        found = json.loads(raw) if raw else {}
+    except ValueError:
+        found = {}
+    return {"layer": found.get("layer", "session"), "cgroup": found.get("cgroup"),
+            "session": found.get("session"), "session_start": found.get("session_start")}
+
+
+def _cgroup_pids(path):
+    """Every process in the cgroup and its descendants."""
+    pids = set()
+    for root, _, files in os.walk(path):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(root, "cgroup.procs")) as f:
+                    pids.update(int(line) for line in f if line.strip())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def _session_members(sid, started):
+    """The live processes of session `sid`, unless that pid now leads another session (pid reuse)."""
+    leader_start = _start_time(sid)
+    if leader_start is not None and leader_start != started:
+        return set()
+    members = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            # a zombie holds nothing and cannot be killed; where no init reaps orphans it stays listed
+            if len(fields) > 3 and fields[0] != "Z" and fields[3] == str(sid):
+                members.add(int(entry))
+    return members
+
+
+def _node_carriers(d, token):
+    """The live processes whose environment carries the attempt's token and this node's directory: the nodes
+    of one attempt share the token, and two of them may share a host."""
+    wanted = {f"{TOKEN_VAR}={token}".encode(), f"{DIR_VAR}={d}".encode()}
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and wanted <= set(_environ(e) or ())}
+
+
+def _members(d, token):
+    """Every live process of the attempt's node: its cgroup, its session and the carriers of its token."""
+    box = _containment(d)
+    pids = _node_carriers(d, token) if token else set()
+    if box["cgroup"] and os.path.isdir(box["cgroup"]):
+        pids |= _cgroup_pids(box["cgroup"])
+    if box["session"]:
+        pids |= _session_members(int(box["session"]), box["session_start"])
+    pids.discard(os.getpid())
+    return pids
 
 
 def _status(d):
-    code = _read(os.path.join(d, "exit_code"))
+    code = _read(os.path.join(d, EXIT_FILE))
     pid = _read(os.path.join(d, "pid"))
     token = _read(os.path.join(d, "token"))
     if code is not None:
@@ -160,7 +398,7 @@ def _status(d):
     if _carries_token(pid, token):
         return {"state": "running", "exit_code": None, "pid": pid}
     # re-read: the wrapper may have written its exit code between the two reads
-    code = _read(os.path.join(d, "exit_code"))
+    code = _read(os.path.join(d, EXIT_FILE))
     if code is not None:
         return {"state": "exited", "exit_code": int(code), "pid": pid}
     return {"state": "lost", "exit_code": None, "pid": pid}
@@ -186,8 +424,11 @@ def _read_from(path, offset, limit, whole_lines=True):
 
 
 def probe(req):
+    """Status, new metric lines and log text; once the job is over, what is left of the attempt is stopped."""
     d = req["dir"]
     out = _status(d)
+    if out["state"] in ("lost", "exited"):
+        out.update(_sweep(d, out["pid"]))
     limit = int(req.get("limit", 4 << 20))
     metrics, m_off, m_more = _read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit)
     # once the job is over its last, unterminated log line is final: hand it back too
@@ -195,8 +436,34 @@ def probe(req):
                                     whole_lines=out["state"] == "running")
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
     if req.get("gpus"):
-        out["gpus"] = gpus(req["gpus"])
+        out["gpus"] = gpus({**req["gpus"], "dirs": {_read(os.path.join(d, "token")): d}})
+    if out["state"] == "lost" or out["exit_code"] not in (None, 0):
+        out["note"] = _space_note(d)
     return out
+
+
+def _sweep(d, wrapper):
+    """Nothing of an attempt runs on once its job is over: a wrapper found dead without an exit code (killed, or
+    the OOM killer) left the whole job unwatched, and a job that ended may have left a helper running. Both are
+    stopped before the node is answered; `remaining` names what would not stop."""
+    token = _read(os.path.join(d, "token"))
+    if not (_members(d, token) - {wrapper}):
+        cgroup = _containment(d)["cgroup"]
+        if cgroup:
+            _release_cgroup(cgroup)
+        return {"stopped": [], "remaining": []}
+    stopped = _stop(d, LOST_GRACE, record_exit=False)
+    return {"stopped": stopped["signalled"], "remaining": stopped["remaining"]}
+
+
+def _space_note(d):
+    """Says that the attempt's file system is full, which a job's log cannot say once it is."""
+    try:
+        fs = os.statvfs(d)
+    except OSError:
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    return f"the file system of {d} is full ({free} bytes free)" if free < LOW_SPACE else None
 
 
 def _signal_all(pids, sig):
@@ -207,22 +474,22 @@ def _signal_all(pids, sig):
             pass
 
 
-def _signal_group(group, token, sig):
-    # the pid file may be stale: only signal the group while its leader still carries our token
-    if group and _carries_token(group, token):
-        try:
-            os.killpg(group, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _wait_gone(token, seconds):
+def _wait_gone(d, token, seconds):
     deadline = time.time() + seconds
-    while pids_with_token(token):
+    while _members(d, token):
         if time.time() >= deadline:
             return False
         time.sleep(0.05)
     return True
+
+
+def _kill_cgroup(path):
+    """SIGKILL every process of the cgroup at once (cgroup.kill, Linux >= 5.14), so none can fork away."""
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
 
 
 def cancel(req):
@@ -232,71 +499,141 @@ def cancel(req):
     d = req["dir"]
     out = _stop(d, float(req.get("grace", 10)))
     if req.get("gpus") and not out["remaining"]:
-        out["gpus"] = gpus(req["gpus"])
+        out["gpus"] = gpus({**req["gpus"], "dirs": {_read(os.path.join(d, "token")): d}})
     if req.get("probe") is not None:
         out["probe"] = probe({**req["probe"], "dir": d})
     return out
 
 
-def _stop(d, grace):
-    """SIGTERM the group and every token carrier, wait `grace`, SIGKILL what is left, verify."""
+def _stop(d, grace, record_exit=True):
+    """SIGTERM every process of the attempt (cgroup, session, token carriers), wait `grace`, kill what is left
+    (the whole cgroup at once), and verify that nothing remains."""
     token = _read(os.path.join(d, "token"))
     if token is None:
         return {"remaining": [], "signalled": [], "exit_code": None}
-    pid = _read(os.path.join(d, "pid"))
-    group = int(pid) if pid else None
-    signalled = pids_with_token(token)
-    _signal_group(group, token, signal.SIGTERM)
-    # torchrun workers may run in sessions of their own: reach them by token
+    cgroup = _containment(d)["cgroup"]
+    signalled = sorted(_members(d, token))
     _signal_all(signalled, signal.SIGTERM)
-    if not _wait_gone(token, grace):
-        _signal_group(group, token, signal.SIGKILL)
-        _signal_all(pids_with_token(token), signal.SIGKILL)
-        _wait_gone(token, 5)
-    if _read(os.path.join(d, "exit_code")) is None:
-        _write_atomic(os.path.join(d, "exit_code"), "137")
-    return {"remaining": pids_with_token(token), "signalled": signalled,
-            "exit_code": int(_read(os.path.join(d, "exit_code")))}
+    if not _wait_gone(d, token, grace):
+        if cgroup:
+            _kill_cgroup(cgroup)
+        _signal_all(_members(d, token), signal.SIGKILL)
+        _wait_gone(d, token, 5)
+    remaining = sorted(_members(d, token))
+    if cgroup and not remaining:
+        _remove_cgroup(cgroup)
+    if record_exit and _read(os.path.join(d, EXIT_FILE)) is None:
+        _record_exit(d, 137)
+    code = _read(os.path.join(d, EXIT_FILE))
+    return {"remaining": remaining, "signalled": signalled, "exit_code": int(code) if code else None}
+
+
+def _within(workspace, path):
+    """The components of `path` below `workspace` (both as given, and the workspace also resolved), or None."""
+    target = os.path.normpath(path)
+    for base in (os.path.normpath(workspace), os.path.realpath(workspace)):
+        rel = os.path.relpath(target, base)
+        if rel != "." and rel != ".." and not rel.startswith(".." + os.sep):
+            return rel.split(os.sep)
+    return None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_below(root_fd, parts, create=False):
+    """A directory fd reached from `root_fd` one component at a time, never through a symlink (O_NOFOLLOW):
+    a component swapped for a symlink after the check fails with ELOOP/ENOTDIR instead of being followed."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_at(dir_fd, name):
+    """Remove `name` in the directory `dir_fd`, a subtree walked by fds (never following a symlink)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    try:
+        for entry in os.listdir(fd):
+            _remove_at(fd, entry)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def clean(req):
-    """Empty a directory strictly inside the workspace and outside longrun's records (resolved: symlinks
-    cannot lead out)."""
+    """Empty a directory strictly inside the workspace and outside longrun's records. Every step goes through a
+    directory fd opened with O_NOFOLLOW, so no symlink, there from the start or swapped in meanwhile, leads out."""
     workspace = os.path.realpath(req["workspace"])
     target = req["path"]
+    if workspace == "/":
+        return {"error": f"refusing to clean inside the workspace {req['workspace']!r}: it is the root directory"}
     if not os.path.isabs(target):
         return {"error": f"refusing to clean {target!r}: not an absolute path"}
-    real = os.path.realpath(target)
-    inside = os.path.commonpath([workspace, real]) == workspace and real != workspace
-    if not inside:
-        return {"error": f"refusing to clean {target}: it resolves to {real}, outside the host workspace {workspace}"}
-    records = os.path.realpath(req["records"])
-    if real == records or real.startswith(records + os.sep):
+    parts = _within(req["workspace"], target)
+    if parts is None:
+        return {"error": f"refusing to clean {target}: not strictly inside the host workspace {workspace}"}
+    records = _within(req["workspace"], req["records"])
+    if records and parts[:len(records)] == records:
         return {"error": f"refusing to clean {target}: it holds longrun's own records"}
-    if not os.path.exists(real):
-        return {"removed": 0}
-    if not os.path.isdir(real):
-        return {"error": f"refusing to clean {target}: not a directory"}
+    keep_parts = _within(req["workspace"], req["keep_into"]) if req.get("keep_into") else None
+    if req.get("keep_into") and keep_parts is None:
+        return {"error": f"refusing to keep the draft in {req['keep_into']}: outside the host workspace {workspace}"}
+    root = os.open(workspace, _DIR_FLAGS)
+    try:
+        try:
+            fd = _open_below(root, parts)
+        except FileNotFoundError:
+            return {"removed": 0}
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return {"error": f"refusing to clean {target}: on the way there is a symlink or a file, which could "
+                                 f"lead outside the host workspace {workspace}; it is never followed"}
+            return {"error": f"refusing to clean {target}: {os.strerror(exc.errno)}"}
+        try:
+            kept = _keep_draft(root, fd, keep_parts) if keep_parts else []
+            names = os.listdir(fd)
+            for name in names:
+                _remove_at(fd, name)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+    return {"removed": len(names), "kept": kept}
+
+
+def _keep_draft(root, fd, keep_parts):
+    # a warm restart starts from the last draft: move it aside before the directory is emptied
+    keep = _open_below(root, keep_parts, create=True)
     kept = []
-    if req.get("keep_into"):
-        # a warm restart starts from the last draft: move it aside before the directory is emptied
-        keep = os.path.realpath(req["keep_into"])
-        if os.path.commonpath([workspace, keep]) != workspace:
-            return {"error": f"refusing to keep the draft in {keep}: outside the host workspace {workspace}"}
-        os.makedirs(keep, exist_ok=True)
+    try:
         for name in ("model.safetensors", "config.json"):
-            if os.path.isfile(os.path.join(real, name)):
-                os.replace(os.path.join(real, name), os.path.join(keep, name))
-                kept.append(name)
-    removed = 0
-    for name in os.listdir(real):
-        path = os.path.join(real, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-        removed += 1
-    return {"removed": removed, "kept": kept}
+            try:
+                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.replace(name, name, src_dir_fd=fd, dst_dir_fd=keep)
+                    kept.append(name)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(keep)
+    return kept
 
 
 def _user_of(pid):
@@ -322,6 +659,10 @@ def gpus(req):
             out[key] = {"rc": 124, "stdout": "", "stderr": "nvidia-smi timed out"}
     owners = {}
     tokens = {t: set(pids) for t, pids in _token_carriers(req.get("tokens", [])).items()}
+    # any process of an attempt's containment is the attempt's, with or without the token in its environment
+    for token, d in (req.get("dirs") or {}).items():
+        if token in tokens:
+            tokens[token] |= _members(d, token)
     for line in out["apps"]["stdout"].splitlines():
         first = line.split(",")[0].strip()
         if first.isdigit():
@@ -336,13 +677,23 @@ VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gp
 
 
 def main(argv):
-    if len(argv) >= 2 and argv[0] == "wrap":
-        wrap(argv[1])
+    global CALLER_UMASK
+    # the attempt's files hold its token and env: private to this user
+    CALLER_UMASK = os.umask(0o077)
+    if len(argv) == 3 and argv[0] == "wrap":
+        wrap(argv[1], argv[2])
         return 0
-    if len(argv) != 2 or argv[0] not in VERBS:
-        sys.stdout.write(json.dumps({"error": f"usage: hostside.py {'|'.join(VERBS)} JSON"}) + "\n")
+    if len(argv) != 1 or argv[0] not in VERBS:
+        sys.stdout.write(json.dumps({"error": f"usage: hostside.py {'|'.join(VERBS)} < JSON"}) + "\n")
         return 2
-    result = VERBS[argv[0]](json.loads(argv[1]))
+    try:
+        request = json.loads(sys.stdin.readline())
+    except ValueError as exc:
+        request = exc
+    if not isinstance(request, dict):
+        sys.stdout.write(json.dumps({"error": f"{argv[0]}: the request on stdin is not a JSON object"}) + "\n")
+        return 2
+    result = VERBS[argv[0]](request)
     sys.stdout.write(json.dumps(result) + "\n")
     return 2 if "error" in result else 0
 

@@ -1,7 +1,8 @@
 """The host protocol: one request and one answer type per verb of worker/hostside.py.
 
 On the wire each request is a JSON object (`to_wire`) and each answer one JSON line, read back with
-`from_wire`; the field names are hostside.py's. worker/host_agent.py sends them over a transport;
+`from_wire`; the field names are hostside.py's. An answer is untrusted input: `from_wire` checks every
+field's type and raises TypeError, ValueError or KeyError on another shape (HostAgent names the verb). worker/host_agent.py sends them over a transport;
 tests/worker/fake_host.py answers them from an in-memory host.
 """
 
@@ -10,6 +11,29 @@ from typing import Any, ClassVar
 
 from server.lifecycle import NodeState
 from worker.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD, GpuSnapshot, attach_users, snapshot_from_outputs
+
+
+def _typed(raw: dict[str, Any], name: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+    """raw[name], checked to be of `kind` (None allowed when optional); bool is never taken for an int."""
+    value = raw.get(name) if optional else raw[name]
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise TypeError(f"{name} is {type(value).__name__}, not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _pids(raw: dict[str, Any], name: str, optional: bool = False) -> list[int]:
+    values = _typed(raw, name, list, optional) or []
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in values):
+        raise TypeError(f"{name} holds something other than pids")
+    return list(values)
+
+
+def _object(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,11 @@ class CommandOutput:
     stdout: str
     stderr: str
 
+    @classmethod
+    def from_wire(cls, raw: Any) -> "CommandOutput":
+        raw = _object(raw)
+        return cls(_typed(raw, "rc", int), _typed(raw, "stdout", str), _typed(raw, "stderr", str))
+
 
 @dataclass(frozen=True)
 class GpuOwner:
@@ -53,8 +82,10 @@ class GpusAnswer:
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "GpusAnswer":
-        return cls(CommandOutput(**raw["gpu"]), CommandOutput(**raw["apps"]),
-                   {int(pid): GpuOwner(o.get("user"), o.get("token")) for pid, o in raw.get("owners", {}).items()})
+        owners = _typed(raw, "owners", dict, optional=True) or {}
+        return cls(CommandOutput.from_wire(raw["gpu"]), CommandOutput.from_wire(raw["apps"]),
+                   {int(pid): GpuOwner(_typed(_object(o), "user", str, True), _typed(o, "token", str, True))
+                    for pid, o in owners.items()})
 
     def view(self) -> GpuView:
         g, a = self.gpu, self.apps
@@ -77,10 +108,12 @@ class Request:
 class LaunchAnswer:
     pid: int
     already: bool
+    # the layer that holds the attempt's processes (hostside.py: systemd-scope, cgroup or session)
+    containment: str | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "LaunchAnswer":
-        return cls(int(raw["pid"]), bool(raw["already"]))
+        return cls(_typed(raw, "pid", int), _typed(raw, "already", bool), _typed(raw, "containment", str, True))
 
 
 @dataclass(frozen=True)
@@ -117,12 +150,20 @@ class ProbeAnswer:
     log_offset: int
     more: bool
     gpus: GpusAnswer | None = None
+    # a node found lost (its wrapper dead): the processes of it that the probe stopped, and any still alive
+    stopped: list[int] = field(default_factory=list)
+    remaining: list[int] = field(default_factory=list)
+    # a node that ended badly: what the host saw that the job could not say (its disk is full)
+    note: str | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
-        return cls(NodeState(raw["state"]), raw["exit_code"], raw["pid"], raw["metrics"], raw["metrics_offset"],
-                   raw["log"], raw["log_offset"], raw["more"],
-                   GpusAnswer.from_wire(raw["gpus"]) if raw.get("gpus") else None)
+        raw = _object(raw)
+        return cls(NodeState(_typed(raw, "state", str)), _typed(raw, "exit_code", int, True),
+                   _typed(raw, "pid", int, True), _typed(raw, "metrics", str), _typed(raw, "metrics_offset", int),
+                   _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
+                   GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
+                   _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True))
 
 
 @dataclass(frozen=True)
@@ -147,9 +188,9 @@ class CancelAnswer:
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "CancelAnswer":
-        return cls(list(raw["remaining"]), list(raw["signalled"]), raw["exit_code"],
+        return cls(_pids(raw, "remaining"), _pids(raw, "signalled"), _typed(raw, "exit_code", int, True),
                    ProbeAnswer.from_wire(raw["probe"]) if raw.get("probe") else None,
-                   GpusAnswer.from_wire(raw["gpus"]) if raw.get("gpus") else None)
+                   GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None)
 
 
 @dataclass(frozen=True)
@@ -172,7 +213,10 @@ class CleanAnswer:
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "CleanAnswer":
-        return cls(int(raw["removed"]), list(raw.get("kept", [])))
+        kept = _typed(raw, "kept", list, optional=True) or []
+        if not all(isinstance(name, str) for name in kept):
+            raise TypeError("kept holds something other than file names")
+        return cls(_typed(raw, "removed", int), list(kept))
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,8 @@ class RunDriver:
         attempt = run.current
         nodes = nodes_of(attempt)
         probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
-        running = [p for p in probes if p.answer.state == NodeState.RUNNING]
+        # a node whose wrapper died is not over while processes of it survive the host's stop of them
+        running = [p for p in probes if p.answer.state == NodeState.RUNNING or p.answer.remaining]
         failed = [p for p in probes if ended_badly(p.answer.state, p.answer.exit_code)]
         if failed and running:
             # one node's failure fails the attempt: stop the others, and look again next tick
@@ -178,7 +179,8 @@ class RunDriver:
                 stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
                 return
             bad = failed[0] if failed else None
-            failure = NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code) if bad else None
+            failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note)
+                       if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
 
     def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:

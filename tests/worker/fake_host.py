@@ -1,6 +1,6 @@
 """An in-memory host: a Transport that answers worker/hostside.py's verbs from a model of processes and files.
 
-It reads the very command HostAgent sends (`... exec python hostside-….py VERB 'JSON'`), so the worker's
+It reads the very command HostAgent sends (`... exec python hostside-….py VERB`, the request on stdin), so the worker's
 client, protocol and services run unchanged; only the host is imagined. Tests drive the host with
 `write_metrics`, `finish`, `vanish`, `go_down` and `hold_gpu`.
 """
@@ -50,6 +50,8 @@ class FakeJob:
     log: str = ""
     # a cancel does not get rid of it (processes stuck in uninterruptible sleep)
     stubborn: bool = False
+    # its wrapper died (killed, OOM) while the job's processes (pids[1:]) still run
+    orphaned: bool = False
 
 
 @dataclass
@@ -71,6 +73,8 @@ class FakeHost(Transport):
     up: bool = True
     # raised instead of answering (a refused key, say); None answers
     refuse: HostError | None = None
+    # answered instead of the verb's answer (a broken or hostile host); None answers
+    garble: str | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     _pids: Any = field(default_factory=lambda: itertools.count(4000))
 
@@ -88,6 +92,9 @@ class FakeHost(Transport):
 
     def vanish(self, job: FakeJob) -> None:
         job.alive = False
+
+    def kill_wrapper(self, job: FakeJob) -> None:
+        job.alive, job.orphaned = False, True
 
     def go_down(self) -> None:
         self.up = False
@@ -111,9 +118,11 @@ class FakeHost(Transport):
             raise HostUnreachable(f"connection to {self.name} refused")
         if self.refuse is not None:
             raise self.refuse
-        words = shlex.split(command.split(" && exec ", 1)[1])
-        verb, request = words[-2], json.loads(words[-1])
+        verb = shlex.split(command.split("; then exec ", 1)[1].split(";", 1)[0])[-1]
+        request = json.loads((stdin or b"").split(b"\n", 1)[0])
         self.calls.append((verb, request))
+        if self.garble is not None:
+            return CommandResult(0, self.garble, "")
         answer = getattr(self, f"_{verb}")(request)
         return CommandResult(2 if "error" in answer else 0, json.dumps(answer) + "\n", "")
 
@@ -137,6 +146,10 @@ class FakeHost(Transport):
     def _probe(self, req: dict[str, Any]) -> dict[str, Any]:
         out = self._status(req["dir"])
         job = self.jobs.get(req["dir"])
+        if job is not None and job.orphaned:
+            # as hostside.py: a dead wrapper's processes are stopped before the node is answered lost
+            job.orphaned = job.stubborn
+            out.update(stopped=job.pids[1:], remaining=job.pids[1:] if job.stubborn else [])
         metrics = (job.metrics if job else "")[req["metrics_offset"]:]
         metrics = metrics[: metrics.rfind("\n") + 1]
         log = (job.log if job else "")[req["log_offset"]:]
@@ -150,11 +163,11 @@ class FakeHost(Transport):
 
     def _cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         job = self.jobs.get(req["dir"])
-        signalled = list(job.pids) if job and job.alive else []
-        if job and job.alive and not job.stubborn:
-            job.alive = False
+        signalled = list(job.pids) if job and (job.alive or job.orphaned) else []
+        if job and (job.alive or job.orphaned) and not job.stubborn:
+            job.alive = job.orphaned = False
             job.exit_code = 137 if job.exit_code is None else job.exit_code
-        remaining = list(job.pids) if job and job.alive else []
+        remaining = list(job.pids) if job and (job.alive or job.orphaned) else []
         out: dict[str, Any] = {"remaining": remaining, "signalled": signalled,
                                "exit_code": job.exit_code if job else None}
         if req.get("gpus") and not remaining:

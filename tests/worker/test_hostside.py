@@ -5,6 +5,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from worker import hostside
 from worker.host_agent import HostAgent
 from worker.host_errors import CommandFailed
 from worker.hostside import pids_with_token
@@ -76,3 +79,52 @@ def test_clean_only_inside_the_workspace(tmp_path: Path) -> None:
     assert (outside / "keep").read_text() == "keep"
     assert agent.clean(str(ws / "out")).removed == 1
     assert list((ws / "out").iterdir()) == []
+
+
+def test_clean_refuses_a_workspace_whose_real_path_is_the_root(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data").write_text("precious")
+    os.symlink("/", tmp_path / "to-root")
+    for workspace in ["/", "//", "/./", "/tmp/..", str(tmp_path / "to-root")]:
+        answer = hostside.clean({"workspace": workspace, "records": workspace + "/.longrun", "path": str(victim)})
+        assert "it is the root directory" in answer.get("error", ""), workspace
+    assert (victim / "data").read_text() == "precious"
+
+
+def test_clean_never_follows_a_parent_swapped_for_a_symlink_while_it_runs(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "out" / "sub").mkdir(parents=True)
+    (ws / "out" / "sub" / "f").write_text("x")
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "keep").write_text("keep")
+    real_open, real_listdir = os.open, os.listdir
+
+    def swap() -> None:
+        # what another user of the host does between clean's check and its delete
+        if not (ws / "out").is_symlink():
+            os.rename(ws / "out", ws / "out.moved")
+            os.symlink(outside, ws / "out")
+
+    monkeypatch.setattr(os, "open", lambda *a, **k: (swap(), real_open(*a, **k))[1])
+    monkeypatch.setattr(os, "listdir", lambda *a, **k: (swap(), real_listdir(*a, **k))[1])
+    answer = hostside.clean({"workspace": str(ws), "records": str(ws / ".longrun"), "path": str(ws / "out" / "sub")})
+    monkeypatch.undo()
+    assert (outside / "sub" / "keep").read_text() == "keep"
+    assert "refusing to clean" in answer["error"] and "never followed" in answer["error"]
+
+
+def test_clean_keeps_the_draft_aside_then_empties_the_directory_by_descriptors(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    ws = Path(agent.layout.workspace)
+    out = ws / "out"
+    (out / "deep" / "deeper").mkdir(parents=True)
+    (out / "deep" / "deeper" / "f").write_text("x")
+    (out / "model.safetensors").write_text("weights")
+    (out / "config.json").write_text("{}")
+    os.symlink(tmp_path, out / "link-out")
+    answer = agent.clean(str(out), keep_into=str(ws / ".longrun" / "r1" / "draft-before-attempt-2"))
+    assert sorted(answer.kept) == ["config.json", "model.safetensors"] and answer.removed == 2
+    assert list(out.iterdir()) == [] and tmp_path.exists(), "a symlink inside is removed, never followed"
+    assert (ws / ".longrun" / "r1" / "draft-before-attempt-2" / "model.safetensors").read_text() == "weights"

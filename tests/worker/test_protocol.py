@@ -1,14 +1,18 @@
 """The host protocol's two ends agree: the worker's typed requests are what hostside.py reads, and its answers
 read back as the typed answers; the attempt layout's file names are the ones hostside.py writes."""
 
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from server import layout
 from worker import hostside
-from worker.host_agent import HostAgent
+from worker.host_agent import MAX_ANSWER_BYTES, HostAgent
+from worker.host_errors import CommandFailed
 from worker.protocol import CancelRequest, GpuQuery, LaunchRequest, ProbeAnswer, ProbeRequest, ReadFrom
-from worker.transport import LocalTransport
+from worker.transport import CommandResult, LocalTransport, Transport
 
 
 def test_the_layouts_file_names_are_the_ones_the_host_side_writes() -> None:
@@ -40,3 +44,40 @@ def test_launch_answers_the_typed_launch_answer(tmp_path: Path) -> None:
     first = agent.launch(LaunchRequest(d, "tok-proto", [sys.executable, "-c", "pass"], {}))
     assert first.already is False and first.pid > 0
     assert agent.launch(LaunchRequest(d, "tok-proto", [sys.executable, "-c", "pass"], {})).pid == first.pid
+
+
+class Answering(Transport):
+    """A host that answers every command with the same text."""
+
+    def __init__(self, stdout: str, returncode: int = 0):
+        self.result = CommandResult(returncode, stdout, "")
+
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        return self.result
+
+
+PROBE = {"state": "running", "exit_code": None, "pid": 7, "metrics": "", "metrics_offset": 0, "log": "",
+         "log_offset": 0, "more": False}
+
+
+@pytest.mark.parametrize(("stdout", "says"), [
+    ("", "probe failed on the host (exit 0)"),
+    ('{"state": "running", "exit_co', "probe failed on the host (exit 0)"),
+    ("[1, 2]\n", "probe: the host answered list, not a JSON object"),
+    ("x" * (MAX_ANSWER_BYTES + 1), f"more than the {MAX_ANSWER_BYTES}"),
+    ('{"state": "running"}\n', "probe: the host's answer is not of the expected shape (KeyError"),
+    ('{"state": "asleep", "exit_code": null}\n', "not of the expected shape"),
+    (json.dumps({**PROBE, "metrics_offset": "12"}), "metrics_offset is str, not int"),
+    (json.dumps({**PROBE, "more": 1}), "more is int, not bool"),
+    (json.dumps({**PROBE, "gpus": {"gpu": [], "apps": {}}}), "expected a JSON object, got list"),
+    (json.dumps({**PROBE, "stopped": ["1"]}), "stopped holds something other than pids"),
+])
+def test_a_host_answer_of_another_shape_is_a_command_failed_naming_the_verb(stdout: str, says: str) -> None:
+    with pytest.raises(CommandFailed) as raised:
+        HostAgent(Answering(stdout), "/ws").probe("/ws/.longrun/r/1", ReadFrom())
+    assert says in str(raised.value)
+
+
+def test_a_cancel_answer_without_its_verdict_is_not_taken_for_nothing_left() -> None:
+    with pytest.raises(CommandFailed, match="KeyError"):
+        HostAgent(Answering('{"signalled": [1]}\n'), "/ws").cancel("/ws/.longrun/r/1", 1.0)

@@ -75,8 +75,26 @@ def test_processes_that_vanish_without_an_exit_code_fail_the_attempt(rig: Rig) -
     rig.hosts["a"].vanish(rig.hosts["a"].job(run_id, 1))
     rig.step(run_id)
     run = rig.run(run_id)
-    assert run.status == "failed" and "vanished without an exit code" in run.message
+    assert run.status == "failed" and "lost its wrapper on a: it died without recording" in run.message
     assert run.attempts[0].exit_code is None and nodes_of(run.attempts[0])[0].state == NodeState.LOST
+
+
+def test_a_dead_wrappers_job_is_stopped_before_the_attempt_is_retried(rig: Rig) -> None:
+    run_id = rig.submit(max_retries=1)
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    job = host.job(run_id, 1)
+    job.stubborn = True
+    host.kill_wrapper(job)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert (run.status, run.attempt) == ("running", 1), "no retry while the lost wrapper's job still runs"
+    job.stubborn = False
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert not job.orphaned, "the host stopped the job the dead wrapper left"
+    assert (run.status, run.attempt) == ("launching", 2)
+    assert "attempt 1 lost its wrapper on a: it died without recording the job's exit code" in run.message
 
 
 def test_one_node_failing_stops_the_other_nodes_then_fails_the_attempt(rig: Rig) -> None:
@@ -235,6 +253,16 @@ def test_past_the_gpu_wait_deadline_the_run_fails(rig: Rig) -> None:
     run = rig.run(run_id)
     assert run.status == "failed" and run.message.startswith(f"gave up after {GPU_WAIT_DEADLINE + 1:.0f}s waiting")
     assert run.attempts[0].status == "failed" and rig.hosts["a"].jobs == {}, "nothing was started"
+
+
+def test_a_host_answer_of_another_shape_fails_the_run_with_a_message_and_escapes_no_service(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    rig.hosts["a"].garble = '{"state": "running", "exit_code": null, "pid": "1; rm -rf /", "metrics": ""}\n'
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "failed"
+    assert run.message.startswith("probe: the host's answer is not of the expected shape (TypeError: pid is str")
 
 
 def test_a_refused_key_fails_the_run_at_once(rig: Rig) -> None:
