@@ -9,7 +9,7 @@ from playwright.sync_api import Page, Request, expect
 
 from tests.inprocess import App
 from tests.service import Service, toy_spec
-from tests.web.conftest import TOKEN, chart_points, sign_in, wait_for_points
+from tests.web.conftest import TOKEN, sign_in, wait_for_points
 
 pytestmark = pytest.mark.slow  # a real server, torchrun and Chromium
 
