@@ -282,15 +282,17 @@ export function showRun(root, runId, signal) {
         await api(runPath(runId, "/restart"), { method: "POST", body: request });
         say("Restart requested.");
         invalidate();
+        form.open = false;  // closed, the form is rebuilt from the new attempt's spec
         loadRun();
       } catch (error) { replace(prediction, el("p", { class: "error" }, error.message)); }
     });
 
-    return el("details", { id: "restart-form", open: false },
+    const form = el("details", { id: "restart-form", open: false },
       el("summary", {}, "Restart with changed settings"),
       el("form", { onsubmit: (e) => e.preventDefault() }, rows,
         el("label", { class: "field" }, el("span", {}, "Other overrides (JSON)"), extra),
         el("div", { class: "buttons" }, preview, confirmButton), prediction));
+    return form;
   }
 
   function renderAttempts() {

@@ -59,6 +59,6 @@ def chart_points(page: Page, chart: str) -> int:
 
 
 def wait_for_points(page: Page, chart: str, more_than: int, timeout: float = 90_000) -> int:
-    page.wait_for_function(f"Number(document.querySelector('#chart-{chart}').dataset.points || 0) > {more_than}",
+    page.wait_for_function(f"Number(document.querySelector('#chart-{chart}')?.dataset.points || 0) > {more_than}",
                            timeout=timeout)
     return chart_points(page, chart)
