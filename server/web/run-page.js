@@ -384,9 +384,9 @@ export function showRun(root, runId, signal) {
     renderHeader();
     renderSummary();
     renderNodes();
+    renderAttempts();
     if (run.status !== shownStatus || run.attempts.length !== shownAttempts) {
       renderActions();
-      renderAttempts();
       if (!restartBox.querySelector("#restart-form[open]")) replace(restartBox, restartForm());
       loadEvaluation();
       loadLogs();
