@@ -2,6 +2,7 @@
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,12 @@ class Settings(BaseSettings):
     gpu_sample_interval: float = 5.0
     ssh_connect_timeout: float = 10.0
     ssh_command_timeout: float = 120.0
+    # webhooks on run state changes (worker/notifier.py); off without a URL
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    webhook_format: Literal["json", "slack"] = "json"
+    webhook_timeout: float = 10.0
+    webhook_tries: int = 6
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -24,6 +24,7 @@ from worker.clock import Clock
 from worker.gpu_responder import GpuSnapshotResponder
 from worker.host_contact import HostContact
 from worker.lease_claimer import LeaseClaimer
+from worker.notifier import WebhookNotifier
 from worker.orphan_reaper import OrphanReaper
 from worker.run_driver import RunDriver
 from worker.transports import TransportPool
@@ -45,6 +46,7 @@ class Supervisor:
         self.driver = RunDriver(db, settings, contact, stopper, self.worker_id, clock)
         self.responder = GpuSnapshotResponder(db, contact, clock)
         self.reaper = OrphanReaper(db, contact, stopper, clock)
+        self.notifier = WebhookNotifier(db, settings) if settings.webhook_url else None
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
         self._inflight: set[str] = set()
         self._lock = threading.Lock()
@@ -72,6 +74,8 @@ class Supervisor:
         """Wait for the work in hand, drop queued work, and close every host connection."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.transports.close_all()
+        if self.notifier:
+            self.notifier.close()
 
     def tick(self) -> None:
         """Ask each service for its work once, and hand the work to the pool."""
@@ -84,6 +88,8 @@ class Supervisor:
         if self.reaper.due():
             for attempt_id in self.reaper.run_once():
                 self._submit(f"orphan:{attempt_id}", self.reaper.stop, attempt_id)
+        if self.notifier:
+            self.notifier.run_once()  # only reads and queues: its own thread posts
 
     def _submit(self, key: str, work: Callable[..., None], *args: Any) -> None:
         with self._lock:
