@@ -48,6 +48,8 @@ function markerPlugin(chart) {
         ctx.fillStyle = "#334155";
         ctx.setLineDash([4, 4]);
         ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+        ctx.textAlign = "left";
+        ctx.textBaseline = "top";
         for (const marker of chart.markers) {
           const x = Math.round(u.valToPos(marker.x, "x", true));
           if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
@@ -55,7 +57,7 @@ function markerPlugin(chart) {
           ctx.moveTo(x, top);
           ctx.lineTo(x, top + height);
           ctx.stroke();
-          ctx.fillText(marker.label, x + 4, top + 12 * devicePixelRatio);
+          ctx.fillText(marker.label, x + 4, top + 2 * devicePixelRatio);
         }
         ctx.restore();
       }],

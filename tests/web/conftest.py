@@ -1,5 +1,6 @@
 """A real Chromium (Debian's, headless) driven by Playwright, against a real `longrun serve` with a token."""
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.service import Service, kill_leftovers
+from tests.service import ROOT, Service, attempt_processes, kill_leftovers
 from tests.trainer.conftest import prepared_data, tiny_corpus, tiny_verifier  # noqa: F401  (fixtures)
 
 TOKEN = "web-s3cret"
@@ -27,7 +28,11 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def web(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path / "home", token=TOKEN)
+    """The server, its `nvidia-smi` the two-H200 stand-in (tests/fakegpu); `svc.gpu_state` says who holds GPUs."""
+    svc = Service(tmp_path / "home", token=TOKEN, gpu_sample_interval=0.5)
+    svc.gpu_state = tmp_path / "gpus.json"  # type: ignore[attr-defined]
+    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
+    svc.env["FAKE_GPU_STATE"] = str(svc.gpu_state)  # type: ignore[attr-defined]
     svc.home.mkdir()
     svc.start()
     yield svc
@@ -52,6 +57,17 @@ def sign_in(page: Page, svc: Service, fragment: str = "#/") -> None:
     page.wait_for_selector("#token-dialog[open]")
     page.fill("#token-input", TOKEN)
     page.click("#token-dialog button[type=submit]")
+
+
+def hold_gpu(svc: Service, run: dict, utilization: int) -> None:
+    """Have the fake nvidia-smi report the run's first process on GPU 0 at `utilization` percent."""
+    pid = attempt_processes(run, run["attempt"])[0]
+    svc.gpu_state.write_text(json.dumps({"holders": {"0": pid}, "util": utilization}))  # type: ignore[attr-defined]
+
+
+def release_gpus(svc: Service) -> None:
+    """Nobody holds a GPU (a holder left listed after its run ended would keep the next attempt waiting)."""
+    svc.gpu_state.write_text(json.dumps({"holders": {}, "util": 0}))  # type: ignore[attr-defined]
 
 
 def chart_points(page: Page, chart: str) -> int:

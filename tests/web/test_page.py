@@ -9,7 +9,7 @@ from playwright.sync_api import Page, Request, expect
 
 from tests.inprocess import App
 from tests.service import Service, toy_spec
-from tests.web.conftest import TOKEN, sign_in, wait_for_points
+from tests.web.conftest import TOKEN, hold_gpu, sign_in, wait_for_points
 
 pytestmark = pytest.mark.slow  # a real server, torchrun and Chromium
 
@@ -59,6 +59,10 @@ def test_a_live_run_charts_as_metrics_arrive_with_the_token_kept_out_of_urls(web
     expect(page.locator("#progress")).to_contain_text(re.compile(r"\d+\.\d%"))
     expect(page.locator("#eta")).not_to_have_text("—")
     expect(page.locator("#log")).to_contain_text("world size 2")
+    hold_gpu(web, web.run(run["id"]), 64)
+    wait_for_points(page, "gpu-util", 2)
+    wait_for_points(page, "gpu-mem", 2)
+    expect(page.locator("#chart-gpu-util .u-legend")).to_contain_text("gpu_util_0 · attempt 1")
     page.select_option("#x-axis", "time")
     assert wait_for_points(page, "loss", 0) >= grown, "over time, the same points"
 

@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from tests.service import Service, toy_spec
 from tests.trainer.test_service_trainer import _trainer_spec
-from tests.web.conftest import sign_in, wait_for_points
+from tests.web.conftest import hold_gpu, release_gpus, sign_in, wait_for_points
 
 pytestmark = pytest.mark.slow  # a real server running the trainer under torchrun, and Chromium
 
@@ -33,10 +33,12 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     run = web.submit(spec)
     sign_in(page, web, f"#/runs/{run['id']}")
     wait_for_points(page, "acc", 3, timeout=180_000)
+    hold_gpu(web, web.run(run["id"]), 87)
     assert "acc_2" in legend(page, "acc") and "acc_3" not in legend(page, "acc")
     wait_for_points(page, "throughput", 0)
 
     assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    release_gpus(web)
     expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=30_000)
     wait_for_points(page, "acceptance", 3)
     wait_for_points(page, "tau", 3)
@@ -61,10 +63,13 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     page.wait_for_function("document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
                            timeout=180_000)
     assert "acc_2 · attempt 1" in legend(page, "acc"), "attempt 1's lines stay: attempt 2 is a new segment"
+    hold_gpu(web, web.run(run["id"]), 91)
     web.wait(run["id"], lambda r: (r["progress"] or 0) >= 0.5, what="attempt 2 half done")
+    wait_for_points(page, "gpu-util", 4)
     screenshot(page, "run-page.png")
 
     assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    release_gpus(web)
     page.wait_for_function("document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
                            timeout=30_000)
     expect(page.locator("#advice")).to_contain_text("TTT")
