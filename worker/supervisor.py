@@ -3,7 +3,8 @@
 - LeaseClaimer (worker/lease_claimer.py): which runs this worker drives;
 - RunDriver (worker/run_driver.py): one step of each of them;
 - GpuSnapshotResponder (worker/gpu_responder.py): fresh GPU snapshots the API asked for;
-- OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away.
+- OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away;
+- WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set.
 
 A piece of work is keyed (the run, the host, the attempt), and a key runs at most once at a time.
 """

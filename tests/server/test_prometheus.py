@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.service import ROOT, Service, attempt_processes, kill_leftovers, toy_spec
+from tests.service import Service, attempt_processes, serve_with_fake_gpus, toy_spec
 
 pytestmark = pytest.mark.slow  # a real server running torchrun
 
@@ -19,15 +19,7 @@ TOKEN = "prom-s3cret"
 @pytest.fixture
 def gpu_service(tmp_path: Path) -> Iterator[tuple[Service, Path]]:
     """A server whose `nvidia-smi` is tests/fakegpu (two H200s), with a token."""
-    state = tmp_path / "gpus.json"
-    svc = Service(tmp_path / "home", token=TOKEN, gpu_sample_interval=0.3)
-    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
-    svc.env["FAKE_GPU_STATE"] = str(state)
-    svc.home.mkdir()
-    svc.start()
-    yield svc, state
-    svc.stop()
-    kill_leftovers(svc.workspace)
+    yield from serve_with_fake_gpus(tmp_path, token=TOKEN, gpu_sample_interval=0.3)
 
 
 def scrape(svc: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

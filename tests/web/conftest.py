@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.service import ROOT, Service, attempt_processes, kill_leftovers
+from tests.service import Service, attempt_processes, serve_with_fake_gpus
 from tests.trainer.conftest import prepared_data, tiny_corpus, tiny_verifier  # noqa: F401  (fixtures)
 
 TOKEN = "web-s3cret"
@@ -29,15 +29,9 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def web(tmp_path: Path) -> Iterator[Service]:
     """The server, its `nvidia-smi` the two-H200 stand-in (tests/fakegpu); `svc.gpu_state` says who holds GPUs."""
-    svc = Service(tmp_path / "home", token=TOKEN, gpu_sample_interval=0.5)
-    svc.gpu_state = tmp_path / "gpus.json"  # type: ignore[attr-defined]
-    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
-    svc.env["FAKE_GPU_STATE"] = str(svc.gpu_state)  # type: ignore[attr-defined]
-    svc.home.mkdir()
-    svc.start()
-    yield svc
-    svc.stop()
-    kill_leftovers(svc.workspace)
+    for svc, state in serve_with_fake_gpus(tmp_path, token=TOKEN, gpu_sample_interval=0.5):
+        svc.gpu_state = state  # type: ignore[attr-defined]
+        yield svc
 
 
 @pytest.fixture
