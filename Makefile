@@ -17,13 +17,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed
 
-# the SSH and network tests need OpenSSH's server and iproute2
+# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium
 system-deps:
-	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null; then :; \
+	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium >/dev/null; \
 	else \
-		echo "The SSH tests need OpenSSH's server and iproute2: run 'sudo apt-get install openssh-server iproute2', then 'make test' again." >&2; exit 1; \
+		echo "The SSH and browser tests need OpenSSH's server, iproute2 and Chromium: run 'sudo apt-get install openssh-server iproute2 chromium', then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

@@ -3,6 +3,7 @@
 import ipaddress
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,12 @@ class Settings(BaseSettings):
     stall_floor: float = 600.0
     ssh_connect_timeout: float = 10.0
     ssh_command_timeout: float = 120.0
+    # webhooks on run state changes (worker/notifier.py); off without a URL
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    webhook_format: Literal["json", "slack"] = "json"
+    webhook_timeout: float = 10.0
+    webhook_tries: int = 6
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +151,22 @@ def kill_leftovers(workspace: Path) -> None:
 def attempt_processes(run: dict[str, Any], number: int) -> list[int]:
     attempt = next(a for a in run["attempts"] if a["number"] == number)
     return [p for node in attempt["nodes"] for p in processes_with_env(f"LONGRUN_ATTEMPT_DIR={node['dir']}")]
+
+
+def use_fake_gpus(svc: Service, state: Path) -> None:
+    """Give the service tests/fakegpu's nvidia-smi (two H200s); `state` says who holds which GPU (see there)."""
+    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
+    svc.env["FAKE_GPU_STATE"] = str(state)
+
+
+def serve_with_fake_gpus(directory: Path, token: str | None = None, **settings: Any) -> Iterator[tuple[Service, Path]]:
+    """For a fixture: a started service under `directory` with the fake nvidia-smi, and its GPU state file;
+    stopped, and its jobs killed, after."""
+    state = directory / "gpus.json"
+    svc = Service(directory / "home", token=token, **settings)
+    use_fake_gpus(svc, state)
+    svc.home.mkdir()
+    svc.start()
+    yield svc, state
+    svc.stop()
+    kill_leftovers(svc.workspace)

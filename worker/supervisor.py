@@ -3,7 +3,8 @@
 - LeaseClaimer (worker/lease_claimer.py): which runs this worker drives;
 - RunDriver (worker/run_driver.py): one step of each of them;
 - GpuSnapshotResponder (worker/gpu_responder.py): fresh GPU snapshots the API asked for;
-- OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away.
+- OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away;
+- WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set.
 
 A piece of work is keyed (the run, the host, the attempt), and a key runs at most once at a time.
 """
@@ -24,6 +25,7 @@ from worker.clock import Clock
 from worker.gpu_responder import GpuSnapshotResponder
 from worker.host_contact import HostContact
 from worker.lease_claimer import LeaseClaimer
+from worker.notifier import WebhookNotifier
 from worker.orphan_reaper import OrphanReaper
 from worker.run_driver import RunDriver
 from worker.transports import TransportPool
@@ -45,6 +47,7 @@ class Supervisor:
         self.driver = RunDriver(db, settings, contact, stopper, self.worker_id, clock)
         self.responder = GpuSnapshotResponder(db, contact, clock)
         self.reaper = OrphanReaper(db, contact, stopper, clock)
+        self.notifier = WebhookNotifier(db, settings) if settings.webhook_url else None
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
         self._inflight: set[str] = set()
         self._lock = threading.Lock()
@@ -72,6 +75,8 @@ class Supervisor:
         """Wait for the work in hand, drop queued work, and close every host connection."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.transports.close_all()
+        if self.notifier:
+            self.notifier.close()
 
     def tick(self) -> None:
         """Ask each service for its work once, and hand the work to the pool."""
@@ -84,6 +89,8 @@ class Supervisor:
         if self.reaper.due():
             for attempt_id in self.reaper.run_once():
                 self._submit(f"orphan:{attempt_id}", self.reaper.stop, attempt_id)
+        if self.notifier:
+            self.notifier.run_once()  # only reads and queues: its own thread posts
 
     def _submit(self, key: str, work: Callable[..., None], *args: Any) -> None:
         with self._lock:

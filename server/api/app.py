@@ -6,14 +6,16 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 from server.api.deps import require_token
 from server.api.guards import BodyLimit, HostAllowList
-from server.api.routes import hosts, runs
+from server.api.routes import hosts, metrics, runs
 from server.config import Settings
 from server.db import Database
 from server.errors import Conflict, FieldError, NotFound, Unavailable
+from server.web import WEB_DIR
 
 
 def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] | None = None,
@@ -69,4 +71,12 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
 
     for router in (hosts.router, runs.router):
         app.include_router(router, prefix="/v1", dependencies=[Depends(require_token)])
+    app.include_router(metrics.router, dependencies=[Depends(require_token)])
+
+    # the page and its files hold no data, so they need no token; every call they make does
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+    app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
     return app

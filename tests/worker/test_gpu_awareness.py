@@ -9,22 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import ROOT, Service, kill_leftovers, toy_spec
+from tests.service import Service, serve_with_fake_gpus, toy_spec, use_fake_gpus
 
 pytestmark = pytest.mark.slow  # a real server
 
 
 @pytest.fixture
 def gpu_service(tmp_path: Path) -> Iterator[tuple[Service, Path]]:
-    state = tmp_path / "gpus.json"
-    svc = Service(tmp_path / "home", gpu_sample_interval=0.5, gpu_wait_deadline=60)
-    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
-    svc.env["FAKE_GPU_STATE"] = str(state)
-    svc.home.mkdir()
-    svc.start()
-    yield svc, state
-    svc.stop()
-    kill_leftovers(svc.workspace)
+    yield from serve_with_fake_gpus(tmp_path, gpu_sample_interval=0.5, gpu_wait_deadline=60)
 
 
 @pytest.fixture
@@ -76,8 +68,7 @@ def test_a_run_fails_after_the_gpu_wait_deadline(tmp_path: Path, stranger: int) 
     state = tmp_path / "gpus.json"
     state.write_text(json.dumps({"holders": {"0": stranger, "1": stranger}, "util": 100}))
     svc = Service(tmp_path / "home", gpu_wait_deadline=2)
-    svc.env["PATH"] = f"{ROOT / 'tests' / 'fakegpu'}:{svc.env['PATH']}"
-    svc.env["FAKE_GPU_STATE"] = str(state)
+    use_fake_gpus(svc, state)
     svc.home.mkdir()
     svc.start()
     try:

@@ -1,0 +1,419 @@
+// One run: summary, live charts, actions (cancel, restart with a dry run first), attempts, evaluation, log tail.
+
+import { api, followEvents, runPath } from "./api.js";
+import { LineChart } from "./charts.js";
+import { duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const LOG_POLL_MS = 2000;
+const RUN_POLL_MS = 5000;
+// the log is kept as one text node per read; older reads fall off past this many
+const LOG_KEEP_READS = 500;
+const byNumberInName = (a, b) => a.localeCompare(b, "en", { numeric: true });
+
+const CHARTS = [
+  { id: "loss", title: "Loss", y: "loss", match: (n) => n === "loss" || n === "val_loss" },
+  { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => /^acc_\d+$/.test(n) },
+  { id: "throughput", title: "Tokens/s", y: "tokens/s", match: (n) => n === "tokens_per_s" },
+  { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => /^(node\d+_)?gpu_util_\d+$/.test(n) },
+  { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => /^(node\d+_)?gpu_mem_\d+$/.test(n) },
+];
+
+// one call at a time; calls made meanwhile fold into one more after it
+function coalesced(task) {
+  let running = null, again = false;
+  const call = async () => {
+    if (running) { again = true; return running; }
+    running = (async () => {
+      do { again = false; await task(); } while (again);
+    })().finally(() => { running = null; });
+    return running;
+  };
+  return call;
+}
+
+function flatten(value, prefix = "", out = {}) {
+  if (value && typeof value === "object" && !Array.isArray(value)) {
+    for (const [key, inner] of Object.entries(value)) flatten(inner, prefix ? `${prefix}.${key}` : key, out);
+  } else if (prefix) {
+    out[prefix] = JSON.stringify(value);
+  }
+  return out;
+}
+
+export function specChanges(before, after) {
+  const a = flatten(before), b = flatten(after);
+  return [...new Set([...Object.keys(a), ...Object.keys(b)])].sort()
+    .filter((key) => a[key] !== b[key])
+    .map((key) => `${key}: ${a[key] ?? "unset"} → ${b[key] ?? "unset"}`);
+}
+
+class MetricStore {
+  constructor() {
+    this.seen = new Set();
+    this.byName = new Map();   // name -> Map(attempt -> [point])
+    this.maxStep = new Map();  // attempt -> highest step seen
+  }
+
+  add(series) {
+    let added = 0;
+    for (const [name, points] of Object.entries(series)) {
+      for (const p of points) {
+        const key = `${name}|${p.attempt}|${p.step}|${p.time}`;
+        if (this.seen.has(key)) continue;
+        this.seen.add(key);
+        if (!this.byName.has(name)) this.byName.set(name, new Map());
+        const attempts = this.byName.get(name);
+        if (!attempts.has(p.attempt)) attempts.set(p.attempt, []);
+        attempts.get(p.attempt).push(p);
+        if (p.step !== null) this.maxStep.set(p.attempt, Math.max(this.maxStep.get(p.attempt) ?? -1, p.step));
+        added += 1;
+      }
+    }
+    return added;
+  }
+
+  lines(match, xMode) {
+    const names = [...this.byName.keys()].filter(match).sort(byNumberInName);
+    return names.flatMap((name) => [...this.byName.get(name)].sort((a, b) => a[0] - b[0]).map(([attempt, points]) => ({
+      name, attempt,
+      points: points.filter((p) => xMode === "time" || p.step !== null)
+        .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step, p.value]),
+    })));
+  }
+}
+
+function section(title, id, ...children) {
+  return el("section", { id, class: "card" }, el("h2", {}, title), ...children);
+}
+
+function advicePanel(advice) {
+  const retrain = advice.retrain;
+  return el("div", { class: "advice" },
+    el("h3", {}, advice.interconnect === "pcie" ? "PCIe" : "NVLink", ` (TP ${advice.tp})`),
+    el("dl", {},
+      el("dt", {}, "Serve at depth"), el("dd", { class: "depth" }, advice.recommended_depth === 0 ? "0 (do not speculate)" : advice.recommended_depth),
+      el("dt", {}, "Tokens/s"), el("dd", {}, number(advice.tokens_per_second), ` (${number(advice.speedup_vs_no_speculation, 3)}× no speculation)`),
+      el("dt", {}, "Retrain"), el("dd", {}, retrain.suggested_ttt_steps
+        ? `with TTT ${retrain.suggested_ttt_steps}: ${retrain.pays_off ? "pays off" : "does not pay off"}` : "no deeper TTT suggested"),
+      retrain.predicted_training_seconds ? [el("dt", {}, "Retrain time"), el("dd", {}, duration(retrain.predicted_training_seconds))] : null,
+      el("dt", {}, "Why"), el("dd", {}, retrain.reason || "—")),
+    el("p", { class: "muted small" }, advice.allreduce_basis));
+}
+
+export function showRun(root, runId, signal) {
+  const store = new MetricStore();
+  let run = null, xMode = "step", shownStatus = null, shownAttempts = 0;
+  let logAttempt = null, logOffset = null, logNode = 0;
+
+  const header = el("div", { class: "run-header" });
+  const summary = el("div", { class: "summary", id: "summary" });
+  const actions = el("div", { id: "actions" });
+  const restartBox = el("div", { id: "restart" });
+  const chartBoxes = CHARTS.map((c) => el("div", { class: "chart", id: `chart-${c.id}` }));
+  const charts = CHARTS.map((c, i) => ({ spec: c, chart: null, box: chartBoxes[i] }));
+  const xToggle = el("select", { id: "x-axis", onchange: (e) => { xMode = e.target.value; rebuildCharts(); } },
+    el("option", { value: "step" }, "over steps"), el("option", { value: "time" }, "over time"));
+  const attemptsBox = el("div", { id: "attempts" });
+  const evaluationBox = el("div", { id: "evaluation" });
+  const logBox = el("pre", { id: "log", class: "log" });
+  const follow = el("input", { type: "checkbox", id: "log-follow", checked: true });
+  const nodeSelect = el("select", { id: "log-node", onchange: (e) => { logNode = Number(e.target.value); resetLog(); } });
+  const notice = el("p", { id: "notice", class: "notice", role: "status" });
+
+  replace(root,
+    el("p", {}, el("a", { href: "#/" }, "← all runs")),
+    header, notice, summary,
+    section("Actions", "actions-card", actions, restartBox),
+    section("Charts", "charts", el("label", { class: "small" }, "x axis ", xToggle), el("div", { class: "grid" }, chartBoxes)),
+    section("Attempts", "attempts-card", attemptsBox),
+    section("Evaluation", "evaluation-card", evaluationBox),
+    section("Log", "log-card", el("div", { class: "toolbar" }, el("label", {}, follow, " follow"), el("label", {}, "node ", nodeSelect)), logBox));
+
+  const say = (text, isError = false) => replace(notice, text ? el("span", { class: isError ? "error" : "" }, text) : "");
+
+  function rebuildCharts() {
+    for (const c of charts) {
+      c.chart?.destroy();
+      c.chart = new LineChart(c.box, { title: c.spec.title, xLabel: xMode, xIsTime: xMode === "time", yLabel: c.spec.y });
+    }
+    drawCharts();
+  }
+
+  function markers(lines) {
+    if (!run || run.attempts.length < 2) return [];
+    return run.attempts.slice(1).map((a) => {
+      const depth = a.spec?.trainer?.ttt_steps;
+      const label = `attempt ${a.number}${depth ? ` · TTT ${depth}` : ""}`;
+      if (xMode === "time") return { x: Date.parse(a.started_at || a.created_at) / 1000, label };
+      const steps = lines.filter((l) => l.attempt === a.number).flatMap((l) => l.points.map((p) => p[0]));
+      return steps.length ? { x: Math.min(...steps), label } : null;
+    }).filter(Boolean);
+  }
+
+  function drawCharts() {
+    for (const c of charts) {
+      const lines = store.lines(c.spec.match, xMode);
+      c.chart.update(lines, markers(lines));
+    }
+  }
+
+  const loadMetrics = coalesced(async () => {
+    const current = run?.attempt;
+    const params = current && store.maxStep.has(current)
+      ? { attempt: current, since_step: store.maxStep.get(current) - 1 } : {};
+    const answer = await api(runPath(runId, "/metrics"), { params });
+    if (store.add(answer.series) || !charts[0].chart) {
+      if (!charts[0].chart) rebuildCharts(); else drawCharts();
+    }
+  });
+
+  function renderHeader() {
+    replace(header, el("h1", {}, run.name, " ", statusBadge(run.status)),
+      el("p", { class: "muted" }, `${run.id} · on ${run.hosts.join(", ")} · created ${when(run.created_at)}`),
+      run.message ? el("p", { class: "message" }, run.message) : null);
+  }
+
+  function renderSummary() {
+    const a = run.attempts.at(-1);
+    const stepRate = a?.seconds_per_step ? 1 / a.seconds_per_step : null;
+    const facts = [
+      ["Progress", el("span", { id: "progress" }, progressBar(run.progress))],
+      ["ETA", el("span", { id: "eta" }, duration(run.eta_seconds))],
+      ["Step", a?.last_step !== null && a?.last_step !== undefined ? `${a.last_step}${a.total_steps ? ` / ${a.total_steps}` : ""}` : "—"],
+      ["Steps/s", number(stepRate, 3)],
+      ["Attempt", el("span", { id: "attempt" }, run.attempt)],
+      ["TTT depth", tttDepth(run) ?? "—"],
+      ["Last loss", number(run.latest?.loss)],
+      ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
+    ];
+    replace(summary, facts.map(([label, value]) => el("div", { class: "fact" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))));
+  }
+
+  function renderActions() {
+    const cancel = el("button", {
+      id: "cancel", class: "danger", disabled: TERMINAL.has(run.status) || run.status === "cancelling",
+      onclick: async () => {
+        if (!confirm(`Cancel run ${run.name}? Its processes are stopped on every host.`)) return;
+        try {
+          await api(runPath(runId, "/cancel"), { method: "POST" });
+          say("Cancel requested.");
+          loadRun();
+        } catch (error) { say(error.message, true); }
+      },
+    }, "Cancel run");
+    replace(actions, cancel);
+  }
+
+  function restartForm() {
+    const spec = run.spec;
+    const trainer = spec.trainer;
+    const fields = [];
+    const input = (id, label, props, help) => {
+      const field = el("input", { id, ...props });
+      fields.push(field);
+      return el("label", { class: "field" }, el("span", {}, label), field, help ? el("small", { class: "muted" }, help) : null);
+    };
+    const rows = [
+      trainer ? input("restart-ttt", "TTT depth", { type: "number", min: 1, max: 64, value: String(trainer.ttt_steps ?? 3) },
+        "draft steps trained per position") : null,
+      trainer ? null : input("restart-args", "Arguments", { type: "text", value: spec.args.join(" "), size: 60 },
+        "separated by spaces; arguments that contain spaces go in Other overrides as JSON"),
+      input("restart-nproc", "Processes per node", { type: "number", min: 1, value: String(spec.nproc_per_node) }),
+      input("restart-retries", "Retries", { type: "number", min: 0, value: String(spec.max_retries) }),
+      input("restart-clean", "Clean", { type: "checkbox" }, "empty the output directory first (a trainer's draft is kept aside)"),
+      trainer ? input("restart-init", "Warm start", { type: "checkbox" }, "start from the last attempt's draft") : null,
+    ];
+    const extra = el("textarea", { id: "restart-overrides", rows: 2, placeholder: '{"lr": 0.0001}' });
+    fields.push(extra);
+    const prediction = el("div", { id: "restart-prediction", class: "prediction" });
+    const confirmButton = el("button", { id: "restart-confirm", disabled: true, type: "button" }, "Restart");
+    let request = null;
+
+    const value = (id) => fields.find((f) => f.id === id);
+    function build() {
+      const overrides = {};
+      if (trainer) {
+        const depth = Number(value("restart-ttt").value);
+        if (depth !== (trainer.ttt_steps ?? 3)) overrides.ttt_steps = depth;
+      } else {
+        const args = value("restart-args").value.trim().split(/\s+/).filter(Boolean);
+        if (JSON.stringify(args) !== JSON.stringify(spec.args)) overrides.args = args;
+      }
+      const nproc = Number(value("restart-nproc").value), retries = Number(value("restart-retries").value);
+      if (nproc !== spec.nproc_per_node) overrides.nproc_per_node = nproc;
+      if (retries !== spec.max_retries) overrides.max_retries = retries;
+      if (extra.value.trim()) {
+        const parsed = JSON.parse(extra.value);
+        if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("Other overrides must be a JSON object");
+        Object.assign(overrides, parsed);
+      }
+      return { overrides, clean: value("restart-clean").checked, init_from_last: Boolean(value("restart-init")?.checked) };
+    }
+
+    const invalidate = () => { request = null; confirmButton.disabled = true; replace(prediction); };
+    fields.forEach((f) => { f.addEventListener("input", invalidate); f.addEventListener("change", invalidate); });
+
+    const preview = el("button", {
+      id: "restart-preview", type: "button",
+      onclick: async () => {
+        invalidate();
+        try {
+          const body = build();
+          const dry = await api(runPath(runId, "/restart"), { method: "POST", params: { dry_run: true }, body });
+          const changes = specChanges(spec, dry.new_spec);
+          replace(prediction,
+            el("p", {}, "Predicted duration: ", el("strong", { id: "predicted-duration" }, duration(dry.predicted_duration_seconds)),
+              dry.predicted_finish ? ` (finishing about ${when(dry.predicted_finish)})` : ""),
+            el("p", { class: "muted small" }, dry.basis),
+            el("ul", { class: "changes" }, changes.length ? changes.map((c) => el("li", {}, c)) : el("li", {}, "no setting changes")),
+            body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null);
+          request = body;
+          confirmButton.disabled = false;
+        } catch (error) {
+          replace(prediction, el("p", { class: "error" }, error.message));
+        }
+      },
+    }, "Predict duration");
+
+    confirmButton.addEventListener("click", async () => {
+      if (!request) return;
+      try {
+        await api(runPath(runId, "/restart"), { method: "POST", body: request });
+        say("Restart requested.");
+        invalidate();
+        form.open = false;  // closed, the form is rebuilt from the new attempt's spec
+        loadRun();
+      } catch (error) { replace(prediction, el("p", { class: "error" }, error.message)); }
+    });
+
+    const form = el("details", { id: "restart-form", open: false },
+      el("summary", {}, "Restart with changed settings"),
+      el("form", { onsubmit: (e) => e.preventDefault() }, rows,
+        el("label", { class: "field" }, el("span", {}, "Other overrides (JSON)"), extra),
+        el("div", { class: "buttons" }, preview, confirmButton), prediction));
+    return form;
+  }
+
+  function renderAttempts() {
+    const rows = run.attempts.map((a, i) => {
+      const changes = i ? specChanges(run.attempts[i - 1].spec, a.spec) : [];
+      const took = a.actual_duration_seconds ?? (a.started_at && !a.ended_at ? (Date.now() - Date.parse(a.started_at)) / 1000 : null);
+      return el("tr", { "data-attempt": a.number },
+        el("td", { class: "num" }, a.number), el("td", {}, statusBadge(a.status)),
+        el("td", {}, when(a.started_at)), el("td", { class: "num" }, duration(took)),
+        el("td", { class: "num" }, duration(a.predicted_duration_seconds)),
+        el("td", { class: "num" }, a.exit_code ?? "—"),
+        el("td", {}, i ? (changes.length ? el("ul", { class: "changes" }, changes.map((c) => el("li", {}, c))) : "same spec") : "first",
+          a.message ? el("div", { class: "muted small" }, a.message) : null));
+    });
+    replace(attemptsBox, el("table", {},
+      el("thead", {}, el("tr", {}, ["#", "State", "Started", "Took", "Predicted", "Exit", "Changes / message"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows)));
+  }
+
+  const accept = { position: null, depth: null };
+  async function loadEvaluation() {
+    let report;
+    try {
+      report = await api(runPath(runId, "/evaluation"));
+    } catch (error) {
+      replace(evaluationBox, el("p", { class: "muted" }, error.status === 404 ? "Not evaluated yet: the trainer evaluates at the end when the run has an eval_corpus." : error.message));
+      return;
+    }
+    const positionBox = el("div", { class: "chart", id: "chart-acceptance" });
+    const depthBox = el("div", { class: "chart", id: "chart-tau" });
+    const adviceBox = el("div", { class: "advice-pair", id: "advice" });
+    replace(evaluationBox, el("div", { class: "grid" }, positionBox, depthBox), adviceBox);
+    accept.position = new LineChart(positionBox, { title: "Acceptance by position", xLabel: "position", yLabel: "P(all accepted)" });
+    accept.depth = new LineChart(depthBox, { title: "τ by depth", xLabel: "depth", yLabel: "tokens per round" });
+    accept.position.update(report.by_attempt.map((r) => ({
+      name: "acceptance", attempt: r.attempt, points: r.position_acceptance.map((p, i) => [i + 1, p]) })));
+    accept.depth.update(report.by_attempt.flatMap((r) => [
+      { name: "τ", attempt: r.attempt, points: r.by_depth.map((d) => [d.depth, d.mean_accepted]) },
+      { name: "τ measured", attempt: r.attempt, points: r.by_depth.filter((d) => d.measured_accepted !== null && d.measured_accepted !== undefined).map((d) => [d.depth, d.measured_accepted]) },
+    ]));
+    const answers = await Promise.all(["pcie", "nvlink"].map((interconnect) =>
+      api(runPath(runId, "/advice"), { params: { interconnect } }).then(advicePanel, (error) => el("p", { class: "error" }, `${interconnect}: ${error.message}`))));
+    replace(adviceBox, answers);
+  }
+
+  function resetLog() {
+    logOffset = null;
+    replace(logBox);
+    loadLogs();
+  }
+
+  const loadLogs = coalesced(async () => {
+    if (!run) return;
+    if (logAttempt !== run.attempt) {
+      if (logAttempt !== null) logBox.append(document.createTextNode(`──── attempt ${run.attempt} ────\n`));
+      logAttempt = run.attempt;
+      logOffset = null;
+    }
+    let answer;
+    try {
+      answer = await api(runPath(runId, "/logs"), { params: logOffset === null
+        ? { tail: 200, node: logNode, attempt: logAttempt } : { since_offset: logOffset, node: logNode, attempt: logAttempt } });
+    } catch (error) {
+      if (error.status !== 404) say(error.message, true);
+      return;
+    }
+    logOffset = answer.next_offset;
+    if (answer.lines.length) {
+      const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 20;
+      logBox.append(document.createTextNode(answer.lines.join("\n") + "\n"));
+      while (logBox.childNodes.length > LOG_KEEP_READS) logBox.firstChild.remove();
+      if (follow.checked && atBottom) logBox.scrollTop = logBox.scrollHeight;
+    }
+  });
+
+  function renderNodes() {
+    const nodes = run.attempts.at(-1)?.nodes || [];
+    if (nodeSelect.options.length === Math.max(1, nodes.length)) return;
+    replace(nodeSelect, (nodes.length ? nodes : [{}]).map((n, i) => el("option", { value: String(i), selected: i === logNode }, `${i}${n.host ? ` (${n.host})` : ""}`)));
+  }
+
+  const loadRun = coalesced(async () => {
+    try {
+      run = await api(runPath(runId));
+    } catch (error) {
+      say(error.message, true);
+      return;
+    }
+    renderHeader();
+    renderSummary();
+    renderNodes();
+    renderAttempts();
+    if (run.status !== shownStatus || run.attempts.length !== shownAttempts) {
+      renderActions();
+      if (!restartBox.querySelector("#restart-form[open]")) replace(restartBox, restartForm());
+      loadEvaluation();
+      loadLogs();
+      if (run.attempts.length !== shownAttempts && shownAttempts) loadMetrics();
+      shownStatus = run.status;
+      shownAttempts = run.attempts.length;
+    }
+  });
+
+  (async () => {
+    await loadRun();
+    if (!run) return;
+    await loadMetrics();
+    followEvents(runId, (event) => {
+      if (event.kind === "metrics") loadMetrics();
+      loadRun();
+    }, signal);
+  })();
+  const timers = [
+    setInterval(loadRun, RUN_POLL_MS),
+    setInterval(() => { if (follow.checked) loadLogs(); }, LOG_POLL_MS),
+  ];
+  const onResize = () => charts.concat([{ chart: accept.position }, { chart: accept.depth }]).forEach((c) => c.chart?.resize());
+  window.addEventListener("resize", onResize);
+  signal.addEventListener("abort", () => {
+    timers.forEach(clearInterval);
+    window.removeEventListener("resize", onResize);
+    charts.forEach((c) => c.chart?.destroy());
+  });
+}

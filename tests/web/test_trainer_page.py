@@ -1,0 +1,88 @@
+"""The bundled trainer watched and restarted from the page: acc_k per TTT step live, the evaluation and the
+advisor's answers, and a restart at TTT=5 (the form's first field) through the dry run into attempt 2.
+
+With LONGRUN_SCREENSHOTS=DIR it also saves the runs list and the run page there (docs/ holds them)."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.service import Service, toy_spec
+from tests.trainer.test_service_trainer import _trainer_spec
+from tests.web.conftest import hold_gpu, release_gpus, sign_in, wait_for_points
+
+pytestmark = pytest.mark.slow  # a real server running the trainer under torchrun, and Chromium
+
+
+def legend(page: Page, chart: str) -> str:
+    return page.locator(f"#chart-{chart} .u-legend").text_content() or ""
+
+
+def screenshot(page: Page, name: str) -> None:
+    if os.environ.get("LONGRUN_SCREENSHOTS"):
+        page.screenshot(path=str(Path(os.environ["LONGRUN_SCREENSHOTS"]) / name), full_page=True)
+
+
+def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
+        web: Service, page: Page, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
+    spec = _trainer_spec(tiny_verifier, prepared_data, web.workspace / "out", tiny_corpus)
+    spec["trainer"]["epochs"] = 12
+    run = web.submit(spec)
+    sign_in(page, web, f"#/runs/{run['id']}")
+    wait_for_points(page, "acc", 3, timeout=180_000)
+    hold_gpu(web, web.run(run["id"]), 87)
+    assert "acc_2" in legend(page, "acc") and "acc_3" not in legend(page, "acc")
+    wait_for_points(page, "throughput", 0)
+
+    assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    release_gpus(web)
+    expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=30_000)
+    wait_for_points(page, "acceptance", 3)
+    wait_for_points(page, "tau", 3)
+    expect(page.locator("#advice .advice")).to_have_count(2)
+    expect(page.locator("#advice")).to_contain_text("PCIe")
+    expect(page.locator("#advice")).to_contain_text("NVLink")
+    expect(page.locator("#advice .depth").first).to_have_text(re.compile(r"^\d"))
+
+    page.click("#restart-form summary")
+    assert page.locator("#restart-form input").first.get_attribute("id") == "restart-ttt", "TTT depth comes first"
+    page.fill("#restart-ttt", "5")
+    page.check("#restart-clean")
+    page.click("#restart-preview")
+    expect(page.locator("#predicted-duration")).to_have_text(re.compile(r"^\d+(s|m \d+s|h \d+m)$"))
+    expect(page.locator("#restart-prediction")).to_contain_text("trainer.ttt_steps: 3 → 5")
+    expect(page.locator("#restart-prediction")).to_contain_text("TTT=3")  # the basis: attempt 1's measured pace
+    assert web.run(run["id"])["attempt"] == 1
+    page.click("#restart-confirm")
+
+    expect(page.locator("#attempt")).to_have_text("2", timeout=30_000)
+    expect(page.locator("#attempts tr[data-attempt='2']")).to_contain_text("trainer.ttt_steps: 3 → 5")
+    page.wait_for_function("document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
+                           timeout=180_000)
+    assert "acc_2 · attempt 1" in legend(page, "acc"), "attempt 1's lines stay: attempt 2 is a new segment"
+    hold_gpu(web, web.run(run["id"]), 91)
+    web.wait(run["id"], lambda r: (r["progress"] or 0) >= 0.5, what="attempt 2 half done")
+    wait_for_points(page, "gpu-util", 4)
+    screenshot(page, "run-page.png")
+
+    assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    release_gpus(web)
+    page.wait_for_function("document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
+                           timeout=30_000)
+    expect(page.locator("#advice")).to_contain_text("TTT")
+    assert page.errors == []  # type: ignore[attr-defined]
+
+    toy = web.submit(toy_spec(steps=3000, sleep=0.1, nproc=1, name="toy-baseline"))
+    web.wait(toy["id"], lambda r: "loss" in r["latest"] and r["eta_seconds"] is not None, what="toy metrics")
+    page.goto(f"{web.url}/#/")
+    rows = page.locator("#runs tbody tr[data-run-id]")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("toy-baseline")
+    expect(rows.nth(0).locator("td").nth(5)).to_have_text(re.compile(r"\d+(s|m)"))  # its ETA
+    expect(rows.nth(1).locator("td").nth(6)).to_have_text("5")  # the trainer run's TTT depth now
+    page.set_viewport_size({"width": 1280, "height": 260})
+    screenshot(page, "runs-list.png")
+    web.client.post(f"/v1/runs/{toy['id']}/cancel")

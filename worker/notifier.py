@@ -1,0 +1,151 @@
+"""Webhooks on run state changes: succeeded, failed, cancelled, retrying and host unreachable.
+
+The worker's tick only reads the events table and queues what it finds; a thread of the notifier's own
+posts each notification, signed with an HMAC-SHA256 of the shared secret, and retries a failed post with
+exponential backoff, so a receiver that is slow or down delays no run. The cursor is in memory: a
+notifier starts at the newest event, and one process (the embedded worker, say) should have the URL set.
+"""
+
+import hashlib
+import heapq
+import hmac
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+from server.config import Settings
+from server.db import Database
+from server.lifecycle import TERMINAL, RunStatus
+from server.models import Event, Run
+
+log = logging.getLogger("longrun.notifier")
+
+# the first retry waits this long, each later one twice the one before, up to the cap
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Notification:
+    event: str  # succeeded | failed | cancelled | retrying | host_unreachable
+    run_id: str
+    run_name: str
+    attempt: int
+    message: str | None
+    time: str
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """`sha256=<hex>` of HMAC-SHA256(secret, "<timestamp>.<body>"): the timestamp is signed so a replay shows."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return f"sha256={mac.hexdigest()}"
+
+
+def payload(note: Notification, fmt: str) -> dict[str, Any]:
+    """The JSON body: longrun's own shape, or Slack's incoming-webhook shape (`text`)."""
+    if fmt == "slack":
+        what = note.event.replace("_", " ")
+        text = f"longrun: run *{note.run_name}* (`{note.run_id}`, attempt {note.attempt}) {what}"
+        return {"text": f"{text}: {note.message}" if note.message else text}
+    return asdict(note)
+
+
+def notification_of(event: Event, run_name: str) -> Notification | None:
+    """The notification a status event means, if any: an end, or the retry rule's running -> launching."""
+    to, before = event.data.get("to"), event.data.get("from")
+    if to in TERMINAL:
+        kind = to
+    elif to == RunStatus.LAUNCHING and before == RunStatus.RUNNING:
+        kind = "retrying"
+    else:
+        return None
+    return Notification(kind, event.run_id, run_name, event.data.get("attempt", 0), event.data.get("message"),
+                        event.time.isoformat())
+
+
+class WebhookNotifier:
+    def __init__(self, db: Database, settings: Settings):
+        if not settings.webhook_url:
+            raise ValueError("WebhookNotifier needs LONGRUN_WEBHOOK_URL")
+        self.db, self.settings = db, settings
+        with db.reading() as session:
+            self._after = session.scalar(select(func.coalesce(func.max(Event.id), 0)))
+        self._unreachable: set[str] = set()
+        self._due: list[tuple[float, int, int, Notification]] = []  # (when, order, tries so far, notification)
+        self._order = 0
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._client = httpx.Client(timeout=settings.webhook_timeout)
+        self._thread = threading.Thread(target=self._deliver_forever, name="longrun-webhooks", daemon=True)
+        self._thread.start()
+
+    def run_once(self) -> list[Notification]:
+        """Queue the notifications since the last call (one read of the events, one of unreachable runs)."""
+        notes = []
+        with self.db.reading() as session:
+            rows = session.execute(select(Event, Run.name).join(Run, Run.id == Event.run_id)
+                                   .where(Event.id > self._after, Event.kind == "status")
+                                   .order_by(Event.id).limit(500)).all()
+            away = session.execute(select(Run.id, Run.name, Run.attempt, Run.message)
+                                   .where(Run.host_reachable.is_(False))).all()
+        for event, name in rows:
+            self._after = event.id
+            note = notification_of(event, name)
+            if note:
+                notes.append(note)
+        for run_id, name, attempt, message in away:
+            if run_id not in self._unreachable:
+                notes.append(Notification("host_unreachable", run_id, name, attempt, message,
+                                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+        self._unreachable = {row[0] for row in away}
+        for note in notes:
+            self._schedule(note, 0, time.monotonic())
+        return notes
+
+    def close(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=self.settings.webhook_timeout + 1)
+        self._client.close()
+
+    def _schedule(self, note: Notification, tries: int, when: float) -> None:
+        with self._wake:
+            self._order += 1
+            heapq.heappush(self._due, (when, self._order, tries, note))
+            self._wake.notify()
+
+    def _deliver_forever(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and (not self._due or self._due[0][0] > time.monotonic()):
+                    self._wake.wait(timeout=self._due[0][0] - time.monotonic() if self._due else None)
+                if self._stopped:
+                    return
+                _, _, tries, note = heapq.heappop(self._due)
+            if not self._post(note) and tries + 1 < self.settings.webhook_tries:
+                backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** tries)
+                self._schedule(note, tries + 1, time.monotonic() + backoff)
+
+    def _post(self, note: Notification) -> bool:
+        body = json.dumps(payload(note, self.settings.webhook_format)).encode()
+        headers = {"Content-Type": "application/json", "X-Longrun-Event": note.event}
+        if self.settings.webhook_secret:
+            stamp = str(int(time.time()))
+            headers |= {"X-Longrun-Timestamp": stamp,
+                        "X-Longrun-Signature": signature(self.settings.webhook_secret, stamp, body)}
+        try:
+            response = self._client.post(self.settings.webhook_url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("webhook %s for run %s not delivered: %s", note.event, note.run_id, exc)
+            return False
+        if response.is_success:
+            return True
+        log.warning("webhook %s for run %s refused: HTTP %s", note.event, note.run_id, response.status_code)
+        return False
