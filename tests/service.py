@@ -1,4 +1,5 @@
-"""A real `longrun serve` process for tests: its own LONGRUN_HOME (SQLite file, local workspace) and port."""
+"""A real `longrun serve` process for tests: its own LONGRUN_HOME (local workspace, SQLite file unless given a
+database) and port."""
 
 import os
 import signal
@@ -24,7 +25,7 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, home: Path, token: str | None = None, **settings: Any):
+    def __init__(self, home: Path, token: str | None = None, database_url: str | None = None, **settings: Any):
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -32,6 +33,8 @@ class Service:
                     "LONGRUN_POLL_INTERVAL": "0.2", "LONGRUN_CANCEL_GRACE": "5", "LONGRUN_LEASE_SECONDS": "3"}
         self.env.pop("LONGRUN_DATABASE_URL", None)
         self.env.pop("LONGRUN_API_TOKEN", None)
+        if database_url:
+            self.env["LONGRUN_DATABASE_URL"] = database_url
         if token:
             self.env["LONGRUN_API_TOKEN"] = token
         self.env.update({f"LONGRUN_{k.upper()}": str(v) for k, v in settings.items()})

@@ -47,8 +47,8 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
     assert {"by_depth", "position_acceptance", "by_attempt"} <= set(doc["components"]["schemas"]["EvaluationPublic"]["properties"])
 
 
-def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: Path, tmp_path_factory) -> None:
-    guarded = App(tmp_path / "home", tmp_path_factory.getbasetemp(), token="s3cret")
+def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: Path, database_url: str) -> None:
+    guarded = App(tmp_path / "home", database_url, token="s3cret")
     try:
         bare = TestClient(guarded.app, base_url="http://127.0.0.1")
         paths = guarded.client.get("/openapi.json").json()["paths"]
