@@ -48,9 +48,10 @@ def _job(tmp_path: Path, mode: str, skew: float = 0.0, steps: int = 60) -> dict[
 
 
 @contextmanager
-def _service(tmp_path: Path, worker: bool = True, **settings: Any) -> Iterator[Service]:
+def _service(tmp_path: Path, worker: bool = True, database_url: str | None = None,
+             **settings: Any) -> Iterator[Service]:
     """A started server (with its worker unless told) that stops, leaving no job behind, whatever the test did."""
-    svc = Service(tmp_path / "home", **settings)
+    svc = Service(tmp_path / "home", database_url=database_url, **settings)
     svc.home.mkdir()
     try:
         yield svc.start(worker=worker)
@@ -64,8 +65,9 @@ def _events(svc: Service, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
 
-def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path) -> None:
-    with _service(tmp_path) as svc:
+@pytest.mark.both_stores
+def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path, database_url: str) -> None:
+    with _service(tmp_path, database_url=database_url) as svc:
         run = svc.submit(toy_spec(steps=60, sleep=0.1, nproc=1))
         svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 10, what="ten steps")
         svc.kill()
@@ -78,14 +80,15 @@ def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path) -> No
         assert statuses == ["queued", "launching", "running", "succeeded"]
 
 
-def test_worker_kill_9_another_worker_takes_the_run_over_by_its_lease(tmp_path: Path) -> None:
+@pytest.mark.both_stores
+def test_worker_kill_9_another_worker_takes_the_run_over_by_its_lease(tmp_path: Path, database_url: str) -> None:
     workers: list[subprocess.Popen] = []
 
     def worker(svc: Service, n: int) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
                                 stdout=open(svc.home / f"worker{n}.log", "ab"), stderr=subprocess.STDOUT)
 
-    with _service(tmp_path, worker=False) as svc:
+    with _service(tmp_path, worker=False, database_url=database_url) as svc:
         try:
             workers.append(worker(svc, 0))
             run = svc.submit(toy_spec(steps=80, sleep=0.1, nproc=1))
