@@ -4,23 +4,20 @@ On SQLite every connection runs in WAL mode with a busy timeout, and sessions op
 `Database.writing()` start with BEGIN IMMEDIATE, so a read-then-write transition takes the
 write lock before it reads and two concurrent transitions serialise instead of deadlocking.
 
-On PostgreSQL writers run concurrently: read-then-write paths lock the rows they read (FOR UPDATE), and a
-transaction that adds events to a run holds that run's row lock from before the events get their ids until it
-commits, so a run's events commit in id order and a reader that resumes after the last id it saw (the SSE
-stream, Last-Event-ID) never skips one that committed late.
+On PostgreSQL writers run concurrently: read-then-write paths lock the rows they read (FOR UPDATE). Every path
+that adds events to a run holds that run's row lock from before the events get their ids until it commits, so a
+run's events commit in id order and a reader that resumes after the last id it saw (the SSE stream,
+Last-Event-ID) never skips one that committed late.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
-
-from server.models import Event, Run
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -61,8 +58,6 @@ class Database:
         self._writer = sessionmaker(
             self.engine.execution_options(sqlite_immediate=True), expire_on_commit=False
         )
-        if not self.is_sqlite:
-            event.listen(self._writer, "before_flush", _lock_runs_of_new_events)
 
     @contextmanager
     def reading(self) -> Iterator[Session]:
@@ -82,13 +77,6 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-def _lock_runs_of_new_events(session: Session, _context: Any, _instances: Any) -> None:
-    """Before events get their ids, lock their runs' rows (in one order, so two writers cannot deadlock)."""
-    run_ids = sorted({e.run_id for e in session.new if isinstance(e, Event)})
-    if run_ids:
-        session.connection().execute(select(Run.id).where(Run.id.in_(run_ids)).order_by(Run.id).with_for_update())
 
 
 def alembic_config(url: str) -> Config:
