@@ -1,6 +1,7 @@
 """A real `longrun serve` process for tests: its own LONGRUN_HOME (local workspace, SQLite file unless given a
 database) and port."""
 
+import json
 import os
 import signal
 import socket
@@ -105,10 +106,28 @@ class Service:
         assert r.status_code == 200, r.text
         return r.json()["series"].get(name, [])
 
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's stored events, as the SSE stream replays them (it ends once the run is over)."""
+        text = self.client.get(f"/v1/runs/{run_id}/events").text
+        return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
     def logs(self, run_id: str, **params: Any) -> list[str]:
         r = self.client.get(f"/v1/runs/{run_id}/logs", params=params)
         assert r.status_code == 200, r.text
         return r.json()["lines"]
+
+
+def start_worker(svc: Service, name: str) -> subprocess.Popen:
+    """A `longrun worker` process on the service's database and LONGRUN_HOME, logging to <home>/<name>.log."""
+    return subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
+                            stdout=open(svc.home / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(10)
 
 
 def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any) -> dict[str, Any]:
