@@ -169,10 +169,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from sqlalchemy.engine import make_url
+
     from longrun.processes import open_database
 
     settings, _ = open_database()
-    print(f"database at {settings.resolved_database_url} is up to date")
+    # the URL may hold the database's password: logs (the compose migration job's) must not
+    print(f"database at {make_url(settings.resolved_database_url).render_as_string(hide_password=True)} is up to date")
     return 0
 
 
