@@ -124,10 +124,16 @@ def start_worker(svc: Service, name: str) -> subprocess.Popen:
 
 
 def stop_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM, and SIGKILL for any still there 10 s later."""
     for p in processes:
         if p.poll() is None:
             p.terminate()
+    for p in processes:
+        try:
             p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any) -> dict[str, Any]:

@@ -74,8 +74,8 @@ def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path, datab
         assert statuses == ["queued", "launching", "running", "succeeded"]
 
 
-@pytest.mark.both_stores
 def test_worker_kill_9_another_worker_takes_the_run_over_by_its_lease(tmp_path: Path, database_url: str) -> None:
+    """On SQLite; on PostgreSQL, with two servers besides, in tests/faults/test_many_servers.py."""
     workers: list[subprocess.Popen] = []
     with _service(tmp_path, worker=False, database_url=database_url) as svc:
         try:
