@@ -62,18 +62,29 @@ def store(request: pytest.FixtureRequest) -> str:
     return getattr(request, "param", "sqlite")
 
 
-@pytest.fixture
-def database_url(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> Iterator[str]:
-    """A database of the test's own at the newest migration, as the service makes its own, in the test's store."""
+def _own_database(request: pytest.FixtureRequest, store: str, tmp_path: Path, migrated: bool) -> Iterator[str]:
     if store == "sqlite":
         path = tmp_path / "store.sqlite"
-        shutil.copy(request.getfixturevalue("sqlite_template"), path)
+        if migrated:
+            shutil.copy(request.getfixturevalue("sqlite_template"), path)
         yield f"sqlite:///{path}"
         return
     cluster = request.getfixturevalue("postgres")
-    url = cluster.create_database()
+    url = cluster.create_database(migrated)
     yield url
     cluster.drop_database(url)
+
+
+@pytest.fixture
+def database_url(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the test's own at the newest migration, as the service makes its own, in the test's store."""
+    yield from _own_database(request, store, tmp_path, migrated=True)
+
+
+@pytest.fixture
+def empty_database_url(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the test's own with no table yet, in the test's store."""
+    yield from _own_database(request, store, tmp_path, migrated=False)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -34,17 +33,14 @@ def server_binary(name: str) -> str:
     return found
 
 
-def _as_cluster_owner() -> Callable[[], None] | None:
-    """What a child runs before it execs: as root, become `postgres` (initdb and postgres refuse root)."""
+def _cluster_owner() -> pwd.struct_passwd | None:
+    """As root, the `postgres` user the package made (initdb and postgres refuse root); else nobody to become."""
     if os.getuid() != 0:
         return None
-    owner = pwd.getpwnam("postgres")
-
-    def drop() -> None:
-        os.setgid(owner.pw_gid)
-        os.setuid(owner.pw_uid)
-
-    return drop
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError(INSTALL_HINT) from None
 
 
 class PostgresCluster:
@@ -54,15 +50,17 @@ class PostgresCluster:
         self.directory = Path(tempfile.mkdtemp(prefix="longrun-pg-"))
         self.data = self.directory / "data"
         self.port = free_port()
-        self._owner = _as_cluster_owner()
+        self._owner = _cluster_owner()
         if self._owner is not None:
-            os.chown(self.directory, pwd.getpwnam("postgres").pw_uid, -1)
+            os.chown(self.directory, self._owner.pw_uid, -1)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *argv: str) -> None:
-        done = subprocess.run(argv, preexec_fn=self._owner, capture_output=True, text=True, cwd=self.directory)
+        owner = self._owner
+        done = subprocess.run(argv, user=owner and owner.pw_uid, group=owner and owner.pw_gid,
+                              capture_output=True, text=True, cwd=self.directory)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
 
