@@ -5,22 +5,24 @@ import threading
 import time
 from datetime import timedelta
 
+from server.config import Settings
 from server.db import Database
 from server.lifecycle import RunStatus, load_run, transition
 from server.models import Event, Run
 from server.queries import events_after
 from worker.clock import Clock
 from worker.lease_claimer import LeaseClaimer
+from worker.notifier import WebhookNotifier
 from worker.run_rows import fresh_run
 
 # long enough for a writer that does not wait for the first to have committed on any machine
 OVERLAP_SECONDS = 0.5
 
 
-def _run(db: Database, status: RunStatus) -> str:
+def _run(db: Database, status: RunStatus, run_id: str = "r1") -> str:
     with db.writing() as s:
-        s.add(Run(id="r1", name="r", status=status, spec={}, hosts=["local"], latest={}))
-    return "r1"
+        s.add(Run(id=run_id, name="r", status=status, spec={}, hosts=["local"], latest={}))
+    return run_id
 
 
 def _in_thread(work) -> tuple[threading.Thread, list]:  # noqa: ANN001
@@ -74,3 +76,26 @@ def test_a_claim_never_takes_over_a_run_whose_row_another_writer_holds(db: Datab
     with db.reading() as s:
         assert s.get(Run, run_id).lease_owner == "worker-a"
     assert claimer.run_once() == [], "and A's lease, once committed, keeps B away"
+
+
+def test_the_webhook_notifier_sees_every_end_when_two_runs_end_at_once(db: Database, tmp_path) -> None:  # noqa: ANN001
+    first_run, second_run = _run(db, RunStatus.RUNNING, "r1"), _run(db, RunStatus.RUNNING, "r2")
+    # nothing listens there: what is queued is what this test reads, the posts just fail
+    notifier = WebhookNotifier(db, Settings(home=tmp_path, webhook_url="http://127.0.0.1:9/hook", webhook_tries=1))
+
+    def second_fails() -> None:
+        with fresh_run(db, second_run) as (s, run):  # another worker thread, on the other run
+            transition(s, run, RunStatus.FAILED, "exit 1")
+
+    try:
+        with db.writing() as first:
+            transition(first, load_run(first, first_run), RunStatus.SUCCEEDED, "done")
+            first.flush()
+            other, _ = _in_thread(second_fails)
+            time.sleep(OVERLAP_SECONDS)
+            queued = notifier.run_once()  # the notifier's tick meanwhile
+        other.join(30)
+        queued += notifier.run_once()
+    finally:
+        notifier.close()
+    assert sorted((n.run_id, n.event) for n in queued) == [(first_run, "succeeded"), (second_run, "failed")]
