@@ -13,6 +13,7 @@ EXAMPLES = 15
 SECRET = "s3cret-value"
 
 
+@pytest.mark.slow  # generates hundreds of requests
 def test_no_generated_request_is_a_server_error(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     app = App(tmp_path / "home", tmp_path_factory.getbasetemp())
     try:
