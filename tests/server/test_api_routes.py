@@ -128,7 +128,7 @@ def test_waiting_gpu_requests_hold_no_thread_so_other_requests_are_answered(api:
     async def scenario() -> tuple[list[int], float, int]:
         transport = httpx.ASGITransport(app=api.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as client:
-            waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 4}))
+            waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 2}))
                        for _ in range(60)]
             await asyncio.sleep(1.0)
             started = time.monotonic()

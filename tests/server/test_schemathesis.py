@@ -1,6 +1,7 @@
 """Schemathesis over the OpenAPI document, in-process against the ASGI app: no generated request is a 5xx, and
 none echoes a secret. Bounded to fit CI: EXAMPLES per operation (about 15 operations), each a Hypothesis run."""
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
@@ -10,6 +11,7 @@ EXAMPLES = 15
 SECRET = "s3cret-value"
 
 
+@pytest.mark.slow  # generates hundreds of requests
 def test_no_generated_request_is_a_server_error(api: App) -> None:
     api.submit(env={"HF_TOKEN": SECRET})  # a run to list, so listings build real answers
     schema = schemathesis.openapi.from_dict(api.client.get("/openapi.json").json())
