@@ -199,7 +199,7 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
 @torch.no_grad()
 def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
     """Row i of the draft's lm_head := the verifier's lm_head row of draft id i's target id (i + d2t[i])."""
-    draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
+    draft.lm_head.weight.copy_(head.draft_rows().to(draft.lm_head.weight.dtype))
 
 
 def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
@@ -319,10 +319,13 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
 
     draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
     draft.to(ctx.device)
-    head = head.to(ctx.device, dtype)
+    head = head.to(ctx.device, dtype).draft_rows_first()  # the one copy of the verifier's lm_head on the device
     objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
+    # Gradients live in DDP's buckets (no second copy of them), and every parameter has one each step, so no
+    # search for unused ones: each bucket is all-reduced as soon as the backward pass fills it.
     model = objective if ctx.world_size == 1 else DistributedDataParallel(
-        objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
+        objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False,
+        gradient_as_bucket_view=True,
     )
     data = training_data(args, ctx, draft.config.target_hidden_size)
     total_steps = data.steps(args.epochs)
