@@ -92,7 +92,7 @@ def _head_chunks(batch: int, positions: int, chunk_rows: int):
 def _chunked_head_loss(x: Tensor, weight: Tensor, probs: Tensor, scale: Tensor, offset: int, chunk_rows: int,
                        loss_fn, with_grads: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """(loss, predicted, d loss / d x, d loss / d weight) of `head_loss`, one chunk of logits at a time."""
-    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    loss = torch.zeros((), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
     predicted = torch.full(x.shape[:2], -1, dtype=torch.long, device=x.device)
     grad_x = torch.zeros_like(x) if with_grads else None
     grad_weight = None
