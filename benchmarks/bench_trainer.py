@@ -4,6 +4,7 @@
     python benchmarks/bench_trainer.py --tiny 64x3            # a tiny draft; runs on the CPU too
     python benchmarks/bench_trainer.py --documents 8 2048x3    # each sequence packs 8 samples (--pack-samples)
     python benchmarks/bench_trainer.py --compile-loss 8192x5   # the cross-entropy's elementwise work compiled
+    LONGRUN_ATTENTION=cudnn python benchmarks/bench_trainer.py 8192x5   # cuDNN's kernel for the causal block
 
 Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
 32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
@@ -22,6 +23,7 @@ T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -149,7 +151,8 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     per_token_step, total = flops(cfg, seq, ttt)
     return dict(
         trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}),
-        **({"compile_loss": True} if compile_loss else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
+        **({"compile_loss": True} if compile_loss else {}),
+        **({"attention": os.environ["LONGRUN_ATTENTION"]} if os.environ.get("LONGRUN_ATTENTION") else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
         tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
     )
