@@ -76,7 +76,7 @@ def soft_cross_entropy_chunk(logits: Tensor, probs: Tensor, scale: Tensor) -> tu
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = z.logsumexp(-1)
     total = probs.sum(-1)
-    cross_entropy = lse * total - torch.einsum("nk,nk->n", probs, z)
+    cross_entropy = lse * total - (probs * z).sum(-1)  # not a matmul: autocast would round it to bf16
     loss = torch.where(scale > 0, cross_entropy * scale, 0).sum()
     grad = torch.softmax(z, -1).mul_((total * scale)[:, None]).addcmul_(probs, scale[:, None], value=-1)
     return loss, grad.to(logits.dtype), logits.argmax(-1)
