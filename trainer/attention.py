@@ -5,9 +5,9 @@ At TTT step k a query at position t sees the step-0 keys at positions <= t and, 
 their scores are per-position dot products: no (positions x positions x steps) tensor exists.
 
 The causal block runs in a fused kernel that also returns its log-sum-exp (on a GPU: flash attention,
-or cuDNN's with `LONGRUN_ATTENTION=cudnn`); the block and the diagonal scores are merged in log space. The backward pass hands the kernel the *merged* output
-and log-sum-exp (as ring attention does for its blocks), which yields exact gradients without
-differentiating through the kernel's log-sum-exp.
+or cuDNN's with `LONGRUN_ATTENTION=cudnn`); the block and the diagonal scores are merged in log space.
+The backward pass hands the kernel the *merged* output and log-sum-exp (as ring attention does for its
+blocks), which yields exact gradients without differentiating through the kernel's log-sum-exp.
 
 Layout: q is [B, Q, heads, d]; keys and values are [B, S, kv_heads, d]; each diagonal entry is
 [B, Q, kv_heads, d]. Either Q == S (every position, causal) or Q == 1 (the newest position
