@@ -114,21 +114,64 @@ def _chunked_head_loss(x: Tensor, weight: Tensor, probs: Tensor, scale: Tensor, 
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
-    """`head_loss` with gradients: each chunk's gradients with respect to its rows and to the weight are
-    taken in the forward pass, right after its loss, and the backward pass only scales them by the
-    incoming gradient; nothing is computed twice, and logits exist for one chunk at a time."""
+    """w · `head_loss` of one TTT step with gradients: each chunk's gradients with respect to its rows and to
+    the weight are taken in the forward pass, right after its loss, and the backward pass only scales them
+    by the incoming gradient; nothing is computed twice, and logits exist for one chunk at a time.
+
+    The weight's gradient is summed over the steps of a `HeadLoss` as their forward passes go, and handed
+    back by the last step alone: the weight is a differentiable input of that step only, so its gradient
+    is complete (and DDP all-reduces it) at the start of the backward pass, not at its end."""
 
     @staticmethod
-    def forward(ctx, chunk_rows: int, offset: int, loss_fn, x: Tensor, weight: Tensor, probs: Tensor, scale: Tensor):
-        loss, predicted, grad_x, grad_weight = _chunked_head_loss(x, weight, probs, scale, offset, chunk_rows, loss_fn, True)
-        ctx.save_for_backward(grad_x, grad_weight)
-        ctx.mark_non_differentiable(predicted)
-        return loss, predicted
+    def forward(ctx, head: "HeadLoss", step_weight: float, last: bool, offset: int, x: Tensor, weight: Tensor,
+                probs: Tensor, scale: Tensor):
+        loss, predicted, grad_x, grad_weight = _chunked_head_loss(
+            x, head.compute_weight(weight, x.dtype), probs, scale, offset, head.chunk_rows, head.loss_fn, True)
+        head.add_weight_gradient(grad_weight, step_weight)
+        ctx.step_weight, ctx.head = step_weight, head if last else None
+        ctx.save_for_backward(grad_x)
+        ctx.mark_non_differentiable(loss, predicted)
+        return step_weight * loss, loss, predicted
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_predicted: Tensor):
-        grad_x, grad_weight = ctx.saved_tensors
-        return None, None, None, grad_x * grad_loss, grad_weight * grad_loss, None, None
+    def backward(ctx, grad_loss: Tensor, _grad_unweighted: Tensor, _grad_predicted: Tensor):
+        (grad_x,) = ctx.saved_tensors
+        grad_weight = None if ctx.head is None else ctx.head.weight_gradient * grad_loss
+        return None, None, None, None, grad_x * (ctx.step_weight * grad_loss), grad_weight, None, None
+
+
+class HeadLoss:
+    """The lm_head + cross-entropy of the TTT steps of one forward pass (`head_loss` at each step).
+
+    Every step's weighted loss must enter one total that is differentiated once: the weight's gradient is
+    the steps' sum times the one incoming gradient."""
+
+    def __init__(self, weight: Tensor, steps: int, chunk_rows: int = 2048, loss_fn=soft_cross_entropy_chunk):
+        self.weight, self.steps, self.chunk_rows, self.loss_fn = weight, steps, chunk_rows, loss_fn
+        self.weight_gradient: Tensor | None = None  # Σ_k w_k d loss_k / d weight, float32
+        self._compute_weight: Tensor | None = None
+
+    def compute_weight(self, weight: Tensor, dtype: torch.dtype) -> Tensor:
+        """The weight in the rows' dtype (bf16 under autocast), cast once for all steps."""
+        if self._compute_weight is None:
+            self._compute_weight = weight.detach().to(dtype)
+        return self._compute_weight
+
+    def add_weight_gradient(self, grad: Tensor, step_weight: float) -> None:
+        if self.weight_gradient is None:
+            self.weight_gradient = torch.zeros_like(self.weight, dtype=torch.promote_types(grad.dtype, torch.float32))
+        self.weight_gradient.add_(grad, alpha=step_weight)
+
+    def __call__(self, step: int, step_weight: float, x: Tensor, probs: Tensor, scale: Tensor,
+                 offset: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(step_weight · loss, loss, predicted) of `head_loss` for TTT step `step` of `steps`."""
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            last = step == self.steps - 1
+            weight = self.weight if last else self.weight.detach()
+            return _ChunkedHeadLoss.apply(self, step_weight, last, offset, x, weight, probs, scale)
+        loss, predicted, _, _ = _chunked_head_loss(x, self.compute_weight(self.weight, x.dtype), probs, scale, offset,
+                                                   self.chunk_rows, self.loss_fn, False)
+        return step_weight * loss, loss, predicted
 
 
 def head_loss(x: Tensor, weight: Tensor, probs: Tensor, scale: Tensor, offset: int, chunk_rows: int = 2048,
@@ -136,9 +179,7 @@ def head_loss(x: Tensor, weight: Tensor, probs: Tensor, scale: Tensor, offset: i
     """(Σ_t scale[b, t] · CE(x[b, t] @ weight.T, probs[b, t + offset]), the argmax draft id at each position
     [B, S], -1 where t + offset is past the end), for the lm_head's input x [B, S, H], its weight [K, H],
     distributions probs [B, S, K] and weights scale [B, S]. Logits exist for `chunk_rows` positions at a time."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _ChunkedHeadLoss.apply(chunk_rows, offset, loss_fn, x, weight, probs, scale)
-    loss, predicted, _, _ = _chunked_head_loss(x, weight, probs, scale, offset, chunk_rows, loss_fn, False)
+    loss, _, predicted = HeadLoss(weight, 1, chunk_rows, loss_fn)(0, 1.0, x, probs, scale, offset)
     return loss, predicted
 
 
@@ -198,7 +239,7 @@ class TTTObjective(nn.Module):
         hidden = draft.fuse(hidden_states)
         chain = torch.ones(b, s, dtype=torch.bool, device=device)  # all earlier steps right at this position
         loss = hidden.new_zeros((), dtype=torch.float32)
-        head_weight = draft.lm_head.weight.to(hidden.dtype)  # cast once for every step, as autocast would
+        head = HeadLoss(draft.lm_head.weight, steps, self.head_chunk_rows, self.loss_fn)
         stats = []
         for k in range(steps):
             if position_ids is None:
@@ -208,9 +249,8 @@ class TTTObjective(nn.Module):
             hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin)
             # every position, weighted 0 where untrained: the positions' count never has to reach the host
             scale = step_valid[k].float() / normalizer[k]
-            loss_k, predicted = head_loss(draft.norm(hidden), head_weight, targets.probs, scale, 1 + k,
-                                          self.head_chunk_rows, self.loss_fn)
-            loss = loss + self.step_decay**k * loss_k
+            weighted, loss_k, predicted = head(k, self.step_decay**k, draft.norm(hidden), targets.probs, scale, 1 + k)
+            loss = loss + weighted
             right = step_valid[k] & (predicted == F.pad(targets.top[:, 1 + k :], (0, 1 + k), value=-1))
             stats.append(
                 torch.stack([
