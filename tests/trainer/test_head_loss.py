@@ -229,7 +229,7 @@ def test_the_sync_counter_sees_rows_picked_by_mask_and_values_read():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_step_runs_under_the_sync_check():
     torch.manual_seed(0)
-    cfg = tiny_config(hidden_size=64, head_dim=16, intermediate_size=128)
+    cfg = tiny_config(hidden_size=64, target_hidden_size=64, head_dim=16, intermediate_size=128)
     draft = tiny_draft(cfg).cuda()
     draft_ids = (draft.d2t + torch.arange(cfg.draft_vocab_size, device="cuda")).cpu()
     head = VerifierHead(torch.ones(cfg.hidden_size), 1e-6, torch.randn(cfg.vocab_size, cfg.hidden_size), draft_ids,
@@ -264,5 +264,5 @@ def test_cuda_bf16_objective_matches_the_plain_reference():
         ref_grads = torch.autograd.grad(ref_loss, params)
     torch.testing.assert_close(loss, ref_loss.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(stats[:, 0].cpu(), ref_stats[:, 0], atol=1e-2, rtol=1e-2)
-    for got, want in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got, want, atol=2e-2, rtol=5e-2)
+    for got, want in zip(grads, ref_grads, strict=True):  # bf16 matmuls on both sides: compare as a whole
+        assert (got - want).norm() <= 3e-2 * want.norm()
