@@ -4,10 +4,10 @@ At TTT step k a query at position t sees the step-0 keys at positions <= t and, 
 1..k, only the key that step produced at position t. Those diagonal keys are one per position, so
 their scores are per-position dot products: no (positions x positions x steps) tensor exists.
 
-The causal block runs in a fused kernel that also returns its log-sum-exp (on a GPU: flash attention,
-or cuDNN's with `LONGRUN_ATTENTION=cudnn`); the block and the diagonal scores are merged in log space.
-The backward pass hands the kernel the *merged* output and log-sum-exp (as ring attention does for its
-blocks), which yields exact gradients without differentiating through the kernel's log-sum-exp.
+The causal block runs in a fused kernel that also returns its log-sum-exp; the block and the
+diagonal scores are merged in log space. The backward pass hands the kernel the *merged* output
+and log-sum-exp (as ring attention does for its blocks), which yields exact gradients without
+differentiating through the kernel's log-sum-exp.
 
 Layout: q is [B, Q, heads, d]; keys and values are [B, S, kv_heads, d]; each diagonal entry is
 [B, Q, kv_heads, d]. Either Q == S (every position, causal) or Q == 1 (the newest position
@@ -19,7 +19,6 @@ no query sees another sample's keys (a block-diagonal causal mask without a mask
 diagonal keys are per position and need nothing. Without `documents` the path is unchanged.
 """
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -45,7 +44,7 @@ def ttt_attention(
 
 def _causal_backend(q: Tensor) -> str:
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
-        return "cuda_cudnn" if os.environ.get("LONGRUN_ATTENTION") == "cudnn" else "cuda_flash"
+        return "cuda_flash"
     if q.device.type == "cpu":
         return "cpu_flash"
     return "math"
@@ -70,12 +69,6 @@ def _causal_forward(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float,
             q, _expand_kv(k, groups), _expand_kv(v, groups), 0.0, causal, False, scale=scale
         )
         return out, lse[..., : q.shape[2]], (cum_q, cum_k, max_q, max_k, seed, offset)
-    if backend == "cuda_cudnn":
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, _expand_kv(k, groups), _expand_kv(v, groups), None, True, 0.0, causal, False, scale=scale
-        )
-        # cuDNN's log-sum-exp has a trailing unit dimension; the merge with the diagonal wants [B, heads, Q]
-        return out, lse.reshape(q.shape[:3]), (cum_q, cum_k, max_q, max_k, seed, offset, lse.shape)
     if backend == "cpu_flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
         return out, lse, None
@@ -93,13 +86,6 @@ def _causal_backward(backend: str, grad, q, k, v, out, lse, scale: float, causal
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
             grad, q, _expand_kv(k, groups), _expand_kv(v, groups), out, lse.contiguous(),
             cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset, scale=scale,
-        )
-        return dq, _fold_kv_grad(dk, groups), _fold_kv_grad(dv, groups)
-    if backend == "cuda_cudnn":
-        cum_q, cum_k, max_q, max_k, seed, offset, lse_shape = state
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            grad, q, _expand_kv(k, groups), _expand_kv(v, groups), out, lse.contiguous().view(lse_shape), seed, offset,
-            None, cum_q, cum_k, max_q, max_k, 0.0, causal, scale=scale,
         )
         return dq, _fold_kv_grad(dk, groups), _fold_kv_grad(dv, groups)
     if backend == "cpu_flash":

@@ -40,7 +40,7 @@ class TrainingStep:
     def __init__(self, model: nn.Module, objective: TTTObjective, head: VerifierHead, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, noise_std: float, noise: torch.Generator,
                  grad_clip: float):
-        self.model, self.objective, self.head = model, objective, head.draft_rows_first()
+        self.model, self.objective, self.head = model, objective, head
         self.optimizer, self.scheduler, self.grad_clip = optimizer, scheduler, grad_clip
         self.noise_std, self.noise = noise_std, noise
         self.params = [p for p in objective.draft.parameters() if p.requires_grad]

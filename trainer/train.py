@@ -72,8 +72,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="concatenate samples into rows of up to --max-seq-len tokens; attention, RoPE positions and "
                         "targets stay within each sample")
     p.add_argument("--grad-clip", type=float, default=0.5)
-    p.add_argument("--compile-loss", action="store_true",
-                   help="fuse the cross-entropy's elementwise work with torch.compile (off: eager; same results)")
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps too (0: epoch ends only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
@@ -201,7 +199,7 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
 @torch.no_grad()
 def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
     """Row i of the draft's lm_head := the verifier's lm_head row of draft id i's target id (i + d2t[i])."""
-    draft.lm_head.weight.copy_(head.draft_rows().to(draft.lm_head.weight.dtype))
+    draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
 
 
 def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
@@ -321,13 +319,10 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
 
     draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
     draft.to(ctx.device)
-    head = head.to(ctx.device, dtype).draft_rows_first()  # the one copy of the verifier's lm_head on the device
-    objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay, compile_loss=args.compile_loss)
-    # Gradients live in DDP's buckets (no second copy of them), and every parameter has one each step, so no
-    # search for unused ones: each bucket is all-reduced as soon as the backward pass fills it.
+    head = head.to(ctx.device, dtype)
+    objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
     model = objective if ctx.world_size == 1 else DistributedDataParallel(
-        objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False,
-        gradient_as_bucket_view=True,
+        objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
     )
     data = training_data(args, ctx, draft.config.target_hidden_size)
     total_steps = data.steps(args.epochs)

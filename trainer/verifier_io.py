@@ -16,7 +16,7 @@ the few tensors the draft needs.
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -129,7 +129,6 @@ class VerifierHead:
     draft_ids: Tensor  # [K] target id of each draft id
     target_to_draft: Tensor  # [V] draft id of each target id, -1 if absent
     input_is_normed: bool = False  # the stored last hidden state is already after the final norm (SpecForge's)
-    other_ids: Tensor | None = None  # set by `draft_rows_first`: lm_head rows are the draft ids', then these
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "VerifierHead":
         return VerifierHead(
@@ -139,40 +138,14 @@ class VerifierHead:
             self.draft_ids.to(device),
             self.target_to_draft.to(device),
             self.input_is_normed,
-            None if self.other_ids is None else self.other_ids.to(device),
         )
 
-    def normed(self, last_hidden_state: Tensor) -> Tensor:
-        """The lm_head's input from the last decoder layer's output: after the final norm, in the lm_head's dtype."""
+    def logits(self, last_hidden_state: Tensor) -> Tensor:
+        """Verifier logits over the full vocabulary from its last decoder layer's output (before norm)."""
         x = last_hidden_state.float()
         if not self.input_is_normed:
             x = torch.nn.functional.rms_norm(x, (x.shape[-1],), self.norm_weight, self.norm_eps)
-        return x.to(self.lm_head_weight.dtype)
-
-    def logits(self, last_hidden_state: Tensor) -> Tensor:
-        """Verifier logits over the full vocabulary (in target-id order) from its last decoder layer's output."""
-        logits = self.normed(last_hidden_state) @ self.lm_head_weight.T
-        if self.other_ids is None:
-            return logits
-        in_target_order = torch.empty_like(logits)
-        in_target_order[..., torch.cat([self.draft_ids, self.other_ids])] = logits
-        return in_target_order
-
-    def draft_rows(self) -> Tensor:
-        """The lm_head rows of the draft vocabulary [K, H], in draft-id order."""
-        if self.other_ids is None:
-            return self.lm_head_weight[self.draft_ids]
-        return self.lm_head_weight[: self.draft_ids.numel()]
-
-    def draft_rows_first(self) -> "VerifierHead":
-        """The same head with the lm_head's rows reordered: the draft vocabulary's, then the others (each in
-        target-id order), so that the targets read the draft rows and the rest as two slices without a copy.
-        `other_ids` names the target id of each row after the draft rows; `logits` keeps target order."""
-        if self.other_ids is not None:
-            return self
-        other_ids = (self.target_to_draft < 0).nonzero().squeeze(1)
-        order = torch.cat([self.draft_ids, other_ids])
-        return replace(self, lm_head_weight=self.lm_head_weight[order], other_ids=other_ids)
+        return x.to(self.lm_head_weight.dtype) @ self.lm_head_weight.T
 
 
 def load_verifier_head(verifier_path: str | Path, d2t: Tensor, t2d: Tensor) -> tuple[VerifierHead, Tensor]:

@@ -286,31 +286,6 @@ def test_cuda_flash_ttt_attention_matches_dense_mask(n_diag, heads, kv_heads, d)
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("documents", [None, ((100, 200),)])
-@pytest.mark.parametrize("n_diag", [0, 3])
-def test_cuda_cudnn_ttt_attention_matches_dense_mask(monkeypatch, n_diag, documents):
-    """The opt-in cuDNN kernel for the causal block (`LONGRUN_ATTENTION=cudnn`) against the same reference."""
-    monkeypatch.setenv("LONGRUN_ATTENTION", "cudnn")
-    torch.manual_seed(0)
-    heads, kv_heads, d, s = 8, 2, 128, 300
-    inputs = [x.detach().cuda().to(torch.bfloat16).requires_grad_() for x in _flatten(
-        random_attention_inputs(n_diag, heads, kv_heads, s=s, d=d, b=1))]
-    q, keys, values = inputs[:3]
-    diag_keys, diag_values = inputs[3 : 3 + n_diag], inputs[3 + n_diag :]
-    assert attention._causal_backend(q) == "cuda_cudnn"
-    grad_out = torch.randn_like(q)
-    fast = ttt_attention(q, keys, values, diag_keys, diag_values, d**-0.5, documents)
-    fast_grads = torch.autograd.grad(fast, inputs, grad_out)
-    monkeypatch.setattr(attention, "_causal_backend", lambda q: "math")
-    wide = [x.detach().float().requires_grad_() for x in inputs]
-    reference = ttt_attention(wide[0], wide[1], wide[2], wide[3 : 3 + n_diag], wide[3 + n_diag :], d**-0.5, documents)
-    reference_grads = torch.autograd.grad(reference, wide, grad_out.float())
-    torch.testing.assert_close(fast.float(), reference, atol=2e-2, rtol=2e-2)
-    for got, want in zip(fast_grads, reference_grads, strict=True):
-        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
-
-
 def _flatten(inputs):
     q, keys, values, diag_keys, diag_values = inputs
     return [q, keys, values, *diag_keys, *diag_values]

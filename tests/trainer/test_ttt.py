@@ -9,7 +9,7 @@ from trainer.ttt import (
     STAT_FIELDS,
     TTTObjective,
     VerifierTargets,
-    soft_cross_entropy_chunk,
+    soft_cross_entropy,
     summarize_stats,
     verifier_targets,
 )
@@ -17,17 +17,14 @@ from trainer.verifier_io import VerifierHead
 
 
 class PositionEcho(nn.Module):
-    """A stand-in draft whose step-k output at position t is a sharp one-hot on draft id (t + k + 1) mod K,
-    read from its RoPE position (t + k), and whose lm_head is the identity: it predicts the verifier's target
-    for position t+1+k exactly when the objective shifts targets (and RoPE positions) by k at step k."""
+    """A stand-in draft whose step-k output at position t is its RoPE position (t + k) and whose
+    logits are a sharp one-hot on draft id (position + 1) mod K: it predicts the verifier's target for
+    position t+1+k exactly when the objective shifts targets (and RoPE positions) by k at step k."""
 
     def __init__(self, vocab: int):
         super().__init__()
         self.vocab = vocab
         self.bias = nn.Parameter(torch.zeros(()))
-        self.norm = nn.Identity()
-        self.lm_head = nn.Linear(vocab, vocab, bias=False)
-        nn.init.eye_(self.lm_head.weight)
 
     def fuse(self, hidden_states):
         return hidden_states[..., :1] * 0 + self.bias
@@ -39,8 +36,11 @@ class PositionEcho(nn.Module):
         return positions.float(), positions.float()
 
     def step(self, cache, hidden, token_qkv, cos, sin):
-        ids = (cos.round().long() + 1) % self.vocab
-        return hidden[..., :1] * 0 + F.one_hot(ids, self.vocab).float() * 50
+        return hidden * 0 + cos[None, :, None]
+
+    def logits(self, hidden):
+        ids = (hidden.squeeze(-1).round().long() + 1) % self.vocab
+        return F.one_hot(ids, self.vocab).float() * 50 + self.bias
 
 
 def one_hot_targets(b, s, vocab) -> VerifierTargets:
@@ -103,13 +103,12 @@ def test_verifier_targets_restrict_to_draft_vocab_and_renormalise():
 def test_soft_cross_entropy_matches_reference_and_gradients():
     torch.manual_seed(0)
     logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
-    probs = torch.randn(6, 9, dtype=torch.float64).softmax(-1)
-    scale = torch.tensor([0.5, 0.0, 1.0, 0.25, 2.0, 0.0], dtype=torch.float64)
-    got, grad, predicted = soft_cross_entropy_chunk(logits.detach(), probs, scale)
-    want = (-(probs * F.log_softmax(logits, -1)).sum(-1) * scale).sum()
-    torch.testing.assert_close(got, want.detach())
-    torch.testing.assert_close(grad, torch.autograd.grad(want, logits)[0])
-    assert torch.equal(predicted, logits.argmax(-1))
+    probs = torch.randn(10, 9, dtype=torch.float64).softmax(-1)
+    rows = torch.tensor([0, 3, 3, 9, 5, 1])
+    got = soft_cross_entropy(logits, probs, rows)
+    want = -(probs[rows] * F.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda z: soft_cross_entropy(z, probs, rows), (logits,))
 
 
 @pytest.mark.parametrize("steps", [1, 3, 5])
