@@ -177,7 +177,6 @@ def main(argv=None) -> None:
     p.add_argument("--only", choices=["longrun", "speculators"])
     p.add_argument("--out", type=Path, default=Path("grid.jsonl"), help="result lines, appended")
     p.add_argument("--deadline-s", type=float, default=560, help="jobs still running after this are killed")
-    p.add_argument("--compile-loss", action="store_true", help="ours with the cross-entropy compiled")
     p.add_argument("--tiny", action="store_true", help="ours only, a tiny draft: a CPU check of the whole command")
     p.add_argument("--steps", type=int, help="timed steps per cell of ours (bench_trainer's default otherwise)")
     p.add_argument("--table", type=Path, nargs="+", help="only print the table of these result files")
@@ -194,7 +193,7 @@ def main(argv=None) -> None:
         install_peer_wheels(args.peer_wheels, args.peer_site)
     if "speculators" in trainers:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.peer_site), env.get("PYTHONPATH")]))
-    extra = ["--compile-loss"] * args.compile_loss + ["--tiny"] * args.tiny
+    extra = ["--tiny"] * args.tiny
     extra += ["--steps", str(args.steps), "--warmup", str(min(args.steps, 4))] if args.steps else []
     gpus = gpu_count()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {len(cells)} cells, {trainers}, {gpus} GPU(s) -> {args.out}",

@@ -3,13 +3,11 @@
     python benchmarks/bench_trainer.py 2048x3 4096x16        # Llama-3.1-8B-shaped draft, one GPU
     python benchmarks/bench_trainer.py --tiny 64x3            # a tiny draft; runs on the CPU too
     python benchmarks/bench_trainer.py --documents 8 2048x3    # each sequence packs 8 samples (--pack-samples)
-    python benchmarks/bench_trainer.py --compile-loss 8192x5   # the cross-entropy's elementwise work compiled
 
 Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
 32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
-Each step is the trainer's own `TrainingStep`: verifier targets (final norm + lm_head; the full vocabulary's
-rows are multiplied, for the exact test of whether the verifier's top token is in the draft vocabulary),
-T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
+Each step is the trainer's own `TrainingStep`: verifier targets (final norm + lm_head over the full
+vocabulary), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 
 - ms_per_step, tokens_per_s (sequence tokens per second), peak_gib;
 - gflop_per_token_step: matrix FLOPs of one TTT step per token, forward and backward (3x forward):
@@ -100,8 +98,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
-          compile_loss: bool = False) -> dict:
+def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1) -> dict:
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -112,11 +109,11 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     # build on the device: initialising ~0.7B parameters on the CPU took longer than measuring them
     with torch.device(device):
         head = VerifierHead(torch.ones(h), 1e-5, torch.randn(v, h) * 0.02, draft_ids.to(device),
-                            target_to_draft.to(device)).to(device, dtype).draft_rows_first()  # as train.py holds it
+                            target_to_draft.to(device)).to(device, dtype)
         draft = EagleDraft(cfg, (torch.randn(v, h) * 0.02).to(dtype))
     draft.set_vocab_mapping((draft_ids - torch.arange(k)).to(device), t2d.to(device))
     draft.to(device)
-    objective = TTTObjective(draft, ttt, 0.8, compile_loss=compile_loss)
+    objective = TTTObjective(draft, ttt, 0.8)
     optimizer = build_optimizer(draft.parameters(), 1e-4)
     scheduler = build_scheduler(optimizer, "constant", 10**6, 0.0)
     batch = {
@@ -148,8 +145,7 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     per_token_step, total = flops(cfg, seq, ttt)
     return dict(
-        trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}),
-        **({"compile_loss": True} if compile_loss else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
+        trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
         tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
     )
@@ -162,7 +158,6 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--documents", type=int, default=1, help="samples packed in each sequence (1: not packed)")
-    p.add_argument("--compile-loss", action="store_true", help="torch.compile the cross-entropy's elementwise work")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
@@ -175,12 +170,11 @@ def main(argv=None) -> None:
     one_step_seconds: dict[int, float] = {}  # per sequence length, at T=1
     for seq, ttt in configs:
         try:
-            options = dict(documents=args.documents, compile_loss=args.compile_loss)
-            result = bench(shape, seq, ttt, device, args.steps, args.warmup, **options)
+            result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents)
             if ttt == 1:
                 one_step_seconds.setdefault(seq, result["seconds"])
             elif seq not in one_step_seconds:
-                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, **options)["seconds"]
+                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, args.documents)["seconds"]
             extra = result["seconds"] - one_step_seconds[seq] if ttt > 1 else None
             marginal = (ttt - 1) * seq * result["per_token_step"] / extra / 1e12 if extra and extra > 0 else None
             result.update(
