@@ -134,8 +134,14 @@ ClientAliveCountMax 3
 MaxStartups 100
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
-""" + "".join(f'SetEnv "{name}={value}"\n' for name, value in self.env.items()))
+""" + self._setenv_line())
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+
+    def _setenv_line(self) -> str:
+        # sshd keeps only its first SetEnv line: every variable goes on that one
+        if not self.env:
+            return ""
+        return "SetEnv " + " ".join(f'"{name}={value}"' for name, value in self.env.items()) + "\n"
 
     def start(self) -> None:
         """Start the listener (again) on the same address, port and keys; return once it accepts."""
