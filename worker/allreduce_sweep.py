@@ -21,6 +21,7 @@ import os
 import socket
 import statistics
 import sys
+import time
 
 # decode messages ((tokens verified) x hidden x 2 bytes) are a few KiB to a few MiB; 16 and 64 MiB for reference
 DEFAULT_SIZES = [1 << k for k in range(10, 23)] + [16 << 20, 64 << 20]
@@ -28,32 +29,47 @@ CANNOT_MEASURE = 3
 
 
 def allreduce_table(sizes: list[int], iters: int = 50, repeats: int = 5, warmup: int = 5) -> list[dict]:
-    """[{"bytes", "us"}] on the current process group and CUDA device; every rank calls it and gets the table."""
+    """[{"bytes", "us"}] on the current process group; every rank calls it and gets the table. On CUDA the calls
+    are timed between CUDA events on the current device; on CPU (gloo: tests and smoke runs) by the clock."""
     import torch
     import torch.distributed as dist
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     table = []
     for nbytes in sizes:
         buffer = torch.ones(max(nbytes // 2, 1), dtype=torch.bfloat16, device=device)
         for _ in range(warmup):
             dist.all_reduce(buffer)
-        torch.cuda.synchronize()
         timings = []
         for _ in range(repeats):
             dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(buffer)
-            end.record()
-            end.synchronize()
-            timings.append(start.elapsed_time(end) * 1000 / iters)
+            timings.append(_per_call_us(buffer, iters, cuda))
         # the slowest rank's median: a collective ends for everyone when its last rank is done
         slowest = torch.tensor([statistics.median(timings)], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         table.append({"bytes": nbytes, "us": round(float(slowest.item()), 2)})
     return table
+
+
+def _per_call_us(buffer, iters: int, cuda: bool) -> float:
+    """µs per all-reduce of `buffer` over `iters` calls back to back: on the GPU's clock when cuda, else ours."""
+    import torch
+    import torch.distributed as dist
+
+    if not cuda:
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buffer)
+        return (time.perf_counter() - start) * 1e6 / iters
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dist.all_reduce(buffer)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
