@@ -382,14 +382,18 @@ def cost_fields(link: dict) -> dict:
 
 
 def compare(results: dict) -> tuple[list[str], list[dict]]:
-    """Predicted (the advisor fed this machine's measurements) against measured tokens/s per depth, per link."""
+    """Predicted (the advisor fed this machine's measurements) against measured tokens/s per depth, per link.
+    A link's all-reduce table is the one `longrun hosts probe-interconnect` stored, where given (probe_allreduce),
+    else the same sweep run by the decode's own ranks."""
     from server.advisor import CostModel, advise
 
     config, tp = results["config"], results["tp"]
     evaluation = {"position_acceptance": results["acceptance"][:results["max_depth"]]}
     lines, summary = [], []
     for link in results["links"]:
-        table = tuple((row["bytes"], row["us"]) for row in link["allreduce"]) or ((1, 0.0),)
+        rows = link.get("probe_allreduce") or link["allreduce"]
+        table = tuple((row["bytes"], row["us"]) for row in rows) or ((1, 0.0),)
+        source = "probe-interconnect's stored table" if link.get("probe_allreduce") else "the sweep on these ranks"
         cost = CostModel(tp=tp, allreduce_us=table, layers=config["num_hidden_layers"],
                          hidden=config["hidden_size"], **cost_fields(link))
         label = "nvlink" if link["link"] == "default" else "pcie"
@@ -408,8 +412,8 @@ def compare(results: dict) -> tuple[list[str], list[dict]]:
             f"### tp={tp}, {link['link']}{' ' + str(link['env']) if link['env'] else ''}", "",
             f"Cost model fed: draft_step_ms {cost.draft_step_ms:.4f}, verifier_base_ms {cost.verifier_base_ms:.4f}, "
             f"verifier_per_token_ms {cost.verifier_per_token_ms:.4f}, {cost.layers} layers x 2 all-reduces of "
-            f"(d+1) x {cost.hidden} x 2 bytes" + (f"; all-reduce {table[0][1]:.1f} µs at {table[0][0]} B" if tp > 1
-                                                  else "; no all-reduce"), "",
+            f"(d+1) x {cost.hidden} x 2 bytes" + (f"; all-reduce from {source}, {table[0][1]:.1f} µs at "
+                                                  f"{table[0][0]} B" if tp > 1 else "; no all-reduce"), "",
             "| depth | τ (curve) | τ (decode) | predicted tokens/s | measured tokens/s | predicted / measured |",
             "|---|---|---|---|---|---|",
         ]
@@ -428,6 +432,17 @@ def compare(results: dict) -> tuple[list[str], list[dict]]:
                         "reached_of_best": reached, "max_abs_error": max(abs(e) for e in errors.values()),
                         "predicted": predicted, "measured": {d: r["tokens_per_second"] for d, r in measured.items()}})
     return lines, summary
+
+
+def attach_probe_tables(results: dict, items: list[str]) -> None:
+    """LINK=FILE: FILE is `GET /v1/hosts/{name}/interconnect` (or the sweep's JSON line) from this machine."""
+    for item in items:
+        link, _, path = item.partition("=")
+        found = [entry for entry in results["links"] if entry["link"] == link]
+        if not found or not path:
+            raise SystemExit(f"--probe-table wants LINK=FILE with LINK one of the measured links "
+                             f"{[entry['link'] for entry in results['links']]}, got {item!r}")
+        found[0]["probe_allreduce"] = json.loads(Path(path).read_text())["allreduce"]
 
 
 def acceptance_curve(args: argparse.Namespace) -> list[float]:
@@ -481,9 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20, help="timings per calibration point (median)")
     p.add_argument("--decode-repeats", type=int, default=3, help="decodes per depth (median)")
     p.add_argument("--sweep-iters", type=int, default=50)
+    p.add_argument("--probe-table", action="append", default=[], metavar="LINK=FILE",
+                   help="compare with the table probe-interconnect stored (GET /v1/hosts/NAME/interconnect saved "
+                        "to FILE) for LINK (default or p2p-disabled) instead of this run's own sweep")
     args = p.parse_args(argv)
     if args.compare:
-        lines, _ = compare(json.loads(args.compare.read_text()))
+        results = json.loads(args.compare.read_text())
+        attach_probe_tables(results, args.probe_table)
+        lines, _ = compare(results)
         print("\n".join(lines))
         return 0
     if args.out is None:
@@ -492,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"tp={args.tp} needs {args.tp} GPUs; this machine has {torch.cuda.device_count()}")
     args.config, args.curve = verifier_config(args), acceptance_curve(args)
     links = args.links.split(",") if args.links else (list(LINKS) if args.tp > 1 else ["default"])
+    for item in args.probe_table:
+        link, _, path = item.partition("=")
+        if link not in links or not Path(path).is_file():
+            p.error(f"--probe-table wants LINK=FILE, LINK one of {links} and FILE a saved table, got {item!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(args),
                "torch": torch.__version__, "tp": args.tp, "device": args.device, "config": args.config,
@@ -501,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tp={args.tp}, link {link} {LINKS[link] or ''}", flush=True)
         results["links"].append(run_link(args, link))
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    attach_probe_tables(results, args.probe_table)
     try:
         lines, summary = compare(results)
     except ImportError as exc:

@@ -4,11 +4,13 @@ this Python (torch, no GPU), or a host's LONGRUN_ALLREDUCE_SWEEP stand-in (tests
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from server.layout import HostLayout
 from worker.host_agent import HostAgent
@@ -148,3 +150,23 @@ def test_the_sweep_script_stands_alone_and_refuses_bad_arguments() -> None:
     no_gpu = subprocess.run([sys.executable, str(script), "--tp", "2", "--sizes", "1024"], capture_output=True,
                             text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert no_gpu.returncode == 3 and json.loads(no_gpu.stdout)["gpu_count"] == 0
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None or not torch.cuda.is_available(),
+                    reason="needs GPUs, nvidia-smi and CUDA torch")
+def test_on_a_gpu_host_the_probe_measures_every_gpu_and_refuses_one_more(tmp_path: Path) -> None:
+    count = torch.cuda.device_count()
+    answer = probe_locally(tmp_path, "all", {})
+    measured = measurement(answer.topo, answer.sweep, "all")
+    assert measured["tp"] == count and measured["gpu_count"] == count
+    assert measured["topology"]["gpus"] == (count if count > 1 else 0)
+    if count > 1:
+        sizes = [row["bytes"] for row in measured["allreduce"]]
+        assert sizes == sorted(sizes) and sizes[0] == 1024 and sizes[-1] == 64 << 20
+        assert all(row["us"] > 0 for row in measured["allreduce"])
+        # 64 MiB cannot go faster than 1 KiB: whatever the link, it is bandwidth-bound there
+        assert measured["allreduce"][-1]["us"] > measured["allreduce"][0]["us"]
+        assert measured["interconnect"] in ("nvlink", "pcie")
+    too_many = probe_locally(tmp_path, count + 1, {})
+    with pytest.raises(ProbeFailed, match=f"this host has {count} GPU"):
+        measurement(too_many.topo, too_many.sweep, count + 1)
