@@ -166,3 +166,12 @@ def test_advice_uses_the_deploy_hosts_measured_table_and_says_so(
     assert single["tp"] == 1 and single["allreduce_basis"] == "tp=1: no all-reduce"
     assert api.client.get(url, params={"deploy_host": "nope"}).status_code == 404
     assert locs(api.client.get(url, params={"deploy_host": "x" * 65})) == [["query", "deploy_host"]]
+
+
+def test_the_stored_table_is_a_file_longrun_advise_reads(api: App, responder: InterconnectResponder,
+                                                         fake_host_env: Path, tmp_path: Path) -> None:
+    from server.advisor import load_allreduce_table
+
+    saved = tmp_path / "local-interconnect.json"
+    saved.write_text(json.dumps(probe(api, responder, tp=2)))
+    assert load_allreduce_table(str(saved)) == tuple((r["bytes"], r["us"]) for r in NVLINK)
