@@ -122,6 +122,7 @@ def probe_locally(tmp_path: Path, tp: int | str, env: dict[str, str]) -> Command
         os.environ.update(saved)
 
 
+@pytest.mark.slow  # the sweep's python imports torch
 def test_the_shipped_sweep_is_installed_and_run_on_the_host_and_says_it_found_no_gpu(tmp_path: Path) -> None:
     answer = probe_locally(tmp_path, 2, {"PATH": f"{FAKEGPU}:{os.environ['PATH']}"})
     installed = Path(HostLayout(str(tmp_path)).bin_dir) / SWEEP_NAME
@@ -143,6 +144,7 @@ def test_a_hosts_sweep_stand_in_answers_with_the_captured_h200_times(tmp_path: P
         measurement(too_many.topo, too_many.sweep, 4)
 
 
+@pytest.mark.slow  # the sweep's python imports torch
 def test_the_sweep_script_stands_alone_and_refuses_bad_arguments() -> None:
     script = ROOT / "worker" / "allreduce_sweep.py"
     bad = subprocess.run([sys.executable, str(script), "--tp", "0"], capture_output=True, text=True)
