@@ -526,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         results["links"].append(run_link(args, link))
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     attach_probe_tables(results, args.probe_table)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     try:
         lines, summary = compare(results)
     except ImportError as exc:
