@@ -147,10 +147,26 @@ def cmd_hosts(client: Client, args: argparse.Namespace) -> int:
                                key_path=args.key_path, host_key=args.host_key or None, python=args.python))
     elif args.action == "gpus":
         _print(client.host_gpus(args.name))
+    elif args.action == "probe-interconnect":
+        return cmd_probe_interconnect(client, args)
     else:
         for h in client.hosts():
             state = {True: "reachable", False: "UNREACHABLE", None: "not contacted yet"}[h["reachable"]]
             print(f"{h['name']:<16} {h['address']}:{h['port']:<6} {h['workspace']}  {state}")
+    return 0
+
+
+def cmd_probe_interconnect(client: Client, args: argparse.Namespace) -> int:
+    """Measure the host's all-reduce times over the worker's connection; the table as JSON, exit 1 if none."""
+    if not args.name:
+        sys.exit("longrun: hosts probe-interconnect needs the host's name")
+    table = client.probe_interconnect(args.name, tp=args.tp, timeout=args.timeout)
+    _print(table)
+    if table["status"] == "pending":
+        sys.exit(f"longrun: the probe of {args.name} has not answered within {args.timeout:g}s; "
+                 f"`longrun hosts probe-interconnect {args.name}` again shows it once it has")
+    if table["status"] == "failed":
+        sys.exit(f"longrun: the probe of {args.name} did not measure: {table['message']}")
     return 0
 
 
@@ -304,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attempt", type=int)
     s.set_defaults(api=cmd_logs)
 
-    s = sub.add_parser("hosts", help="list, add, or show the GPUs of hosts")
-    s.add_argument("action", nargs="?", choices=["list", "add", "gpus"], default="list")
+    s = sub.add_parser("hosts", help="list, add, show the GPUs of hosts, or measure their all-reduce times")
+    s.add_argument("action", nargs="?", choices=["list", "add", "gpus", "probe-interconnect"], default="list")
     s.add_argument("name", nargs="?")
     s.add_argument("--address")
     s.add_argument("--port", type=int, default=22)
@@ -314,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workspace")
     s.add_argument("--host-key")
     s.add_argument("--python")
+    s.add_argument("--tp", type=int, help="probe-interconnect: GPUs in the all-reduce (default: all of the host's)")
+    s.add_argument("--timeout", type=float, default=900.0, help="probe-interconnect: seconds to wait for the table")
     s.set_defaults(api=cmd_hosts)
 
     _add_advise(sub)

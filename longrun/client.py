@@ -214,12 +214,13 @@ class Client:
         """The acceptance report of the run's newest evaluated draft, with every attempt's in `by_attempt`."""
         return self._call("GET", f"/v1/runs/{run_id}/evaluation")
 
-    def advice(self, run_id: str, interconnect: str = "nvlink", tp: int = 8,
-               attempt: int | None = None) -> dict[str, Any]:
-        """Tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off."""
-        params: dict[str, Any] = {"interconnect": interconnect, "tp": tp}
-        if attempt is not None:
-            params["attempt"] = attempt
+    def advice(self, run_id: str, interconnect: str | None = None, tp: int | None = None,
+               attempt: int | None = None, deploy_host: str | None = None) -> dict[str, Any]:
+        """Tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off; with
+        deploy_host on the all-reduce table measured there (probe_interconnect), else on the built-in ones
+        (nvlink, tp=8 unless given)."""
+        params = {k: v for k, v in {"interconnect": interconnect, "tp": tp, "attempt": attempt,
+                                    "deploy_host": deploy_host}.items() if v is not None}
         return self._call("GET", f"/v1/runs/{run_id}/advice", params=params)
 
     # hosts
@@ -240,6 +241,22 @@ class Client:
         """The host's GPUs and the processes on them, asking the worker for a fresh look when older than max_age."""
         params = {k: v for k, v in {"max_age": max_age, "wait": wait}.items() if v is not None}
         return self._call("GET", f"/v1/hosts/{name}/gpus", params=params)
+
+    def probe_interconnect(self, name: str, tp: int | None = None, timeout: float = 900.0,
+                           interval: float = 1.0) -> dict[str, Any]:
+        """Measure NCCL all-reduce times on the host's GPUs (tp of them; None: all) and wait for the table; the
+        answer's `status` is `measured` or `failed` (`message` says why), or still `pending` after `timeout`."""
+        self._call("POST", f"/v1/hosts/{name}/interconnect", json={"tp": tp} if tp is not None else {})
+        deadline = time.monotonic() + timeout
+        while True:
+            table = self.interconnect(name)
+            if table["status"] != "pending" or time.monotonic() >= deadline:
+                return table
+            time.sleep(interval)
+
+    def interconnect(self, name: str) -> dict[str, Any]:
+        """The host's measured all-reduce table and the state of its newest probe."""
+        return self._call("GET", f"/v1/hosts/{name}/interconnect")
 
     def health(self) -> bool:
         return self._call("GET", "/healthz").get("status") == "ok"

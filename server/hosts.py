@@ -1,10 +1,12 @@
-"""Host commands and queries: registration, lookup, and asking the worker for a fresh GPU snapshot."""
+"""Host commands and queries: registration, lookup, asking the worker for a fresh GPU snapshot or an
+interconnect probe, and the measured all-reduce table the advisor uses for a deployment host."""
 
 import sys
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from server.advisor.tables import Table
 from server.config import Settings
 from server.errors import Conflict, NotFound, Unavailable
 from server.models import Host, utcnow
@@ -64,3 +66,57 @@ def gpu_snapshot(session: Session, name: str) -> Host:
     if host.gpu_snapshot is None:
         raise Unavailable(f"no GPU snapshot of {name} yet: {host.last_error or 'the worker has not answered'}")
     return host
+
+
+def _known_gpu_count(host: Host) -> int | None:
+    snapshot = host.gpu_snapshot or {}
+    return len(snapshot.get("gpus") or []) if snapshot.get("available") else None
+
+
+def request_interconnect_probe(session: Session, name: str, tp: int | None) -> Host:
+    """Flag the host for the worker's all-reduce sweep at tp ranks (None: every GPU); refused when the host's
+    last GPU snapshot has fewer GPUs than tp, or while a probe at another tp is under way."""
+    host = get_host(session, name)
+    known = _known_gpu_count(host)
+    if tp is not None and known is not None and known < tp:
+        raise Conflict(f"{name} has {known} GPU(s) (nvidia-smi at {host.gpu_snapshot_at:%Y-%m-%d %H:%M} UTC); an "
+                       f"all-reduce at tp={tp} needs {tp}: probe with tp <= {known}, or a host with {tp} GPUs")
+    wanted = tp or 0
+    if host.interconnect_wanted_tp is not None and host.interconnect_wanted_tp != wanted:
+        under_way = host.interconnect_wanted_tp or "every GPU"
+        raise Conflict(f"a probe of {name} at tp={under_way} is under way: wait for it, then ask again")
+    host.interconnect_wanted_tp, host.interconnect_error = wanted, None
+    return host
+
+
+def interconnect_status(host: Host) -> str:
+    if host.interconnect_wanted_tp is not None:
+        return "pending"
+    if host.interconnect_error:
+        return "failed"
+    return "measured" if host.interconnect else "not_measured"
+
+
+def measured_allreduce(session: Session, name: str, tp: int | None) -> tuple[int, str | None, Table, str]:
+    """(tp, interconnect, table, basis) measured on host `name` for advice at tp (None: the measured tp).
+
+    A table is used only at the tp it was measured with: at another tp it would be an extrapolation presented
+    as a measurement, so that is a Conflict saying what to probe. tp=1 needs no all-reduce."""
+    host = get_host(session, name)
+    measured = host.interconnect
+    if not measured:
+        why = f" (the last probe failed: {host.interconnect_error})" if host.interconnect_error else ""
+        raise Conflict(f"{name} has no measured all-reduce table{why}: run `longrun hosts probe-interconnect "
+                       f"{name}`, or leave out deploy_host for the built-in defaults")
+    if tp is None:
+        tp = measured["tp"]
+    if tp != 1 and tp != measured["tp"]:
+        raise Conflict(f"{name}'s all-reduce was measured at tp={measured['tp']} ({measured.get('gpu_count')} GPUs "
+                       f"there); advice at tp={tp} would extrapolate it: probe a host with {tp} GPUs "
+                       f"(`longrun hosts probe-interconnect HOST --tp {tp}`), or leave out deploy_host")
+    table = tuple((row["bytes"], row["us"]) for row in measured["allreduce"])
+    basis = (f"measured on {name} by probe-interconnect at {measured['measured_at']}: NCCL all-reduce over "
+             f"{measured['tp']} GPUs ({', '.join(sorted(set(measured.get('gpus') or []))) or 'unnamed'}), "
+             f"links {measured.get('interconnect') or 'unknown (nvidia-smi topo -m unreadable)'}"
+             + (f", with {measured['nccl_env']}" if measured.get("nccl_env") else ""))
+    return tp, measured.get("interconnect"), table, basis

@@ -66,6 +66,12 @@ class Host(Base):
     gpu_snapshot_at: Mapped[datetime | None]
     # set by GET /v1/hosts/{name}/gpus when the snapshot is too old; the worker answers it
     gpu_wanted_at: Mapped[datetime | None]
+    # the last all-reduce table measured there (worker/interconnect.py: measurement, plus measured_at)
+    interconnect: Mapped[dict[str, Any] | None]
+    # set by POST /v1/hosts/{name}/interconnect (0: every GPU); the worker probes and clears it
+    interconnect_wanted_tp: Mapped[int | None] = mapped_column(Integer)
+    # why the last probe did not measure; cleared by the next request
+    interconnect_error: Mapped[str | None] = mapped_column(Text)
 
 
 class Run(Base):

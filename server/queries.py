@@ -5,8 +5,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from server import eta, pace, views
-from server.advisor import advise
+from server import eta, hosts, pace, views
+from server.advisor import CostModel, advise
 from server.errors import Conflict, FieldError, NotFound
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run
 from server.schemas import RunAdvicePublic
@@ -110,8 +110,10 @@ def events_after(session: Session, run_id: str, after: int, limit: int = 500) ->
     return events, run.status
 
 
-def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attempt: int | None = None) -> RunAdvicePublic:
-    """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace."""
+def run_advice(session: Session, run_id: str, interconnect: str | None, tp: int | None, attempt: int | None = None,
+               deploy_host: str | None = None) -> RunAdvicePublic:
+    """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace;
+    with deploy_host, on the all-reduce table measured there."""
     run = get_run(session, run_id)
     reports = views.evaluations(run)
     if attempt is not None:
@@ -120,6 +122,15 @@ def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attemp
         raise NotFound(f"run {run_id} has no evaluation{f' for attempt {attempt}' if attempt else ''} yet: "
                        "give the trainer an eval_corpus, or run python -m trainer.evaluate")
     report = reports[-1]
+    cost = basis = None
+    if deploy_host is not None:
+        tp, links, table, basis = hosts.measured_allreduce(session, deploy_host, tp)
+        if interconnect is not None and links is not None and interconnect != links:
+            raise Conflict(f"{deploy_host}'s GPUs are linked by {links}, not {interconnect}: leave out interconnect "
+                           "to use what was measured there")
+        interconnect = interconnect or links or "pcie"
+        cost = CostModel.for_interconnect(interconnect, tp, allreduce_us=table) if table else None
+    interconnect, tp = interconnect or "nvlink", tp or 8
     measured = measured_attempts(session, run)
     base = next(a.spec for a in run.attempts if a.number == report.attempt)
     seconds_by_ttt = {}
@@ -130,8 +141,9 @@ def run_advice(session: Session, run_id: str, interconnect: str, tp: int, attemp
             if seconds is not None:
                 seconds_by_ttt[ttt] = seconds
     try:
-        advice = advise(report.model_dump(), interconnect, tp, trained_ttt=report.ttt_steps,
-                        retrain_seconds_by_ttt=seconds_by_ttt or None)
+        advice = advise(report.model_dump(), interconnect, tp, cost, trained_ttt=report.ttt_steps,
+                        retrain_seconds_by_ttt=seconds_by_ttt or None, allreduce_basis=basis if tp > 1 else None)
     except ValueError as exc:
         raise Conflict(f"the evaluation of attempt {report.attempt} cannot be advised on: {exc}") from None
-    return RunAdvicePublic(attempt=report.attempt, **dict(advice))
+    return RunAdvicePublic(attempt=report.attempt, deploy_host=deploy_host,
+                           allreduce_source="deploy host" if deploy_host else "built-in default", **dict(advice))

@@ -136,6 +136,36 @@ class GpuSnapshotPublic(BaseModel):
                                        "memory_total_mib, processes [{pid, user, used_memory_mib, ...}]")
 
 
+class InterconnectProbeCreate(Strict):
+    tp: int | None = Field(None, ge=1, le=64, description="ranks of the all-reduce (GPUs); unset: every GPU of the host")
+
+
+class AllreduceTime(BaseModel):
+    bytes: int
+    us: float = Field(description="one NCCL all-reduce call of this message size, µs")
+
+
+class InterconnectPublic(BaseModel):
+    """A host's measured all-reduce table (the last probe that measured) and the state of the newest probe."""
+
+    host: str
+    status: Literal["not_measured", "pending", "measured", "failed"] = Field(
+        description="pending: a probe is under way; failed: the newest probe did not measure (`message` says why; "
+        "an older table, if any, is still shown)")
+    requested_tp: int | None = Field(None, description="tp of the probe under way (null with pending: every GPU)")
+    message: str | None = None
+    tp: int | None = Field(None, description="ranks the table was measured with")
+    interconnect: Literal["nvlink", "pcie"] | None = Field(
+        None, description="the links between the measured GPUs by nvidia-smi topo -m (pcie also with "
+        "NCCL_P2P_DISABLE=1); null when the topology could not be read")
+    measured_at: datetime | None = None
+    allreduce: list[AllreduceTime] = Field(default_factory=list)
+    gpus: list[str] = Field(default_factory=list)
+    gpu_count: int | None = None
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+    topology: dict[str, Any] | None = Field(None, description="gpus, links [{a, b, path}], interconnect, note")
+
+
 class TrainerSpec(Strict):
     """The bundled trainer's flags (`python -m trainer.train --help`); unset ones take the trainer's defaults."""
 
@@ -343,3 +373,7 @@ class RunAdvicePublic(Advice):
     """The advice for one attempt's evaluated draft (`attempt`), its retrain times predicted from measured steps."""
 
     attempt: int
+    deploy_host: str | None = Field(None, description="the host whose measured all-reduce table was used")
+    allreduce_source: Literal["built-in default", "deploy host"] = Field(
+        "built-in default", description="whether the all-reduce times were measured on deploy_host by "
+        "probe-interconnect or are the built-in tables (`allreduce_basis` says which)")

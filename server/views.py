@@ -2,7 +2,7 @@
 
 from pydantic import ValidationError
 
-from server import eta, pace
+from server import eta, hosts, pace
 from server.errors import Conflict
 from server.lifecycle import TERMINAL, RunStatus
 from server.models import Attempt, Host, Run, utcnow
@@ -11,6 +11,7 @@ from server.schemas import (
     AttemptPublic,
     GpuSnapshotPublic,
     HostPublic,
+    InterconnectPublic,
     RunPublic,
     without_env_values,
 )
@@ -84,6 +85,13 @@ def host_public(host: Host) -> HostPublic:
                       workspace=host.workspace, python=host.python, reachable=host.reachable,
                       last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
                       gpus_sampled_at=host.gpu_snapshot_at)
+
+
+def interconnect_public(host: Host) -> InterconnectPublic:
+    measured = host.interconnect or {}
+    wanted = host.interconnect_wanted_tp
+    return InterconnectPublic(host=host.name, status=hosts.interconnect_status(host), requested_tp=wanted or None,
+                              message=host.interconnect_error, **measured)
 
 
 def gpu_snapshot_public(host: Host) -> GpuSnapshotPublic:

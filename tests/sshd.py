@@ -7,6 +7,8 @@
 
 `sshd.host_fields` is what a host registration needs (address, port, username, key_path, host_key).
 `SshServer(netns=ns)` runs it inside a tests.netns.NetNamespace, listening on the namespace address.
+`SshServer(env={...})` sets those variables in every session (sshd's SetEnv: PATH included), as a host's own
+environment would be.
 """
 
 import getpass
@@ -74,8 +76,9 @@ def _keygen(path: Path, comment: str) -> None:
 
 class SshServer:
     def __init__(self, listen: str = "127.0.0.1", port: int | None = None, netns: Any = None,
-                 username: str | None = None):
+                 username: str | None = None, env: dict[str, str] | None = None):
         self.netns = netns
+        self.env = env or {}
         self.address = netns.address if netns is not None else listen
         self.port = port
         self.username = username or getpass.getuser()
@@ -131,8 +134,14 @@ ClientAliveCountMax 3
 MaxStartups 100
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
-""")
+""" + self._setenv_line())
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+
+    def _setenv_line(self) -> str:
+        # sshd keeps only its first SetEnv line: every variable goes on that one
+        if not self.env:
+            return ""
+        return "SetEnv " + " ".join(f'"{name}={value}"' for name, value in self.env.items()) + "\n"
 
     def start(self) -> None:
         """Start the listener (again) on the same address, port and keys; return once it accepts."""

@@ -21,13 +21,14 @@ the third):
     session        its own session; swept by session id and by the token in the environment
 Every layer also sweeps the token carriers. Cancel kills the cgroup (cgroup.kill) and checks it is empty.
 
-Verbs: launch, wrap (internal: the detached wrapper), probe, cancel, clean, gpus.
+Verbs: launch, wrap (internal: the detached wrapper), probe, cancel, clean, gpus, interconnect.
 """
 
 import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -673,7 +674,48 @@ def gpus(req):
     return out
 
 
-VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus}
+# a command replacing the bundled all-reduce sweep on this host (same arguments, same JSON line)
+SWEEP_VAR = "LONGRUN_ALLREDUCE_SWEEP"
+# the most of a probe command's output handed back: the worker parses it as untrusted input anyway
+PROBE_OUTPUT_LIMIT = 256 << 10
+
+
+def _captured(argv, timeout):
+    """A command's exit status and (bounded) output; 127 when it cannot start, 124 when it ran out of time."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": str(exc)}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "stdout": "", "stderr": f"{argv[0]} did not finish within {timeout:g}s"}
+    return {"rc": p.returncode, "stdout": p.stdout[-PROBE_OUTPUT_LIMIT:], "stderr": p.stderr[-PROBE_OUTPUT_LIMIT:]}
+
+
+def _install_sweep(path, source):
+    """Write the sweep script where the worker named it (content-addressed), once."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_atomic(path, source)
+
+
+def interconnect(req):
+    """`nvidia-smi topo -m` and the NCCL all-reduce sweep at tp ranks, both raw (the worker parses them)."""
+    topo = _captured(req["topo_cmd"], 30)
+    override = os.environ.get(SWEEP_VAR)
+    if override:
+        argv = shlex.split(override)
+    else:
+        _install_sweep(req["sweep_path"], req["sweep_source"])
+        argv = [sys.executable, req["sweep_path"]]
+    argv += ["--tp", "all" if req["tp"] == "all" else str(int(req["tp"]))]
+    if req.get("sizes"):
+        argv += ["--sizes", ",".join(str(int(n)) for n in req["sizes"])]
+    return {"topo": topo, "sweep": _captured(argv, float(req.get("timeout", 600)))}
+
+
+VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus,
+         "interconnect": interconnect}
 
 
 def main(argv):

@@ -236,3 +236,30 @@ class CleanRequest(Request):
 class GpusRequest(GpuQuery, Request):
     verb: ClassVar[str] = "gpus"
     answer: ClassVar[Any] = GpusAnswer
+
+
+@dataclass(frozen=True)
+class InterconnectAnswer:
+    """The raw `nvidia-smi topo -m` and all-reduce sweep outputs; worker/interconnect.py reads them."""
+
+    topo: CommandOutput
+    sweep: CommandOutput
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> "InterconnectAnswer":
+        return cls(CommandOutput.from_wire(raw["topo"]), CommandOutput.from_wire(raw["sweep"]))
+
+
+@dataclass(frozen=True)
+class InterconnectRequest(Request):
+    """Run `topo_cmd` and the all-reduce sweep at `tp` ranks (`tp` "all": every GPU); the sweep script travels
+    in `sweep_source` and is installed at `sweep_path` (content-addressed) unless already there."""
+
+    verb: ClassVar[str] = "interconnect"
+    answer: ClassVar[Any] = InterconnectAnswer
+    tp: int | str
+    sweep_path: str
+    sweep_source: str
+    topo_cmd: list[str] = field(default_factory=lambda: ["nvidia-smi", "topo", "-m"])
+    sizes: list[int] | None = None
+    timeout: float = 600.0

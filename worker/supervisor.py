@@ -3,6 +3,7 @@
 - LeaseClaimer (worker/lease_claimer.py): which runs this worker drives;
 - RunDriver (worker/run_driver.py): one step of each of them;
 - GpuSnapshotResponder (worker/gpu_responder.py): fresh GPU snapshots the API asked for;
+- InterconnectResponder (worker/interconnect.py): all-reduce probes the API asked for;
 - OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away;
 - WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set.
 
@@ -24,6 +25,7 @@ from worker.attempt_stopper import AttemptStopper
 from worker.clock import Clock
 from worker.gpu_responder import GpuSnapshotResponder
 from worker.host_contact import HostContact
+from worker.interconnect import InterconnectResponder
 from worker.lease_claimer import LeaseClaimer
 from worker.notifier import WebhookNotifier
 from worker.orphan_reaper import OrphanReaper
@@ -46,6 +48,7 @@ class Supervisor:
         self.claimer = LeaseClaimer(db, self.worker_id, settings.lease_seconds, clock)
         self.driver = RunDriver(db, settings, contact, stopper, self.worker_id, clock)
         self.responder = GpuSnapshotResponder(db, contact, clock)
+        self.interconnect = InterconnectResponder(db, contact, clock)
         self.reaper = OrphanReaper(db, contact, stopper, clock)
         self.notifier = WebhookNotifier(db, settings) if settings.webhook_url else None
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
@@ -86,6 +89,8 @@ class Supervisor:
             self._submit(run_id, self.driver.step, run_id)
         for host in self.responder.run_once():
             self._submit(f"host:{host.name}", self.responder.answer, host)
+        for host in self.interconnect.run_once():
+            self._submit(f"interconnect:{host.name}", self.interconnect.answer, host)
         if self.reaper.due():
             for attempt_id in self.reaper.run_once():
                 self._submit(f"orphan:{attempt_id}", self.reaper.stop, attempt_id)

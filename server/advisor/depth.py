@@ -104,8 +104,10 @@ def advise(
     trained_ttt: int | None = None,
     retrain_seconds_by_ttt: dict[int, float] | None = None,
     min_gain: float = 0.02,
+    allreduce_basis: str | None = None,
 ) -> Advice:
-    """Expected tokens/s per depth, the depth to serve (0: do not speculate) and whether a deeper TTT pays off."""
+    """Expected tokens/s per depth, the depth to serve (0: do not speculate) and whether a deeper TTT pays off.
+    allreduce_basis says where a given cost model's all-reduce table comes from (else it is recognised)."""
     taus, positions = _read_evaluation(evaluation)
     cost = _cost_for(interconnect, tp, cost)
     check_number(min_gain, "min_gain", low=0.0)
@@ -124,7 +126,7 @@ def advise(
         speedup_vs_no_speculation=speeds[depth] / plain,
         no_speculation=NoSpeculation(round_ms=cost.round_ms(0), tokens_per_second=plain),
         by_depth=by_depth,
-        allreduce_basis=_allreduce_basis(cost),
+        allreduce_basis=allreduce_basis or _allreduce_basis(cost),
         retrain=_retrain_advice(
             cost, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt, min_gain
         ),

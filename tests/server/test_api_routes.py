@@ -32,7 +32,8 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
     assert api.client.get("/healthz").json() == {"status": "ok"}
     doc = api.client.get("/openapi.json").json()
     assert set(doc["paths"]) == {
-        "/healthz", "/v1/hosts", "/v1/hosts/{name}", "/v1/hosts/{name}/gpus", "/v1/runs", "/v1/runs/{run_id}",
+        "/healthz", "/v1/hosts", "/v1/hosts/{name}", "/v1/hosts/{name}/gpus", "/v1/hosts/{name}/interconnect",
+        "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
         "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
         "/v1/runs/{run_id}/advice", "/metrics"}
@@ -54,7 +55,7 @@ def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: 
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path != "/healthz" for method in methods]
-        assert len(routes) == 15
+        assert len(routes) == 17
         for method, path in routes:
             r = bare.request(method, path)
             assert r.status_code == 401, (method, path)

@@ -7,7 +7,13 @@ from starlette.concurrency import run_in_threadpool
 
 from server import hosts, views
 from server.api.deps import DB, ReadSession, WriteSession
-from server.schemas import GpuSnapshotPublic, HostCreate, HostPublic
+from server.schemas import (
+    GpuSnapshotPublic,
+    HostCreate,
+    HostPublic,
+    InterconnectProbeCreate,
+    InterconnectPublic,
+)
 
 router = APIRouter(prefix="/hosts", tags=["hosts"])
 
@@ -54,3 +60,19 @@ async def host_gpus(name: str, db: DB, max_age: Annotated[float, Query(ge=0, le=
         await asyncio.sleep(GPU_POLL_SECONDS)
         fresh = await run_in_threadpool(answered)
     return await run_in_threadpool(snapshot)
+
+
+@router.post("/{name}/interconnect", status_code=status.HTTP_202_ACCEPTED,
+             responses={404: {"description": "no such host"},
+                        409: {"description": "fewer GPUs than tp, or a probe at another tp under way"}})
+def probe_interconnect(name: str, session: WriteSession, body: InterconnectProbeCreate | None = None) -> InterconnectPublic:
+    """Ask the worker to measure NCCL all-reduce times by message size on the host's GPUs (and read
+    `nvidia-smi topo -m`); GET the same path until `status` is no longer `pending`."""
+    tp = body.tp if body else None
+    return views.interconnect_public(hosts.request_interconnect_probe(session, name, tp))
+
+
+@router.get("/{name}/interconnect", responses={404: {"description": "no such host"}})
+def get_interconnect(name: str, session: ReadSession) -> InterconnectPublic:
+    """The host's measured all-reduce table, which GET /v1/runs/{id}/advice?deploy_host=NAME uses."""
+    return views.interconnect_public(hosts.get_host(session, name))

@@ -103,14 +103,19 @@ def get_evaluation(run_id: str, session: ReadSession) -> EvaluationPublic:
     return EvaluationPublic(**dict(reports[-1]), by_attempt=reports)
 
 
-@router.get("/{run_id}/advice", responses={404: {"description": "no such run, or not evaluated yet"},
-                                           409: {"description": "the evaluation cannot be advised on"}})
-def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", "nvlink"] = "nvlink",
-               tp: Annotated[int, Query(ge=1, le=64)] = 8,
-               attempt: Annotated[int | None, Query(ge=1)] = None) -> RunAdvicePublic:
+@router.get("/{run_id}/advice", responses={404: {"description": "no such run or host, or not evaluated yet"},
+                                           409: {"description": "the evaluation cannot be advised on, or the "
+                                                 "deploy host has no table measured at this tp"}})
+def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", "nvlink"] | None = None,
+               tp: Annotated[int | None, Query(ge=1, le=64)] = None,
+               attempt: Annotated[int | None, Query(ge=1)] = None,
+               deploy_host: Annotated[str | None, Query(max_length=64)] = None) -> RunAdvicePublic:
     """Expected tokens/s per speculation depth on this interconnect, the depth to serve, and whether a deeper
-    TTT retrain pays off (with its predicted training time from this run's measured steps)."""
-    return queries.run_advice(session, run_id, interconnect, tp, attempt)
+    TTT retrain pays off (with its predicted training time from this run's measured steps).
+
+    With deploy_host, the all-reduce times are the ones probe-interconnect measured there (tp defaults to the
+    measured one, interconnect to its links); without, the built-in tables (nvlink, tp=8 by default)."""
+    return queries.run_advice(session, run_id, interconnect, tp, attempt, deploy_host)
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse,
