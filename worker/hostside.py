@@ -694,7 +694,8 @@ SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_
                  "SPECIAL_EXIT"}
 SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                "OUT_OF_MEMORY", "REVOKED"}
-# how long a cancel waits for Slurm to end the job after `scancel` (Slurm's own KillWait comes first)
+# how long a cancel waits, beyond its grace, for Slurm to end the job after `scancel` (the cluster's KillWait is the
+# grace Slurm gives between SIGTERM and SIGKILL)
 SLURM_END_WAIT = 60.0
 
 
@@ -821,25 +822,21 @@ def _slurm_wait_ended(job, seconds):
 
 
 def _slurm_stop(d, grace):
-    """SIGTERM to the whole job (batch shell and steps), `grace` to end, then `scancel` (Slurm's SIGTERM, KillWait,
-    SIGKILL); verified through Slurm (the job has ended, its processes reaped) and /proc here (no process carries
-    the token). `remaining` names what is left: pids here, and the job id while Slurm has not ended it."""
+    """`scancel` (Slurm sends every process of the job SIGTERM, then SIGKILL after the cluster's KillWait, and
+    records it CANCELLED), wait up to `grace` + SLURM_END_WAIT for Slurm to say it has ended (no longer COMPLETING:
+    its processes are reaped), then stop any process here that still carries the token. `remaining` names what is
+    left: pids here, and the job id while Slurm has not ended it."""
     job = _slurm_job(d)
     found = _slurm_query(job)
     signalled = []
     if found is not None and found["state"] not in SLURM_ENDED:
-        if found["state"] not in SLURM_WAITING:
-            _slurm(["scancel", "--signal=TERM", "--full", job])
-            signalled = [int(job)]
-            found = _slurm_wait_ended(job, grace)
-        if found is not None and found["state"] not in SLURM_ENDED:
-            _slurm(["scancel", job])
-            found = _slurm_wait_ended(job, SLURM_END_WAIT)
+        _slurm(["scancel", job])
+        signalled = [int(job)]
+        found = _slurm_wait_ended(job, grace + SLURM_END_WAIT)
     left = _stop(d, LOST_GRACE, record_exit=False)
     remaining = left["remaining"] + ([int(job)] if found is not None and found["state"] not in SLURM_ENDED else [])
     code = _slurm_exit_code(found["exit"]) if found is not None and found["state"] in SLURM_ENDED else None
     return {"remaining": remaining, "signalled": signalled + left["signalled"], "exit_code": code}
-
 
 VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus}
 

@@ -1,0 +1,174 @@
+"""Runs on a host of kind `slurm` against a real Slurm cluster (tests/slurm.py) through the REST API: each attempt
+a batch job; pending with Slurm's reason and an ETA from its expected start, running, restarted, cancelled, and
+requeued from its checkpoint when its time limit ends it."""
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service import ROOT, Service, attempt_processes, kill_leftovers, toy_spec
+from tests.slurm import SlurmCluster
+
+pytestmark = pytest.mark.slow  # a real Slurm cluster, a real server and torchrun under srun
+
+CHECKPOINTING = str(ROOT / "tests" / "faults" / "job_checkpointing.py")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    with SlurmCluster() as c:
+        yield c
+
+
+@pytest.fixture
+def service(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Service]:
+    """A server whose host `cluster` is the Slurm login node on this machine (address `local`)."""
+    svc = Service(tmp_path / "home")
+    svc.env.update(cluster.env)
+    svc.home.mkdir()
+    svc.start()
+    workspace = tmp_path / "shared"
+    r = svc.client.post("/v1/hosts", json={"name": "cluster", "kind": "slurm", "address": "local",
+                                            "workspace": str(workspace), "python": sys.executable})
+    assert r.status_code == 201, r.text
+    assert r.json()["kind"] == "slurm"
+    yield svc
+    cluster.cancel_all()
+    svc.stop()
+    kill_leftovers(workspace)
+
+
+def on_cluster(spec: dict[str, Any], **slurm: Any) -> dict[str, Any]:
+    return {**spec, "host": "cluster", "slurm": slurm}
+
+
+def job_of(run: dict[str, Any], number: int) -> str:
+    """The Slurm job id of an attempt (its node's pid)."""
+    return str(run["attempts"][number - 1]["nodes"][0]["pid"])
+
+
+def block_the_node(cluster: SlurmCluster, minutes: int) -> str:
+    """A job that holds the whole node, with a time limit the scheduler plans the next start by."""
+    job = cluster.command("sbatch", "--parsable", "--exclusive", f"--time={minutes}", "--wrap", "sleep 600").strip()
+    deadline = time.monotonic() + 30
+    while cluster.jobs().get(job) != "RUNNING":
+        assert time.monotonic() < deadline, f"the blocking job is {cluster.jobs().get(job)}"
+        time.sleep(0.2)
+    return job
+
+
+def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
+        service: Service, cluster: SlurmCluster) -> None:
+    blocker = block_the_node(cluster, minutes=5)
+    run = service.submit(on_cluster(toy_spec(steps=2000, sleep=0.05), time_limit="10"))
+    pending = service.wait(run["id"], lambda r: "Resources" in (r["message"] or "") and
+                           "expected to start" in r["message"], timeout=30, what="pending for Resources")
+    assert pending["status"] == "launching" and pending["attempts"][0]["status"] == "pending"
+    assert f"job {job_of(pending, 1)}" in pending["message"]
+    assert cluster.jobs()[job_of(pending, 1)] == "PENDING"
+
+    cluster.command("scancel", blocker)
+    running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 5,
+                           timeout=60, what="attempt 1 running with metrics")
+    assert running["attempts"][0]["status"] == "running"
+    assert attempt_processes(running, 1), "attempt 1's processes carry its directory in their environment"
+    assert cluster.jobs()[job_of(running, 1)] == "RUNNING"
+
+    overlap = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            r = service.run(run["id"])
+            one = attempt_processes(r, 1)
+            two = attempt_processes(r, 2) if r["attempt"] == 2 and r["attempts"][-1]["nodes"] else []
+            if one and two:
+                overlap.append((one, two))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    second_args = ["--steps", "2000", "--sleep", "0.05", "--label", "second"]
+    try:
+        r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": second_args}})
+        assert r.status_code == 202, r.text
+        second = service.wait(run["id"], lambda r: r["attempt"] == 2 and r["status"] == "running"
+                              and (r["latest"].get("step") or 0) >= 5, timeout=60, what="attempt 2 running")
+    finally:
+        stop.set()
+        sampler.join()
+    assert overlap == [], "attempt 2 ran while attempt 1 still had processes"
+    first = second["attempts"][0]
+    assert first["status"] == "cancelled" and first["ended_at"] <= second["attempts"][1]["started_at"]
+    assert cluster.jobs()[job_of(second, 1)] == "CANCELLED", "Slurm records the job cancelled, not failed"
+    assert job_of(second, 2) != job_of(second, 1)
+    assert any('"--label", "second"' in line for line in service.logs(run["id"], attempt=2, tail=50))
+
+    r = service.client.post(f"/v1/runs/{run['id']}/cancel")
+    assert r.status_code == 202, r.text
+    done = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
+    assert done["status"] == "cancelled", done
+    assert done["attempts"][1]["status"] == "cancelled"
+    assert attempt_processes(done, 1) == [] and attempt_processes(done, 2) == []
+    assert cluster.jobs()[job_of(done, 2)] == "CANCELLED"
+    assert cluster.active_jobs() == {}, "no Slurm job of the run is left"
+    for number in (1, 2):
+        steps = [p["step"] for p in service.series(run["id"], "loss", attempt=number)]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 5, "each metric line stored once"
+
+
+def test_pending_job_shows_slurm_reason_and_an_eta_from_its_expected_start(
+        service: Service, cluster: SlurmCluster) -> None:
+    spec = on_cluster(toy_spec(steps=20, sleep=0.05, nproc=1))
+    measured = service.submit(spec)
+    assert service.wait_status(measured["id"], "succeeded", "failed", timeout=60)["status"] == "succeeded"
+
+    blocker = block_the_node(cluster, minutes=3)
+    waiting = service.submit(spec)
+    pending = service.wait(waiting["id"], lambda r: "expected to start" in (r["message"] or ""), timeout=30,
+                           what="an expected start")
+    assert "Resources" in pending["message"] and pending["attempts"][0]["status"] == "pending"
+    started = time.time()
+    # the blocker ends at its 3-minute limit: the ETA is that wait plus the measured run's duration
+    assert 120 < pending["eta_seconds"] < 180 + 60, pending["eta_seconds"]
+
+    held = service.submit(on_cluster(toy_spec(steps=20, sleep=0.05, nproc=1), sbatch_options=["--hold"]))
+    on_hold = service.wait(held["id"], lambda r: "JobHeldUser" in (r["message"] or ""), timeout=30,
+                           what="held by its user")
+    assert cluster.jobs()[job_of(on_hold, 1)] == "PENDING"
+
+    for run in (waiting, held):
+        assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
+        done = service.wait_status(run["id"], "cancelled", "failed", timeout=30)
+        assert done["status"] == "cancelled" and done["attempts"][0]["status"] == "cancelled", done
+        assert cluster.jobs()[job_of(done, 1)] == "CANCELLED"
+    assert time.time() - started < 60, "cancelled while pending, not after the blocker ended"
+    cluster.command("scancel", blocker)
+
+
+def test_attempt_ended_by_its_slurm_time_limit_is_requeued_from_its_checkpoint(
+        service: Service, cluster: SlurmCluster, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "shared" / "ckpt.json"
+    # Slurm counts time limits in minutes: the first attempt outlasts one, the resumed one finishes quickly
+    spec = {"name": "timed", "host": "cluster", "nproc_per_node": 1, "entrypoint": CHECKPOINTING, "max_retries": 1,
+            "args": ["--steps", "2000", "--sleep", "0.05", "--resumed-sleep", "0.002", "--checkpoint", str(checkpoint)],
+            "slurm": {"time_limit": "1"}}
+    run = service.submit(spec)
+    done = service.wait_status(run["id"], "succeeded", "failed", timeout=150)
+    assert done["status"] == "succeeded", done
+    first, second = done["attempts"]
+    assert cluster.jobs()[job_of(done, 1)] == "TIMEOUT"
+    assert first["status"] == "failed" and "time limit" in first["message"], first["message"]
+    assert first["ended_at"] <= second["started_at"]
+    steps1 = [p["step"] for p in service.series(run["id"], "loss", attempt=1)]
+    steps2 = [p["step"] for p in service.series(run["id"], "loss", attempt=2)]
+    assert steps1 == list(range(1, len(steps1) + 1)) and len(steps1) > 100
+    # the checkpoint follows the metric line: a job killed between the two repeats that one step
+    assert steps2[0] in (steps1[-1], steps1[-1] + 1) and steps2 == list(range(steps2[0], 2001))
+    assert any(f"resuming after step {steps2[0] - 1}" in line for line in service.logs(run["id"], attempt=2))
+    assert cluster.active_jobs() == {}
