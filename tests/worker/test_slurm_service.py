@@ -52,33 +52,23 @@ def job_of(run: dict[str, Any], number: int) -> str:
     return str(run["attempts"][number - 1]["nodes"][0]["pid"])
 
 
-def block_the_node(cluster: SlurmCluster, minutes: int) -> str:
-    """A job that holds the whole node, with a time limit the scheduler plans the next start by."""
-    job = cluster.command("sbatch", "--parsable", "--exclusive", f"--time={minutes}", "--wrap", "sleep 600").strip()
-    deadline = time.monotonic() + 30
-    while cluster.jobs().get(job) != "RUNNING":
-        assert time.monotonic() < deadline, f"the blocking job is {cluster.jobs().get(job)}"
-        time.sleep(0.2)
-    return job
-
-
 def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
         service: Service, cluster: SlurmCluster) -> None:
-    blocker = block_the_node(cluster, minutes=5)
+    held = service.submit(on_cluster(toy_spec(steps=20, nproc=1), sbatch_options=["--hold"]))
     run = service.submit(on_cluster(toy_spec(steps=2000, sleep=0.05), time_limit="10"))
-    pending = service.wait(run["id"], lambda r: "Resources" in (r["message"] or "") and
-                           "expected to start" in r["message"], timeout=30, what="pending for Resources")
-    assert pending["status"] == "launching" and pending["attempts"][0]["status"] == "pending"
-    assert f"job {job_of(pending, 1)}" in pending["message"]
-    assert cluster.jobs()[job_of(pending, 1)] == "PENDING"
-
-    cluster.command("scancel", blocker)
+    on_hold = service.wait(held["id"], lambda r: "JobHeldUser" in (r["message"] or ""), timeout=30,
+                           what="held by its user")
+    assert on_hold["status"] == "launching" and on_hold["attempts"][0]["status"] == "pending"
+    assert f"pending in Slurm as job {job_of(on_hold, 1)}" in on_hold["message"]
     running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 5,
                            timeout=60, what="attempt 1 running with metrics")
     assert running["attempts"][0]["status"] == "running"
     assert attempt_processes(running, 1), "attempt 1's processes carry its directory in their environment"
     assert cluster.jobs()[job_of(running, 1)] == "RUNNING"
 
+    # a job that wants the whole node queues behind attempt 1, starts once it is gone, and holds the node for
+    # its 3-minute limit: attempt 2 waits behind it
+    blocker = cluster.command("sbatch", "--parsable", "--exclusive", "--time=3", "--wrap", "sleep 600").strip()
     overlap = []
     stop = threading.Event()
 
@@ -97,6 +87,16 @@ def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
     try:
         r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": second_args}})
         assert r.status_code == 202, r.text
+        pending = service.wait(run["id"], lambda r: r["attempt"] == 2 and "expected to start" in (r["message"] or ""),
+                               timeout=30, what="attempt 2 pending with an expected start")
+        assert cluster.jobs()[blocker] == "RUNNING" and cluster.jobs()[job_of(pending, 2)] == "PENDING"
+        assert pending["status"] == "launching" and pending["attempts"][1]["status"] == "pending"
+        assert "Resources" in pending["message"] or "Priority" in pending["message"], pending["message"]
+        # the ETA counts from the expected start (the blocker's end, at most 3 minutes away) and adds the
+        # duration predicted from attempt 1's measured steps
+        wait = pending["eta_seconds"] - pending["attempts"][1]["predicted_duration_seconds"]
+        assert 120 < wait <= 185, (pending["eta_seconds"], pending["attempts"][1]["predicted_duration_seconds"])
+        cluster.command("scancel", blocker)
         second = service.wait(run["id"], lambda r: r["attempt"] == 2 and r["status"] == "running"
                               and (r["latest"].get("step") or 0) >= 5, timeout=60, what="attempt 2 running")
     finally:
@@ -106,49 +106,20 @@ def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
     first = second["attempts"][0]
     assert first["status"] == "cancelled" and first["ended_at"] <= second["attempts"][1]["started_at"]
     assert cluster.jobs()[job_of(second, 1)] == "CANCELLED", "Slurm records the job cancelled, not failed"
-    assert job_of(second, 2) != job_of(second, 1)
     assert any('"--label", "second"' in line for line in service.logs(run["id"], attempt=2, tail=50))
 
-    r = service.client.post(f"/v1/runs/{run['id']}/cancel")
-    assert r.status_code == 202, r.text
-    done = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
-    assert done["status"] == "cancelled", done
-    assert done["attempts"][1]["status"] == "cancelled"
+    for r in (run, held):
+        assert service.client.post(f"/v1/runs/{r['id']}/cancel").status_code == 202
+    for r in (run, held):
+        done = service.wait_status(r["id"], "cancelled", "failed", timeout=60)
+        assert done["status"] == "cancelled" and done["attempts"][-1]["status"] == "cancelled", done
+        assert cluster.jobs()[job_of(done, done["attempt"])] == "CANCELLED"
+    done = service.run(run["id"])
     assert attempt_processes(done, 1) == [] and attempt_processes(done, 2) == []
-    assert cluster.jobs()[job_of(done, 2)] == "CANCELLED"
-    assert cluster.active_jobs() == {}, "no Slurm job of the run is left"
+    assert cluster.active_jobs() == {}, "no Slurm job of the runs is left"
     for number in (1, 2):
         steps = [p["step"] for p in service.series(run["id"], "loss", attempt=number)]
         assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 5, "each metric line stored once"
-
-
-def test_pending_job_shows_slurm_reason_and_an_eta_from_its_expected_start(
-        service: Service, cluster: SlurmCluster) -> None:
-    spec = on_cluster(toy_spec(steps=20, sleep=0.05, nproc=1))
-    measured = service.submit(spec)
-    assert service.wait_status(measured["id"], "succeeded", "failed", timeout=60)["status"] == "succeeded"
-
-    blocker = block_the_node(cluster, minutes=3)
-    waiting = service.submit(spec)
-    pending = service.wait(waiting["id"], lambda r: "expected to start" in (r["message"] or ""), timeout=30,
-                           what="an expected start")
-    assert "Resources" in pending["message"] and pending["attempts"][0]["status"] == "pending"
-    started = time.time()
-    # the blocker ends at its 3-minute limit: the ETA is that wait plus the measured run's duration
-    assert 120 < pending["eta_seconds"] < 180 + 60, pending["eta_seconds"]
-
-    held = service.submit(on_cluster(toy_spec(steps=20, sleep=0.05, nproc=1), sbatch_options=["--hold"]))
-    on_hold = service.wait(held["id"], lambda r: "JobHeldUser" in (r["message"] or ""), timeout=30,
-                           what="held by its user")
-    assert cluster.jobs()[job_of(on_hold, 1)] == "PENDING"
-
-    for run in (waiting, held):
-        assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
-        done = service.wait_status(run["id"], "cancelled", "failed", timeout=30)
-        assert done["status"] == "cancelled" and done["attempts"][0]["status"] == "cancelled", done
-        assert cluster.jobs()[job_of(done, 1)] == "CANCELLED"
-    assert time.time() - started < 60, "cancelled while pending, not after the blocker ended"
-    cluster.command("scancel", blocker)
 
 
 def test_attempt_ended_by_its_slurm_time_limit_is_requeued_from_its_checkpoint(
