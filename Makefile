@@ -17,13 +17,15 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed
 
-# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium
+# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium; the Slurm
+# tests (tests/slurm.py starts a throw-away cluster) slurmctld, slurmd and munged
 system-deps:
-	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null; then :; \
+	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null \
+		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium slurm-wlm munge >/dev/null; \
 	else \
-		echo "The SSH and browser tests need OpenSSH's server, iproute2 and Chromium: run 'sudo apt-get install openssh-server iproute2 chromium', then 'make test' again." >&2; exit 1; \
+		echo "The SSH, browser and Slurm tests need OpenSSH's server, iproute2, Chromium, Slurm and munge: run 'sudo apt-get install openssh-server iproute2 chromium slurm-wlm munge', then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

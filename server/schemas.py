@@ -212,7 +212,7 @@ SLURM_OWN_OPTIONS = frozenset({"--output", "--error", "--input", "--job-name", "
 
 def _slurm_value(pattern: re.Pattern[str], what: str) -> Any:
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"{value[:64]!r} is not a Slurm {what}")
         return value
     return AfterValidator(check)

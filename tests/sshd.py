@@ -74,8 +74,10 @@ def _keygen(path: Path, comment: str) -> None:
 
 class SshServer:
     def __init__(self, listen: str = "127.0.0.1", port: int | None = None, netns: Any = None,
-                 username: str | None = None):
+                 username: str | None = None, extra_config: str = ""):
         self.netns = netns
+        # more sshd_config lines (SetEnv: what a login node's profile would set)
+        self.extra_config = extra_config
         self.address = netns.address if netns is not None else listen
         self.port = port
         self.username = username or getpass.getuser()
@@ -131,6 +133,7 @@ ClientAliveCountMax 3
 MaxStartups 100
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
+{self.extra_config}
 """)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 

@@ -24,6 +24,7 @@ def test_a_slurm_spec_is_kept_whole_and_bad_values_are_422s_naming_the_field(api
     bad = [
         (("partition",), {"partition": "gpu\n#SBATCH --uid=0"}),
         (("account",), {"account": "a b"}),
+        (("account",), {"account": "team\n"}),
         (("time_limit",), {"time_limit": "1h"}),
         (("nodes",), {"nodes": 0}),
         (("sbatch_options", 0), {"sbatch_options": ["--qos=high\n#SBATCH --account=other"]}),

@@ -13,6 +13,7 @@ import pytest
 
 from tests.service import ROOT, Service, attempt_processes, kill_leftovers, toy_spec
 from tests.slurm import SlurmCluster
+from tests.sshd import SshServer
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster, a real server and torchrun under srun
 
@@ -143,3 +144,25 @@ def test_attempt_ended_by_its_slurm_time_limit_is_requeued_from_its_checkpoint(
     assert steps2[0] in (steps1[-1], steps1[-1] + 1) and steps2 == list(range(steps2[0], 2001))
     assert any(f"resuming after step {steps2[0] - 1}" in line for line in service.logs(run["id"], attempt=2))
     assert cluster.active_jobs() == {}
+
+
+def test_a_slurm_login_node_over_ssh_runs_streams_and_cancels_its_job(
+        tmp_path: Path, cluster: SlurmCluster, service: Service) -> None:
+    # the login node's environment names the cluster, as its profile would
+    with SshServer(extra_config=f"SetEnv SLURM_CONF={cluster.env['SLURM_CONF']}") as sshd:
+        workspace = tmp_path / "shared-over-ssh"
+        r = service.client.post("/v1/hosts", json={"name": "login", "kind": "slurm", **sshd.host_fields,
+                                                    "workspace": str(workspace), "python": sys.executable})
+        assert r.status_code == 201, r.text
+        run = service.submit({**toy_spec(steps=2000, sleep=0.05), "host": "login"})
+        running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 5,
+                               timeout=60, what="running with metrics")
+        assert cluster.jobs()[job_of(running, 1)] == "RUNNING" and attempt_processes(running, 1)
+        assert any("world size 2" in line for line in service.logs(run["id"], tail=50))
+        assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
+        done = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
+        assert done["status"] == "cancelled", done
+        assert cluster.jobs()[job_of(done, 1)] == "CANCELLED" and attempt_processes(done, 1) == []
+        steps = [p["step"] for p in service.series(run["id"], "loss")]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 5
+        kill_leftovers(workspace)
