@@ -55,8 +55,12 @@ def job_of(run: dict[str, Any], number: int) -> str:
 
 def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
         service: Service, cluster: SlurmCluster) -> None:
+    refused = service.submit(on_cluster(toy_spec(steps=20, nproc=1), partition="nosuch"))
+    failed = service.wait_status(refused["id"], "failed", "running", timeout=30)
+    assert failed["status"] == "failed" and "sbatch refused the job" in failed["message"], failed["message"]
+    assert "invalid partition" in failed["message"].lower()
     held = service.submit(on_cluster(toy_spec(steps=20, nproc=1), sbatch_options=["--hold"]))
-    run = service.submit(on_cluster(toy_spec(steps=2000, sleep=0.05), time_limit="10"))
+    run = service.submit(on_cluster(toy_spec(steps=2000, sleep=0.05, nproc=1), time_limit="10"))
     on_hold = service.wait(held["id"], lambda r: "JobHeldUser" in (r["message"] or ""), timeout=30,
                            what="held by its user")
     assert on_hold["status"] == "launching" and on_hold["attempts"][0]["status"] == "pending"
