@@ -3,15 +3,13 @@ a batch job; pending with Slurm's reason and an ETA from its expected start, run
 requeued from its checkpoint when its time limit ends it."""
 
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.service import ROOT, Service, attempt_processes, kill_leftovers, toy_spec
+from tests.service import ROOT, Service, attempt_processes, attempts_overlap, kill_leftovers, toy_spec
 from tests.slurm import SlurmCluster
 from tests.sshd import SshServer
 
@@ -74,22 +72,8 @@ def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
     # a job that wants the whole node queues behind attempt 1, starts once it is gone, and holds the node for
     # its 3-minute limit: attempt 2 waits behind it
     blocker = cluster.command("sbatch", "--parsable", "--exclusive", "--time=3", "--wrap", "sleep 600").strip()
-    overlap = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            r = service.run(run["id"])
-            one = attempt_processes(r, 1)
-            two = attempt_processes(r, 2) if r["attempt"] == 2 and r["attempts"][-1]["nodes"] else []
-            if one and two:
-                overlap.append((one, two))
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     second_args = ["--steps", "2000", "--sleep", "0.05", "--label", "second"]
-    try:
+    with attempts_overlap(service, run["id"]) as overlap:
         r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"args": second_args}})
         assert r.status_code == 202, r.text
         pending = service.wait(run["id"], lambda r: r["attempt"] == 2 and "expected to start" in (r["message"] or ""),
@@ -104,9 +88,6 @@ def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
         cluster.command("scancel", blocker)
         second = service.wait(run["id"], lambda r: r["attempt"] == 2 and r["status"] == "running"
                               and (r["latest"].get("step") or 0) >= 5, timeout=60, what="attempt 2 running")
-    finally:
-        stop.set()
-        sampler.join()
     assert overlap == [], "attempt 2 ran while attempt 1 still had processes"
     first = second["attempts"][0]
     assert first["status"] == "cancelled" and first["ended_at"] <= second["attempts"][1]["started_at"]
