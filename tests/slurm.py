@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd import free_port
+from tests.sshd import apt_install, free_port
 
 INSTALL_HINT = "install Slurm and munge (apt-get install slurm-wlm munge, or `make system-deps` as root)"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -32,18 +32,8 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 
 def ensure_slurm_installed() -> None:
     """Install slurm-wlm and munge when missing and we are root; fail clearly otherwise."""
-    if all(shutil.which(d) or os.path.exists(f"/usr/sbin/{d}") for d in DAEMONS):
-        return
-    if os.geteuid() != 0:
-        pytest.fail(f"Slurm daemons not found: {INSTALL_HINT}", pytrace=False)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "slurm-wlm", "munge"]
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q", "-o", "DPkg::Lock::Timeout=300"], env=env, capture_output=True)
-        done = subprocess.run(install, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"could not install slurm-wlm and munge: {done.stderr.strip()[-2000:]}\n{INSTALL_HINT}",
-                        pytrace=False)
+    if not all(shutil.which(d) or os.path.exists(f"/usr/sbin/{d}") for d in DAEMONS):
+        apt_install(["slurm-wlm", "munge"], INSTALL_HINT)
 
 
 class SlurmCluster:

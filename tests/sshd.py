@@ -26,21 +26,25 @@ SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "install openssh-server (apt-get install openssh-server) to run the SSH tests"
 
 
-def ensure_sshd_installed() -> None:
-    """Install openssh-server when it is missing and we are root; fail clearly otherwise."""
-    if os.path.exists(SSHD) and shutil.which("ssh-keygen"):
-        return
+def apt_install(packages: list[str], hint: str) -> None:
+    """Install Debian packages when we are root; fail the test clearly otherwise, or when apt fails."""
     if os.geteuid() != 0:
-        pytest.fail(f"{SSHD} not found: {INSTALL_HINT}", pytrace=False)
+        pytest.fail(f"{' and '.join(packages)} not installed: {hint}", pytrace=False)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends",
-               "openssh-server"]
+    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends", *packages]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q", "-o", "DPkg::Lock::Timeout=300"], env=env, capture_output=True)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            pytest.fail(f"could not install openssh-server: {done.stderr.strip()[-2000:]}\n{INSTALL_HINT}",
+            pytest.fail(f"could not install {' and '.join(packages)}: {done.stderr.strip()[-2000:]}\n{hint}",
                         pytrace=False)
+
+
+def ensure_sshd_installed() -> None:
+    """Install openssh-server when it is missing and we are root; fail clearly otherwise."""
+    if os.path.exists(SSHD) and shutil.which("ssh-keygen"):
+        return
+    apt_install(["openssh-server"], INSTALL_HINT)
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} still missing after installing openssh-server: {INSTALL_HINT}", pytrace=False)
 
