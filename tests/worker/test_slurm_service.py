@@ -18,10 +18,10 @@ pytestmark = pytest.mark.slow  # a real Slurm cluster, a real server and torchru
 CHECKPOINTING = str(ROOT / "tests" / "faults" / "job_checkpointing.py")
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
-    with SlurmCluster() as c:
-        yield c
+@pytest.fixture
+def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
 
 
 @pytest.fixture
@@ -37,7 +37,6 @@ def service(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Service]:
     assert r.status_code == 201, r.text
     assert r.json()["kind"] == "slurm"
     yield svc
-    cluster.cancel_all()
     svc.stop()
     kill_leftovers(workspace)
 
