@@ -40,11 +40,21 @@ def batch_script(spec: dict[str, Any], python: str) -> str:
     if nodes == 1:
         lines.append(f"exec {step} {torchrun} --standalone {program}")
     else:
-        # each node's rank and the rendezvous host are known only on the nodes: bash expands them there
-        task = (f'{torchrun} --nnodes={nodes} --node-rank="$SLURM_NODEID" --rdzv-backend=c10d '
+        # each node's rank and address are known only on the nodes: bash expands them there. Addresses are the
+        # nodes' NodeAddr (what Slurm itself reaches them at): node names need not resolve across the cluster
+        task = ('addr=$(longrun_node_addr "$SLURMD_NODENAME"); '
+                'if [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then '
+                'ifname=$(ip -o -4 addr show to "$addr" 2>/dev/null | awk "{print \\$2; exit}"); '
+                'if [ -n "$ifname" ]; then export GLOO_SOCKET_IFNAME=$ifname; fi; fi; '
+                f'exec {torchrun} --nnodes={nodes} --node-rank="$SLURM_NODEID" --rdzv-backend=c10d '
                 f'--rdzv-endpoint="$LONGRUN_RDZV_HOST:{RDZV_PORT}" --rdzv-id="$SLURM_JOB_ID" '
-                f'--rdzv-conf=is_host=$(( SLURM_NODEID == 0 )) {program}')
-        lines += ['LONGRUN_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                f'--rdzv-conf=is_host=$(( SLURM_NODEID == 0 )) --local-addr="$addr" {program}')
+        lines += ["longrun_node_addr() {",
+                  '    addr=$(scontrol show node --oneliner "$1" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
+                  '    echo "${addr:-$1}"',
+                  "}",
+                  "export -f longrun_node_addr",
+                  'LONGRUN_RDZV_HOST=$(longrun_node_addr "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)")',
                   "export LONGRUN_RDZV_HOST",
                   f"exec {step} bash -c {shlex.quote(task)}"]
     return "\n".join(lines) + "\n"
