@@ -2,12 +2,15 @@
 slurm.conf, state directories and ports, so it touches no system configuration.
 
     with SlurmCluster() as cluster:          # slurmctld and slurmd up, the node idle
+    with SlurmCluster([ns1, ns2]) as c:      # two nodes n1, n2: a slurmd in each tests.netns.NetNamespace
         cluster.env                          # SLURM_CONF: what sbatch, squeue, scontrol need to find it
         cluster.command("squeue")            # a Slurm command against it
         cluster.cancel_all()                 # scancel every job and wait until none is left
 
 The node is this machine (NodeName = its short hostname, address 127.0.0.1) with its CPUs (nproc); jobs are
-tracked by proctrack/linuxproc. Accounting needs slurmdbd (and a MySQL server), which the tests do not run:
+tracked by proctrack/linuxproc. With network namespaces (of one tests.netns.PrivateNetwork) each is a node of its
+own, n1, n2, ..., at the namespace's address, its slurmd entered into the namespace with nsenter (`ip netns exec`
+would mount a /sys without the cgroup file systems slurmd needs); slurmctld listens on the network's gateway. Accounting needs slurmdbd (and a MySQL server), which the tests do not run:
 `sacct` answers "Slurm accounting storage is disabled", so finished jobs are read from the controller, which keeps
 them for MinJobAge seconds (hostside.py asks the controller first and sacct only after).
 slurmd runs jobs as their submitting user only as root: without root the fixture fails saying so.
@@ -18,12 +21,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.service import Service, kill_leftovers
 from tests.sshd import apt_install, free_port
 
 INSTALL_HINT = "install Slurm and munge (apt-get install slurm-wlm munge, or `make system-deps` as root)"
@@ -37,10 +45,14 @@ def ensure_slurm_installed() -> None:
 
 
 class SlurmCluster:
-    def __init__(self) -> None:
+    def __init__(self, namespaces: list[Any] | None = None) -> None:
         self.dir: Path | None = None
-        self.node = socket.gethostname().split(".")[0]
         self.cpus = os.cpu_count() or 1
+        self.namespaces = namespaces or []
+        # node name -> (address, network namespace name or None)
+        self.nodes = ({f"n{i + 1}": (ns.address, ns.name) for i, ns in enumerate(self.namespaces)} or
+                      {socket.gethostname().split(".")[0]: ("127.0.0.1", None)})
+        self.controller = self.namespaces[0].gateway if self.namespaces else "127.0.0.1"
 
     @property
     def env(self) -> dict[str, str]:
@@ -73,7 +85,7 @@ class SlurmCluster:
         key.chmod(0o400)
         (d / "slurm.conf").write_text(f"""\
 ClusterName=longruntest
-SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldHost={socket.gethostname().split(".")[0]}({self.controller})
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d / 'munge' / 'socket'}
@@ -82,11 +94,11 @@ SlurmdUser=root
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 StateSaveLocation={d / 'state'}
-SlurmdSpoolDir={d / 'spool'}
+SlurmdSpoolDir={d / 'spool'}/%n
 SlurmctldPidFile={d / 'slurmctld.pid'}
-SlurmdPidFile={d / 'slurmd.pid'}
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d / 'log' / 'slurmctld.log'}
-SlurmdLogFile={d / 'log' / 'slurmd.log'}
+SlurmdLogFile={d / 'log'}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -102,9 +114,12 @@ ReturnToService=2
 MinJobAge=600
 KillWait=5
 InactiveLimit=0
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
-""")
+SlurmdParameters=config_overrides
+""" + "".join(f"NodeName={name} NodeAddr={address} CPUs={self.cpus} State=UNKNOWN\n"
+              for name, (address, _) in self.nodes.items())
+            + f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP\n")
+        for name in self.nodes:
+            (d / "spool" / name).mkdir()
 
     def _start(self) -> None:
         d = self.dir
@@ -112,10 +127,14 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                         f"--pid-file={d / 'munge' / 'munged.pid'}", f"--seed-file={d / 'munge' / 'seed'}",
                         f"--log-file={d / 'log' / 'munged.log'}"], check=True, capture_output=True)
         env = {**os.environ, **self.env}
-        for daemon in (["slurmctld", "-i"], ["slurmd"]):
-            done = subprocess.run(daemon, env=env, capture_output=True, text=True)
+        daemons = [("slurmctld", ["slurmctld", "-i"])]
+        for name, (_, netns) in self.nodes.items():
+            enter = ["nsenter", f"--net=/var/run/netns/{netns}"] if netns else []
+            daemons.append((f"slurmd-{name}", [*enter, "slurmd", "-N", name]))
+        for log, argv in daemons:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"{daemon[0]} did not start: {done.stderr.strip()}\n{self.log_tail(daemon[0])}")
+                raise RuntimeError(f"{log} did not start: {done.stderr.strip()}\n{self.log_tail(log)}")
         self.wait_idle()
 
     def wait_idle(self, timeout: float = 30) -> None:
@@ -126,8 +145,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             if state == "idle":
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"the Slurm node is {state!r}, not idle, after {timeout}s:\n{self.log_tail('slurmctld')}"
-                           f"\n{self.log_tail('slurmd')}")
+        raise RuntimeError(f"the Slurm nodes are {state!r}, not idle, after {timeout}s:\n"
+                           + "\n".join(self.log_tail(log) for log in ["slurmctld", *(f"slurmd-{n}" for n in self.nodes)]))
 
     def command(self, *argv: str, check: bool = True) -> str:
         done = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60)
@@ -168,7 +187,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             self.cancel_all()
         except (RuntimeError, subprocess.TimeoutExpired):
             pass
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
+        for pid_file in [*(f"slurmd-{n}.pid" for n in self.nodes), "slurmctld.pid", "munge/munged.pid"]:
             self._stop_daemon(self.dir / pid_file)
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
@@ -191,3 +210,23 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextmanager
+def serving(cluster: SlurmCluster, directory: Path) -> Iterator[Service]:
+    """A started server whose host `cluster` (kind slurm, address `local`) is a login node of `cluster`, with its
+    workspace under `directory`; after, its jobs cancelled and its processes gone."""
+    svc = Service(directory / "home")
+    svc.env.update(cluster.env)
+    svc.home.mkdir()
+    svc.start()
+    workspace = directory / "shared"
+    try:
+        r = svc.client.post("/v1/hosts", json={"name": "cluster", "kind": "slurm", "address": "local",
+                                                "workspace": str(workspace), "python": sys.executable})
+        assert r.status_code == 201, r.text
+        yield svc
+    finally:
+        cluster.cancel_all()
+        svc.stop()
+        kill_leftovers(workspace)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.service import ROOT, Service, attempt_processes, attempts_overlap, kill_leftovers, toy_spec
-from tests.slurm import SlurmCluster
+from tests.slurm import SlurmCluster, serving
 from tests.sshd import SshServer
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster, a real server and torchrun under srun
@@ -27,18 +27,9 @@ def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 @pytest.fixture
 def service(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Service]:
     """A server whose host `cluster` is the Slurm login node on this machine (address `local`)."""
-    svc = Service(tmp_path / "home")
-    svc.env.update(cluster.env)
-    svc.home.mkdir()
-    svc.start()
-    workspace = tmp_path / "shared"
-    r = svc.client.post("/v1/hosts", json={"name": "cluster", "kind": "slurm", "address": "local",
-                                            "workspace": str(workspace), "python": sys.executable})
-    assert r.status_code == 201, r.text
-    assert r.json()["kind"] == "slurm"
-    yield svc
-    svc.stop()
-    kill_leftovers(workspace)
+    with serving(cluster, tmp_path) as svc:
+        assert svc.client.get("/v1/hosts/cluster").json()["kind"] == "slurm"
+        yield svc
 
 
 def on_cluster(spec: dict[str, Any], **slurm: Any) -> dict[str, Any]:
