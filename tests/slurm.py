@@ -149,7 +149,9 @@ SlurmdParameters=config_overrides
                            + "\n".join(self.log_tail(log) for log in ["slurmctld", *(f"slurmd-{n}" for n in self.nodes)]))
 
     def command(self, *argv: str, check: bool = True) -> str:
-        done = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60)
+        """A Slurm command against this cluster, run in its directory (where a job without --output writes)."""
+        done = subprocess.run(argv, env={**os.environ, **self.env}, cwd=self.dir, capture_output=True, text=True,
+                              timeout=60)
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
