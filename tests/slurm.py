@@ -214,6 +214,11 @@ SlurmdParameters=config_overrides
             pass
 
 
+def job_of(run: dict[str, Any], number: int) -> str:
+    """The Slurm job id of a run's attempt (as the API shows the run): its node's pid."""
+    return str(run["attempts"][number - 1]["nodes"][0]["pid"])
+
+
 @contextmanager
 def serving(cluster: SlurmCluster, directory: Path) -> Iterator[Service]:
     """A started server whose host `cluster` (kind slurm, address `local`) is a login node of `cluster`, with its

@@ -9,7 +9,7 @@ import pytest
 
 from tests.netns import PrivateNetwork
 from tests.service import Service, attempt_processes, toy_spec
-from tests.slurm import SlurmCluster, serving
+from tests.slurm import SlurmCluster, job_of, serving
 
 pytestmark = pytest.mark.slow  # two slurmd in namespaces, a real server and torchrun
 
@@ -24,20 +24,19 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[SlurmCluster, Service]]:
 def test_a_two_node_run_meets_at_the_first_node_and_a_cancel_leaves_nothing_on_either(
         two_nodes: tuple[SlurmCluster, Service]) -> None:
     cluster, service = two_nodes
-    spec = {**toy_spec(steps=30, sleep=0.05, nproc=1), "host": "cluster", "slurm": {"nodes": 2}}
+    spec = {**toy_spec(steps=2000, sleep=0.05, nproc=1), "host": "cluster", "slurm": {"nodes": 2}}
     run = service.submit(spec)
-    done = service.wait_status(run["id"], "succeeded", "failed", timeout=120)
-    assert done["status"] == "succeeded", service.logs(run["id"], tail=40)
-    assert any("world size 2" in line for line in service.logs(run["id"], tail=100)), "one rank on each node"
-    job = str(done["attempts"][0]["nodes"][0]["pid"])
-    assert "NodeList=n[1-2]" in cluster.command("scontrol", "show", "job", job)
-    assert [p["step"] for p in service.series(run["id"], "loss")] == list(range(1, 31))
-
-    long = service.submit({**spec, "args": ["--steps", "2000", "--sleep", "0.05"]})
-    running = service.wait(long["id"], lambda r: (r["latest"].get("step") or 0) >= 5, timeout=120,
+    # each step all-reduces across the two nodes: steps that advance mean the rendezvous and gloo both reach across
+    running = service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 5, timeout=120,
                            what="both nodes training")
+    assert any("world size 2" in line for line in service.logs(run["id"], tail=100)), "one rank on each node"
+    job = job_of(running, 1)
+    assert "NodeList=n[1-2]" in cluster.command("scontrol", "show", "job", job)
     assert len(attempt_processes(running, 1)) >= 4, "torchrun and its worker on each of the two nodes"
-    assert service.client.post(f"/v1/runs/{long['id']}/cancel").status_code == 202
-    cancelled = service.wait_status(long["id"], "cancelled", "failed", timeout=60)
+    assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
+    cancelled = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
     assert cancelled["status"] == "cancelled", cancelled
     assert attempt_processes(cancelled, 1) == [] and cluster.active_jobs() == {}
+    assert cluster.jobs()[job] == "CANCELLED"
+    steps = [p["step"] for p in service.series(run["id"], "loss")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 5, "each metric line stored once"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.service import ROOT, Service, attempt_processes, attempts_overlap, kill_leftovers, toy_spec
-from tests.slurm import SlurmCluster, serving
+from tests.slurm import SlurmCluster, job_of, serving
 from tests.sshd import SshServer
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster, a real server and torchrun under srun
@@ -34,11 +34,6 @@ def service(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Service]:
 
 def on_cluster(spec: dict[str, Any], **slurm: Any) -> dict[str, Any]:
     return {**spec, "host": "cluster", "slurm": slurm}
-
-
-def job_of(run: dict[str, Any], number: int) -> str:
-    """The Slurm job id of an attempt (its node's pid)."""
-    return str(run["attempts"][number - 1]["nodes"][0]["pid"])
 
 
 def test_slurm_run_goes_pending_running_restarted_cancelled_leaving_nothing(
