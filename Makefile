@@ -18,14 +18,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 setup: $(VENV)/.installed
 
 # the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium; the tests
-# on PostgreSQL its server (tests/postgres.py starts a throw-away cluster from Debian's binaries)
+# on PostgreSQL its server (tests/postgres.py starts a throw-away cluster from Debian's binaries); the Slurm tests
+# (tests/slurm.py starts a throw-away cluster) slurmctld, slurmd and munged
 system-deps:
 	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null \
-		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql slurm-wlm munge >/dev/null; \
 	else \
-		echo "The SSH, browser and PostgreSQL tests need OpenSSH's server, iproute2, Chromium and PostgreSQL: run 'sudo apt-get install openssh-server iproute2 chromium postgresql', then 'make test' again." >&2; exit 1; \
+		echo "The SSH, browser, PostgreSQL and Slurm tests need OpenSSH's server, iproute2, Chromium, PostgreSQL, Slurm and munge: run 'sudo apt-get install openssh-server iproute2 chromium postgresql slurm-wlm munge', then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

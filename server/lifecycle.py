@@ -20,7 +20,7 @@ Nothing outside this module assigns a status.
 
 import secrets
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -182,13 +182,16 @@ class AttemptNode:
     gpus: list[int] | None = None
     log_records: int = 0  # records of the log read into metrics (worker/log_metrics.py), and
     log_midline: bool = False  # whether the log offset stands inside one
+    # a batch job waiting in its scheduler's queue: {"job_id", "state", "reason", "expected_start"} (epoch seconds)
+    queue: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
         return cls(host=raw["host"], dir=raw["dir"], state=NodeState(raw.get("state", NodeState.PENDING)),
                    metrics_offset=raw.get("metrics_offset", 0), log_offset=raw.get("log_offset", 0),
                    pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"),
-                   log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False))
+                   log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False),
+                   queue=raw.get("queue"))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": str(self.state)}
@@ -213,11 +216,22 @@ def plan_nodes(attempt: Attempt, placement: list[tuple[str, str]]) -> None:
     set_nodes(attempt, [AttemptNode(host, directory) for host, directory in placement])
 
 
-def nodes_launched(attempt: Attempt, pids: list[int], gpus: list[list[int] | None]) -> None:
+def nodes_launched(attempt: Attempt, pids: list[int], gpus: list[list[int] | None],
+                   queued: list[dict[str, Any] | None] | None = None) -> None:
+    """The nodes run; a batch job that waits in its scheduler's queue (`queued`: what the scheduler said of it)
+    stays pending."""
     nodes = nodes_of(attempt)
-    for node, pid, assigned in zip(nodes, pids, gpus, strict=True):
-        node.pid, node.state, node.gpus = pid, NodeState.RUNNING, assigned
+    for node, pid, assigned, queue in zip(nodes, pids, gpus, queued or [None] * len(nodes), strict=True):
+        node.pid, node.gpus, node.queue = pid, assigned, queue
+        node.state = NodeState.PENDING if queue is not None else NodeState.RUNNING
     set_nodes(attempt, nodes)
+
+
+def expected_start(attempt: Attempt) -> datetime | None:
+    """When the scheduler expects the attempt's batch job to start, while it waits in the queue."""
+    starts = [n.queue.get("expected_start") for n in nodes_of(attempt) if n.state == NodeState.PENDING and n.queue]
+    known = [s for s in starts if s is not None]
+    return datetime.fromtimestamp(max(known), UTC) if known else None
 
 
 def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: int, state: NodeState,
@@ -246,6 +260,12 @@ def start_launching(session: Session, run: Run, now: datetime) -> None:
         transition(session, run, RunStatus.LAUNCHING, "launching", now=now)
 
 
+def job_queued(run: Run, why: str) -> None:
+    """The attempt's batch job waits in its scheduler's queue: the run stays launching, saying why (the scheduler's
+    reason and expected start); the attempt stays pending."""
+    run.message = why
+
+
 def launched(session: Session, run: Run, now: datetime) -> None:
     start_attempt(run.current, now)
     transition(session, run, RunStatus.RUNNING, f"attempt {run.attempt} running", now=now)
@@ -259,12 +279,16 @@ class NodeFailure:
     state: NodeState
     exit_code: int | None
     note: str | None = None  # what the host saw that the job's log may not say (a full disk)
+    # its scheduler ended it at its time limit: retried (from its checkpoint) by the retry rule like any failure
+    time_limit: bool = False
 
     @property
     def why(self) -> str:
         return self._what() + (f"; {self.note}" if self.note else "")
 
     def _what(self) -> str:
+        if self.time_limit:
+            return f"reached its time limit on {self.host}: the scheduler ended it (exit code {self.exit_code})"
         if self.state == NodeState.EXITED:
             return f"exited with code {self.exit_code} on {self.host}; see its log"
         # hostside.py stops whatever a dead wrapper left before it answers the node lost

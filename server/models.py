@@ -51,6 +51,8 @@ class Host(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
+    # how runs start there: "direct" or "slurm" (server/schemas.py HostKind)
+    kind: Mapped[str] = mapped_column(String(16), default="direct", server_default="direct")
     address: Mapped[str] = mapped_column(String(255))
     port: Mapped[int] = mapped_column(Integer, default=22)
     username: Mapped[str | None] = mapped_column(String(64))

@@ -44,7 +44,7 @@ def spec_dict(spec: RunCreate) -> dict[str, Any]:
 
 # what of a spec travels to the host in the launch request, and the bound on its JSON: the launch goes as one
 # argument of a command, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the rest is the token, paths and torchrun's
-LAUNCHED_FIELDS = ("args", "env", "trainer", "entrypoint", "cwd")
+LAUNCHED_FIELDS = ("args", "env", "trainer", "entrypoint", "cwd", "slurm")
 MAX_LAUNCH_BYTES = 96 * 1024
 
 
@@ -70,6 +70,17 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     return [hosts[n] for n in names]
 
 
+def _check_scheduler(spec: RunCreate, hosts: list[Host], loc: tuple[str, ...] = ()) -> None:
+    """A run on a Slurm host names that one host (its nodes are `slurm.nodes`); `slurm` goes only with one."""
+    slurm_hosts = [h.name for h in hosts if h.kind == "slurm"]
+    if slurm_hosts and len(hosts) > 1:
+        raise FieldError((*loc, "hosts"), f"{slurm_hosts[0]} is a Slurm host: give it alone as `host`, and the "
+                         "number of nodes as `slurm.nodes`", spec.host_names)
+    if spec.slurm is not None and not slurm_hosts:
+        raise FieldError((*loc, "slurm"), f"host {hosts[0].name} is not of kind `slurm`: its runs start directly "
+                         "on it, without a batch job")
+
+
 def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None) -> tuple[Run, bool]:
     """Create a queued run; with an idempotency key a repeat of the same request returns the first run."""
     body = spec_dict(spec)
@@ -80,7 +91,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
             if existing.request_hash != digest:
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
-    _check_hosts(session, spec)
+    _check_scheduler(spec, _check_hosts(session, spec))
     _check_launch_size(body)
     run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
@@ -144,6 +155,7 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
             if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
                                  f"{host.workspace} of host {host.name}", target)
+    _check_scheduler(spec, _check_hosts(session, spec), ("overrides",))
     _check_launch_size(spec_dict(spec), ("overrides",))
     return spec
 

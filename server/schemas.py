@@ -95,8 +95,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# how runs start on a host: `direct` (a detached torchrun on the host itself), or `slurm` (the host is a Slurm
+# login node; each attempt is a batch job, see SlurmSpec)
+HostKind = Literal["direct", "slurm"]
+
+
 class HostCreate(Strict):
     name: Name
+    kind: HostKind = Field("direct", description="`direct`: runs start on the host itself; `slurm`: the host is a "
+                           "Slurm login node (its workspace on a file system the compute nodes share) and each attempt "
+                           "is a batch job")
     address: SafeStr = Field(description="hostname or IP; `local` for this machine")
     port: int = Field(22, ge=1, le=65535)
     username: SafeStr | None = None
@@ -114,6 +122,7 @@ class HostCreate(Strict):
 
 class HostPublic(BaseModel):
     name: str
+    kind: str
     address: str
     port: int
     username: str | None
@@ -218,6 +227,59 @@ class LogMetricsSpec(Strict):
     total_steps: int | None = Field(None, gt=0, lt=2**31, description="the run's steps, when its log does not say")
 
 
+# Slurm's spellings: partitions (a comma-separated list), accounts, time limits (minutes, MM:SS, HH:MM:SS, D-HH,
+# D-HH:MM, D-HH:MM:SS, or UNLIMITED), GPUs per node (a count, or type:count)
+SLURM_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")
+SLURM_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+SLURM_TIME_RE = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+SLURM_GPUS_RE = re.compile(r"^([A-Za-z0-9_.-]+:)?[1-9]\d{0,3}$")
+SLURM_OPTION_RE = re.compile(r"^--[a-z][a-z0-9-]*(=.*)?$")
+# what longrun itself sets on every batch job: a run spec may not change it
+SLURM_OWN_OPTIONS = frozenset({"--output", "--error", "--input", "--job-name", "--export", "--export-file", "--chdir",
+                               "--open-mode", "--nodes", "--ntasks-per-node", "--ntasks", "--parsable", "--wrap",
+                               "--array", "--partition", "--account", "--time", "--gpus-per-node"})
+
+
+def _slurm_value(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value[:64]!r} is not a Slurm {what}")
+        return value
+    return AfterValidator(check)
+
+
+def _sbatch_option(value: str) -> str:
+    if any(c in value for c in "\n\r\x00"):
+        raise ValueError("an #SBATCH line must not hold a line break or NUL")
+    if not SLURM_OPTION_RE.match(value):
+        raise ValueError(f"{value[:64]!r}: give one long option per item, `--name` or `--name=value` "
+                         "(e.g. `--qos=high`, `--exclusive`)")
+    name, _, rest = value.partition("=")
+    if name in SLURM_OWN_OPTIONS:
+        raise ValueError(f"{name} is set by longrun (or by its own field in `slurm`)")
+    if "'" in rest:
+        raise ValueError("a value must not hold a single quote: sbatch cannot read it back from an #SBATCH line")
+    return value
+
+
+class SlurmSpec(Strict):
+    """How a run's attempts are submitted on a host of kind `slurm`: each is one batch job (`sbatch`)."""
+
+    nodes: int = Field(1, ge=1, le=1024, description="nodes per attempt; torchrun runs on each (srun), the first "
+                       "node serving the c10d rendezvous")
+    partition: Annotated[str, Field(max_length=255), _slurm_value(SLURM_PARTITION_RE, "partition")] | None = None
+    account: Annotated[str, Field(max_length=255), _slurm_value(SLURM_ACCOUNT_RE, "account")] | None = None
+    time_limit: Annotated[str, Field(max_length=32), _slurm_value(SLURM_TIME_RE, "time limit")] | None = Field(
+        None, description="sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH:MM:SS or UNLIMITED; an attempt that Slurm "
+        "ends at its limit is requeued as a new attempt that resumes from its checkpoint")
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] | Annotated[
+        str, Field(max_length=64), _slurm_value(SLURM_GPUS_RE, "GPU count")] | None = Field(
+        None, description="sbatch --gpus-per-node: a count, or type:count (h100:8)")
+    sbatch_options: list[Annotated[str, Field(max_length=1024), AfterValidator(_sbatch_option)]] = Field(
+        default_factory=list, max_length=64, description="more #SBATCH lines, one long option each (`--qos=high`, "
+        "`--constraint=h100`, `--exclusive`)")
+
+
 class RunCreate(Strict):
     name: SafeStr = Field("run", min_length=1, max_length=255)
     host: str | None = None
@@ -236,6 +298,8 @@ class RunCreate(Strict):
         "at least LONGRUN_STALL_FLOOR seconds) is restarted from its last checkpoint, counted against max_retries; "
         "unset: it is only marked stalled")
     log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
+    slurm: SlurmSpec | None = Field(None, description="runs on a host of kind `slurm`: nodes, partition, account, "
+                                    "time limit, GPUs per node and more #SBATCH options of each attempt's batch job")
 
     @model_validator(mode="after")
     def _one_target(self) -> "RunCreate":
@@ -260,7 +324,7 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics", "on_stall"})
+                               "log_metrics", "on_stall", "slurm"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

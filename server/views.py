@@ -4,7 +4,7 @@ from pydantic import ValidationError
 
 from server import eta, hosts, pace
 from server.errors import Conflict
-from server.lifecycle import TERMINAL, RunStatus
+from server.lifecycle import TERMINAL, RunStatus, expected_start
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import (
     AttemptEvaluation,
@@ -52,6 +52,10 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
         since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
         return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
     seconds, _ = eta.predict_duration(pace.paces(run, history), a.spec)
+    start = expected_start(a)
+    if seconds is not None and start is not None:
+        # a batch job still in its scheduler's queue: the ETA counts from when it is expected to start
+        seconds += max(0.0, (start - utcnow()).total_seconds())
     return progress, seconds
 
 
@@ -81,7 +85,7 @@ def evaluations(run: Run) -> list[AttemptEvaluation]:
 
 
 def host_public(host: Host) -> HostPublic:
-    return HostPublic(name=host.name, address=host.address, port=host.port, username=host.username,
+    return HostPublic(name=host.name, kind=host.kind, address=host.address, port=host.port, username=host.username,
                       workspace=host.workspace, python=host.python, reachable=host.reachable,
                       last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
                       gpus_sampled_at=host.gpu_snapshot_at)

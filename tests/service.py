@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,31 @@ def kill_leftovers(workspace: Path) -> None:
 def attempt_processes(run: dict[str, Any], number: int) -> list[int]:
     attempt = next(a for a in run["attempts"] if a["number"] == number)
     return [p for node in attempt["nodes"] for p in processes_with_env(f"LONGRUN_ATTEMPT_DIR={node['dir']}")]
+
+
+@contextmanager
+def attempts_overlap(service: Service, run_id: str) -> Iterator[list[tuple[list[int], list[int]]]]:
+    """While inside, sample the run's attempt 1 and 2 processes; the list yielded collects every moment both had
+    live processes (a restart must stop attempt 1 before attempt 2 starts)."""
+    overlap: list[tuple[list[int], list[int]]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            r = service.run(run_id)
+            one = attempt_processes(r, 1)
+            two = attempt_processes(r, 2) if r["attempt"] == 2 and r["attempts"][-1]["nodes"] else []
+            if one and two:
+                overlap.append((one, two))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield overlap
+    finally:
+        stop.set()
+        sampler.join()
 
 
 def use_fake_gpus(svc: Service, state: Path) -> None:

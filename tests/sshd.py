@@ -28,21 +28,25 @@ SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "install openssh-server (apt-get install openssh-server) to run the SSH tests"
 
 
-def ensure_sshd_installed() -> None:
-    """Install openssh-server when it is missing and we are root; fail clearly otherwise."""
-    if os.path.exists(SSHD) and shutil.which("ssh-keygen"):
-        return
+def apt_install(packages: list[str], hint: str) -> None:
+    """Install Debian packages when we are root; fail the test clearly otherwise, or when apt fails."""
     if os.geteuid() != 0:
-        pytest.fail(f"{SSHD} not found: {INSTALL_HINT}", pytrace=False)
+        pytest.fail(f"{' and '.join(packages)} not installed: {hint}", pytrace=False)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends",
-               "openssh-server"]
+    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends", *packages]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q", "-o", "DPkg::Lock::Timeout=300"], env=env, capture_output=True)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            pytest.fail(f"could not install openssh-server: {done.stderr.strip()[-2000:]}\n{INSTALL_HINT}",
+            pytest.fail(f"could not install {' and '.join(packages)}: {done.stderr.strip()[-2000:]}\n{hint}",
                         pytrace=False)
+
+
+def ensure_sshd_installed() -> None:
+    """Install openssh-server when it is missing and we are root; fail clearly otherwise."""
+    if os.path.exists(SSHD) and shutil.which("ssh-keygen"):
+        return
+    apt_install(["openssh-server"], INSTALL_HINT)
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} still missing after installing openssh-server: {INSTALL_HINT}", pytrace=False)
 
@@ -76,9 +80,11 @@ def _keygen(path: Path, comment: str) -> None:
 
 class SshServer:
     def __init__(self, listen: str = "127.0.0.1", port: int | None = None, netns: Any = None,
-                 username: str | None = None, env: dict[str, str] | None = None):
+                 username: str | None = None, env: dict[str, str] | None = None, extra_config: str = ""):
         self.netns = netns
         self.env = env or {}
+        # more sshd_config lines (SetEnv: what a login node's profile would set)
+        self.extra_config = extra_config
         self.address = netns.address if netns is not None else listen
         self.port = port
         self.username = username or getpass.getuser()
@@ -134,6 +140,7 @@ ClientAliveCountMax 3
 MaxStartups 100
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
+{self.extra_config}
 """ + self._setenv_line())
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 

@@ -35,6 +35,11 @@ def job_argv(spec: dict[str, Any], python: str, run_id: str, node_rank: int = 0,
         if node_addr:
             # the address rank 0 publishes as MASTER_ADDR for the workers' process group
             argv.append(f"--local-addr={node_addr}")
+    return argv + program_argv(spec)
+
+
+def program_argv(spec: dict[str, Any]) -> list[str]:
+    """What torchrun starts on each of its processes: the bundled trainer with its flags, or the entrypoint."""
     if spec.get("trainer"):
-        return argv + ["-m", "trainer.train"] + trainer_flags(spec["trainer"])
-    return argv + [spec["entrypoint"]] + [str(a) for a in spec.get("args", [])]
+        return ["-m", "trainer.train"] + trainer_flags(spec["trainer"])
+    return [spec["entrypoint"]] + [str(a) for a in spec.get("args", [])]

@@ -105,15 +105,52 @@ class Request:
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """A batch job as its scheduler sees it (Slurm: hostside.py's Slurm section): its id, the scheduler's state,
+    why it waits (`Resources`, `Priority`, ...) and, while it waits, when the scheduler expects it to start."""
+
+    job_id: str
+    state: str
+    reason: str | None = None
+    expected_start: float | None = None  # seconds since the epoch
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> "QueueState | None":
+        if raw is None:
+            return None
+        raw = _object(raw)
+        start = _typed(raw, "expected_start", (int, float), True)
+        return cls(_typed(raw, "job_id", str), _typed(raw, "state", str), _typed(raw, "reason", str, True),
+                   float(start) if start is not None else None)
+
+    @property
+    def ended_at_time_limit(self) -> bool:
+        return self.state == "TIMEOUT"
+
+
+@dataclass(frozen=True)
 class LaunchAnswer:
-    pid: int
+    pid: int  # the wrapper's pid; for a batch job its job id
     already: bool
-    # the layer that holds the attempt's processes (hostside.py: systemd-scope, cgroup or session)
+    # the layer that holds the attempt's processes (hostside.py: systemd-scope, cgroup, session, or slurm)
     containment: str | None = None
+    # a batch job may wait in its scheduler's queue (pending) before it runs
+    state: NodeState = NodeState.RUNNING
+    queue: QueueState | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "LaunchAnswer":
-        return cls(_typed(raw, "pid", int), _typed(raw, "already", bool), _typed(raw, "containment", str, True))
+        return cls(_typed(raw, "pid", int), _typed(raw, "already", bool), _typed(raw, "containment", str, True),
+                   NodeState(_typed(raw, "state", str, True) or NodeState.RUNNING),
+                   QueueState.from_wire(raw.get("queue")))
+
+
+@dataclass(frozen=True)
+class SlurmBatch:
+    """A batch script for `sbatch` and the job's name (unique per attempt node: a lost submit is found by it)."""
+
+    script: str
+    job_name: str
 
 
 @dataclass(frozen=True)
@@ -129,6 +166,8 @@ class LaunchRequest(Request):
     env: dict[str, str]
     cwd: str | None = None
     node_address: str | None = None
+    # submit this batch job to Slurm instead of starting `argv` (the script starts torchrun on the allocated nodes)
+    slurm: SlurmBatch | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +194,8 @@ class ProbeAnswer:
     remaining: list[int] = field(default_factory=list)
     # a node that ended badly: what the host saw that the job could not say (its disk is full)
     note: str | None = None
+    # a batch job: what its scheduler says of it
+    queue: QueueState | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -163,7 +204,8 @@ class ProbeAnswer:
                    _typed(raw, "pid", int, True), _typed(raw, "metrics", str), _typed(raw, "metrics_offset", int),
                    _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
                    GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
-                   _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True))
+                   _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
+                   QueueState.from_wire(raw.get("queue")))
 
 
 @dataclass(frozen=True)
@@ -180,6 +222,7 @@ class ProbeRequest(Request):
 
 @dataclass(frozen=True)
 class CancelAnswer:
+    # pids still alive; for a batch job also its job id while the scheduler has not ended it
     remaining: list[int]
     signalled: list[int]
     exit_code: int | None

@@ -8,6 +8,7 @@ so an API call that changed the run meanwhile always wins and nothing is applied
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 
 from server.config import Settings
 from server.db import Database
@@ -24,6 +25,7 @@ from server.lifecycle import (
     host_answering,
     host_unreachable,
     is_unchanged,
+    job_queued,
     launched,
     nodes_launched,
     nodes_of,
@@ -46,6 +48,7 @@ from worker.host_errors import HostError, HostUnreachable
 from worker.jobs import job_argv
 from worker.protocol import GpuView, LaunchRequest
 from worker.run_rows import attempt_numbered, fresh_run, read_run
+from worker.slurm import queue_message, slurm_batch
 from worker.transports import LOCAL_ADDRESS
 
 log = logging.getLogger("longrun.worker")
@@ -133,19 +136,28 @@ class RunDriver:
         nodes = nodes_of(attempt)
         master = _node_address(hosts[run.hosts[0]])
         multi_node = len(nodes) > 1
-        envs = [self._gpu_env(attempt, hosts[node.host], (views or {}).get(node.host)) for node in nodes]
-        pids = []
+        # on a Slurm host the scheduler places the job's GPUs, on nodes the login node cannot see
+        envs = [dict(attempt.spec.get("env", {})) if hosts[node.host].kind == "slurm"
+                else self._gpu_env(attempt, hosts[node.host], (views or {}).get(node.host)) for node in nodes]
+        answers = []
         for i, (node, env) in enumerate(zip(nodes, envs, strict=True)):
             host = hosts[node.host]
             address = _node_address(host) if multi_node else None
             argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master, node_addr=address)
-            answer = self.contact.agent(host).launch(LaunchRequest(node.dir, attempt.token, argv, env,
-                                                                   attempt.spec.get("cwd"), node_address=address))
-            pids.append(answer.pid)
+            # a batch job is submitted once; until it starts, each launching step asks again (the same job answers)
+            batch = slurm_batch(attempt.spec, host.python, run.id, attempt.number) if host.kind == "slurm" else None
+            answers.append(self.contact.agent(host).launch(LaunchRequest(
+                node.dir, attempt.token, argv, env, attempt.spec.get("cwd"), node_address=address, slurm=batch)))
+        waiting = [a.queue if a.state == NodeState.PENDING and a.queue else None for a in answers]
         with fresh_run(self.db, run.id) as (s, fresh):
-            nodes_launched(attempt_numbered(fresh, attempt.number), pids, [visible_devices(env) for env in envs])
+            nodes_launched(attempt_numbered(fresh, attempt.number), [a.pid for a in answers],
+                           [visible_devices(env) for env in envs], [asdict(q) if q else None for q in waiting])
             if not is_unchanged(fresh, RunStatus.LAUNCHING, attempt.number):
                 return  # cancelled or restarted meanwhile: that handler stops what we started
+            queued = next((q for q in waiting if q is not None), None)
+            if queued is not None:
+                job_queued(fresh, queue_message(queued))
+                return
             launched(s, fresh, self.clock.now())
 
     def _gpu_env(self, attempt: Attempt, host: Host, view: GpuView | None = None) -> dict[str, str]:
@@ -162,8 +174,9 @@ class RunDriver:
         attempt = run.current
         nodes = nodes_of(attempt)
         probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
-        # a node whose wrapper died is not over while processes of it survive the host's stop of them
-        running = [p for p in probes if p.answer.state == NodeState.RUNNING or p.answer.remaining]
+        # a node whose wrapper died is not over while processes of it survive the host's stop of them; a batch job
+        # that its scheduler put back in the queue (requeued after a node failure) is not over either
+        running = [p for p in probes if p.answer.state in (NodeState.RUNNING, NodeState.PENDING) or p.answer.remaining]
         failed = [p for p in probes if ended_badly(p.answer.state, p.answer.exit_code)]
         if failed and running:
             # one node's failure fails the attempt: stop the others, and look again next tick
@@ -179,7 +192,8 @@ class RunDriver:
                 stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
                 return
             bad = failed[0] if failed else None
-            failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note)
+            failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
+                                   time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit)
                        if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import Service, attempt_processes, toy_spec
+from tests.service import Service, attempt_processes, attempts_overlap, toy_spec
 
 pytestmark = pytest.mark.slow  # each test starts a real `longrun serve` and torchrun
 
@@ -53,29 +53,12 @@ def test_restart_stops_every_process_before_the_new_attempt_starts(service: Serv
     assert dry.json()["predicted_duration_seconds"] > 0 and dry.json()["basis"]
     assert service.run(run["id"])["attempt"] == 1, "a dry run changes nothing"
 
-    overlap = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            r = service.run(run["id"])
-            one = attempt_processes(r, 1)
-            two = attempt_processes(r, 2) if r["attempt"] == 2 and r["attempts"][-1]["nodes"] else []
-            if one and two:
-                overlap.append((one, two))
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    r = service.client.post(f"/v1/runs/{run['id']}/restart",
-                            json={"overrides": {"args": ["--steps", "30", "--sleep", "0.05", "--label", "second"]}})
-    assert r.status_code == 202, r.text
-    assert r.json()["status"] == "restarting" and r.json()["attempt"] == 2
-    try:
+    with attempts_overlap(service, run["id"]) as overlap:
+        r = service.client.post(f"/v1/runs/{run['id']}/restart",
+                                json={"overrides": {"args": ["--steps", "30", "--sleep", "0.05", "--label", "second"]}})
+        assert r.status_code == 202, r.text
+        assert r.json()["status"] == "restarting" and r.json()["attempt"] == 2
         done = service.wait_status(run["id"], "succeeded", "failed")
-    finally:
-        stop.set()
-        sampler.join()
     assert done["status"] == "succeeded", done
     assert overlap == [], "attempt 2 ran while attempt 1 still had processes"
     first, second = done["attempts"]
