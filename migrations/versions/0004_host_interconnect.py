@@ -1,6 +1,6 @@
 """Host interconnect: the all-reduce table measured on a host, the probe asked for, and why the last one failed
 
-Revision ID: 0004_host_interconnect
+Revision ID: 0004
 Revises: 0003
 """
 

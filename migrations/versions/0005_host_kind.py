@@ -1,7 +1,7 @@
 """Host kind: runs start directly on the host, or as Slurm batch jobs from a login node
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 """
 
 import sqlalchemy as sa
