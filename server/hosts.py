@@ -9,6 +9,7 @@ from server.config import Settings
 from server.errors import Conflict, NotFound, Unavailable
 from server.models import Host, utcnow
 from server.schemas import HostCreate
+from server.wakeup import wake_workers
 
 
 def register_host(session: Session, spec: HostCreate) -> Host:
@@ -50,6 +51,7 @@ def request_gpu_snapshot(session: Session, name: str, max_age: float) -> bool:
     if host.gpu_snapshot_at and (utcnow() - host.gpu_snapshot_at).total_seconds() <= max_age:
         return True
     host.gpu_wanted_at = utcnow()
+    wake_workers(session)
     return False
 
 

@@ -200,7 +200,8 @@ def _enter_cgroup(path):
 
 def _start_wrapper(d, env, cwd, layer):
     """Start the detached wrapper in the containment `layer`; returns the Popen, or None if that layer failed."""
-    argv = [sys.executable, os.path.abspath(__file__), "wrap", d, layer]
+    # -S: the wrapper needs only the standard library, and a venv's site hooks would double its start-up
+    argv = [sys.executable, "-S", os.path.abspath(__file__), "wrap", d, layer]
     unit = _unit_name(env[TOKEN_VAR], d)
     enter = cgroup = None
     if layer == "systemd-scope":
@@ -475,11 +476,15 @@ def _signal_all(pids, sig):
 
 
 def _wait_gone(d, token, seconds):
+    """Whether every process of the attempt is gone within `seconds`; looked at often at first (a job that honours
+    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc)."""
     deadline = time.time() + seconds
+    pause = 0.002
     while _members(d, token):
         if time.time() >= deadline:
             return False
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
     return True
 
 
