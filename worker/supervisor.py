@@ -4,7 +4,8 @@
 - RunDriver (worker/run_driver.py): one step of each of them;
 - GpuSnapshotResponder (worker/gpu_responder.py): fresh GPU snapshots the API asked for;
 - OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away;
-- WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set.
+- WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set;
+- ConnectionWarmer (worker/connection_warmer.py): each host's connection opened before its first command.
 
 A piece of work is keyed (the run, the host, the attempt), and a key runs at most once at a time. Between ticks
 the loop waits on a wake-up from the API (server/wakeup.py), so a request is acted on at once; a key found
@@ -25,6 +26,7 @@ from server.db import Database
 from server.wakeup import WakeupListener
 from worker.attempt_stopper import AttemptStopper
 from worker.clock import Clock
+from worker.connection_warmer import ConnectionWarmer
 from worker.gpu_responder import GpuSnapshotResponder
 from worker.host_contact import HostContact
 from worker.lease_claimer import LeaseClaimer
@@ -51,6 +53,7 @@ class Supervisor:
         self.responder = GpuSnapshotResponder(db, contact, clock)
         self.reaper = OrphanReaper(db, contact, stopper, clock)
         self.notifier = WebhookNotifier(db, settings) if settings.webhook_url else None
+        self.warmer = ConnectionWarmer(db, self.transports)
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
         self.wakeup = WakeupListener(db.engine)
         self._inflight: set[str] = set()
@@ -100,6 +103,8 @@ class Supervisor:
         if self.reaper.due():
             for attempt_id in self.reaper.run_once():
                 self._submit(f"orphan:{attempt_id}", self.reaper.stop, attempt_id)
+        for host in self.warmer.run_once():
+            self._submit(f"connect:{host.name}", self.warmer.warm, host)
         if self.notifier:
             self.notifier.run_once()  # only reads and queues: its own thread posts
 
