@@ -183,7 +183,8 @@ class RayJobs:
 
     def start(self) -> None:
         key, _, value = self.cluster_mark.partition("=")
-        env = {**os.environ, key: value, "RAY_USAGE_STATS_ENABLED": "0"}
+        # a loaded machine starts the dashboard agent slowly: the raylet's default 15 s wait for it kills the cluster
+        env = {**os.environ, key: value, "RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "300000"}
         argv = [str(self.venv / "bin" / "ray"), "start", "--head", "--block", "--num-cpus=2",
                 f"--port={free_port()}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={self.port}", f"--temp-dir={self.temp}", "--disable-usage-stats"]
@@ -259,7 +260,6 @@ def one_round(system: Any, jobs: Path, rep: int) -> list[dict[str, Any]]:
 
     def row(measure: str, seconds: float, **extra: Any) -> None:
         rows.append({"system": system.name, "rep": rep, "measure": measure, "seconds": round(seconds, 3), **extra})
-        print(json.dumps(rows[-1]), flush=True)
 
     label = f"{system.name}-sleep-{rep}-{uuid.uuid4().hex[:6]}"
     marks = jobs / f"{label}.started"
@@ -356,9 +356,12 @@ def main() -> int:
         try:
             for system in systems:
                 system.start()
+                one_round(system, jobs, -1)  # warm-up, not counted: the first job pays each system's own start-up
             for rep in range(args.repeat):
                 for system in systems if rep % 2 == 0 else systems[::-1]:
-                    rows += one_round(system, jobs, rep)
+                    for row in one_round(system, jobs, rep):
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
             for n in range(args.poll_rounds):
                 for system in systems if n % 2 == 0 else systems[::-1]:
                     polls.append(poll_round(system, jobs, args.pollers, args.poll_seconds))

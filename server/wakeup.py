@@ -12,6 +12,7 @@ A listener (`WakeupListener`) waits on its pipe (and its LISTEN connection) with
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import select
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
+
+log = logging.getLogger("longrun.worker")
 
 CHANNEL = "longrun_wakeup"
 _PENDING = "longrun_wake_workers"
@@ -97,12 +100,8 @@ class WakeupListener:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._closed = False
-        self.fifo: Path | None = None
-        directory = wakeup_dir(engine)
-        if directory is not None:
-            directory.mkdir(mode=0o700, exist_ok=True)
-            self.fifo = directory / f"{os.getpid()}-{secrets.token_hex(4)}"
-            os.mkfifo(self.fifo, 0o600)
+        self.fifo = _own_fifo(wakeup_dir(engine))
+        if self.fifo is not None:
             # read and write: the FIFO then always has a reader (us), and wake() can write to it
             self._read_fd = self._write_fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
         else:
@@ -121,7 +120,10 @@ class WakeupListener:
     def wait(self, timeout: float) -> bool:
         """Wait until woken or `timeout` seconds have passed; True when woken."""
         listening = self._notices.fileno() if self._notices is not None else None
-        ready, _, _ = select.select([self._read_fd] + ([listening] if listening is not None else []), [], [], timeout)
+        poller = select.poll()  # not select(): a server holding many connections has descriptors past 1024
+        for fd in [self._read_fd] + ([listening] if listening is not None else []):
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(timeout * 1000)}
         woken = False
         if self._read_fd in ready:
             with contextlib.suppress(BlockingIOError):
@@ -144,6 +146,20 @@ class WakeupListener:
             os.close(self._write_fd)
         if self.fifo is not None:
             self.fifo.unlink(missing_ok=True)
+
+
+def _own_fifo(directory: Path | None) -> Path | None:
+    """A new FIFO in `directory`, or None where there is none (wake-ups then come from this process only)."""
+    if directory is None:
+        return None
+    fifo = directory / f"{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.mkfifo(fifo, 0o600)
+    except OSError as exc:
+        log.warning("workers in other processes cannot wake this one (no FIFO in %s: %s); it ticks", directory, exc)
+        return None
+    return fifo
 
 
 class _PgListen:
