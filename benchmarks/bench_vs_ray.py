@@ -201,6 +201,17 @@ class RayJobs:
 
         wait_for("Ray's Jobs API", jobs_api_up, timeout=300, every=0.5)
 
+        def job_ran() -> bool:
+            # the Jobs API answers before the head node is registered: a job is refused (500) until then
+            r = self.client.post("/api/jobs/", json={"entrypoint": "true"})
+            if r.status_code != 200:
+                return False
+            job = r.json()["submission_id"]
+            wait_for("a first job", lambda: self.status(job) in ("SUCCEEDED", "FAILED"), timeout=300, every=0.2)
+            return True
+
+        wait_for("Ray to run a job", job_ran, timeout=300, every=1.0)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -123,14 +123,14 @@ class WakeupListener:
         poller = select.poll()  # not select(): a server holding many connections has descriptors past 1024
         for fd in [self._read_fd] + ([listening] if listening is not None else []):
             poller.register(fd, select.POLLIN)
-        ready = {fd for fd, _ in poller.poll(timeout * 1000)}
+        ready = dict(poller.poll(timeout * 1000))
         woken = False
         if self._read_fd in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._read_fd, 4096):
                     woken = True
         if listening is not None and listening in ready:
-            woken = self._notices.drain() or woken
+            woken = self._notices.drain(broken=bool(ready[listening] & ~select.POLLIN)) or woken
         return woken
 
     def close(self) -> None:
@@ -157,7 +157,7 @@ def _own_fifo(directory: Path | None) -> Path | None:
         directory.mkdir(mode=0o700, exist_ok=True)
         os.mkfifo(fifo, 0o600)
     except OSError as exc:
-        log.warning("workers in other processes cannot wake this one (no FIFO in %s: %s); it ticks", directory, exc)
+        log.warning("an API in another process cannot wake this worker (no FIFO in %s: %s): it ticks", directory, exc)
         return None
     return fifo
 
@@ -167,29 +167,32 @@ class _PgListen:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._conn = None
+        self._raw = self._conn = None
 
     def fileno(self) -> int | None:
         if self._conn is None:
             try:
-                raw = self.engine.raw_connection()
-                conn = raw.driver_connection
-                conn.autocommit = True
-                conn.execute(f"LISTEN {CHANNEL}")
+                self._raw = self.engine.raw_connection()
+                self._conn = self._raw.driver_connection
+                self._conn.autocommit = True
+                self._conn.execute(f"LISTEN {CHANNEL}")
             except Exception:
+                self.close()
                 return None  # the database is away: the tick notices, and the next wait tries again
-            self._raw, self._conn = raw, conn
         return self._conn.fileno()
 
-    def drain(self) -> bool:
+    def drain(self, broken: bool) -> bool:
+        """Read the notifications that arrived; a connection that broke counts as one (and is re-made)."""
         try:
-            return bool(list(self._conn.notifies(timeout=0)))
+            if not broken:
+                return bool(list(self._conn.notifies(timeout=0)))
         except Exception:
-            self.close()
-            return True  # the connection broke: look at the database now rather than a tick later
+            pass
+        self.close()
+        return True
 
     def close(self) -> None:
-        if self._conn is not None:
+        if self._raw is not None:
             with contextlib.suppress(Exception):
                 self._raw.invalidate()
-            self._conn = None
+        self._raw = self._conn = None
