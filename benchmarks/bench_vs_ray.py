@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must not starve the other processes
 
 from benchmarks.bench_service import poll_latencies  # noqa: E402
+from benchmarks.bench_ssh import wait_for  # noqa: E402
 from tests.service import Service, free_port, processes_with_env  # noqa: E402
 
 MARK = "BENCH_JOB"
@@ -73,16 +73,6 @@ with open(sys.argv[1], "a") as f:
 while True:
     time.sleep(1)
 """
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 120, every: float = 0.01) -> Any:
-    deadline = time.perf_counter() + timeout
-    while time.perf_counter() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def started_count(marks: Path) -> int:
@@ -144,13 +134,13 @@ class Longrun:
     def submit_to_running(self, script: Path, nproc: int, label: str, marks: Path) -> tuple[str, float]:
         t = time.perf_counter()
         job = self.submit(script, nproc, label, marks)
-        wait_for("running", lambda: self.status(job) == ("running", 1))
+        wait_for("running", lambda: self.status(job) == ("running", 1), every=0.01)
         return job, time.perf_counter() - t
 
     def restart_to_running(self, job: str, script: Path, nproc: int, label: str, marks: Path) -> tuple[str, float]:
         t = time.perf_counter()
         self.svc.client.post(f"/v1/runs/{job}/restart", json={}).raise_for_status()
-        wait_for("attempt 2 running", lambda: self.status(job) == ("running", 2))
+        wait_for("attempt 2 running", lambda: self.status(job) == ("running", 2), every=0.01)
         return job, time.perf_counter() - t
 
     def cancel(self, job: str) -> float:
@@ -235,15 +225,15 @@ class RayJobs:
     def submit_to_running(self, script: Path, nproc: int, label: str, marks: Path) -> tuple[str, float]:
         t = time.perf_counter()
         job = self.submit(script, nproc, label, marks)
-        wait_for("RUNNING", lambda: self.status(job) == "RUNNING")
+        wait_for("RUNNING", lambda: self.status(job) == "RUNNING", every=0.01)
         return job, time.perf_counter() - t
 
     def restart_to_running(self, job: str, script: Path, nproc: int, label: str, marks: Path) -> tuple[str, float]:
         t = time.perf_counter()
         self.client.post(f"/api/jobs/{job}/stop").raise_for_status()
-        wait_for("STOPPED", lambda: self.status(job) in ("STOPPED", "FAILED", "SUCCEEDED"))
+        wait_for("STOPPED", lambda: self.status(job) in ("STOPPED", "FAILED", "SUCCEEDED"), every=0.01)
         job = self.submit(script, nproc, label, marks)
-        wait_for("RUNNING", lambda: self.status(job) == "RUNNING")
+        wait_for("RUNNING", lambda: self.status(job) == "RUNNING", every=0.01)
         return job, time.perf_counter() - t
 
     def cancel(self, job: str) -> float:
