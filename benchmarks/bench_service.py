@@ -69,7 +69,8 @@ def bench_ingest(lines: int, batch: int) -> dict:
             "seconds": round(seconds, 3), "points_per_s": round(points / seconds)}
 
 
-async def _poll(url: str, run_id: str, pollers: int, seconds: float, interval: float) -> list[float]:
+async def poll_latencies(url: str, path: str, pollers: int, seconds: float, interval: float) -> list[float]:
+    """Seconds per `GET url+path`, from `pollers` concurrent clients each asking every `interval` seconds."""
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=pollers, max_keepalive_connections=pollers)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
@@ -80,7 +81,7 @@ async def _poll(url: str, run_id: str, pollers: int, seconds: float, interval: f
             await asyncio.sleep(interval * i / pollers)
             while time.perf_counter() < stop:
                 t = time.perf_counter()
-                r = await client.get(f"/v1/runs/{run_id}")
+                r = await client.get(path)
                 r.raise_for_status()
                 latencies.append(time.perf_counter() - t)
                 await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))
@@ -104,7 +105,7 @@ def bench_poll(pollers: int, seconds: float, rate: float, interval: float) -> di
                               "args": [str(rate), str(seconds + 30), json.dumps(FIELDS)]})
             svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) > rate, what="metrics flowing")
             before = svc.run(run["id"])["latest"]["step"]
-            latencies = asyncio.run(_poll(svc.url, run["id"], pollers, seconds, interval))
+            latencies = asyncio.run(poll_latencies(svc.url, f"/v1/runs/{run['id']}", pollers, seconds, interval))
             after = svc.run(run["id"])["latest"]["step"]
         finally:
             svc.stop()

@@ -112,7 +112,7 @@ def wait_for(what: str, cond: Any, timeout: float = 120, every: float = 0.02) ->
         if value:
             return value
         time.sleep(every)
-    raise RuntimeError(f"timed out waiting for {what}")
+    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def job_args(label: str) -> list[str]:

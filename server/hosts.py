@@ -11,6 +11,7 @@ from server.config import Settings
 from server.errors import Conflict, NotFound, Unavailable
 from server.models import Host, utcnow
 from server.schemas import HostCreate
+from server.wakeup import wake_workers
 
 
 def register_host(session: Session, spec: HostCreate) -> Host:
@@ -52,6 +53,7 @@ def request_gpu_snapshot(session: Session, name: str, max_age: float) -> bool:
     if host.gpu_snapshot_at and (utcnow() - host.gpu_snapshot_at).total_seconds() <= max_age:
         return True
     host.gpu_wanted_at = utcnow()
+    wake_workers(session)
     return False
 
 
@@ -86,6 +88,7 @@ def request_interconnect_probe(session: Session, name: str, tp: int | None) -> H
         under_way = host.interconnect_wanted_tp or "every GPU"
         raise Conflict(f"a probe of {name} at tp={under_way} is under way: wait for it, then ask again")
     host.interconnect_wanted_tp, host.interconnect_error = wanted, None
+    wake_workers(session)
     return host
 
 

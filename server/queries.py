@@ -3,7 +3,7 @@
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from server import eta, hosts, pace, views
 from server.advisor import CostModel, advise
@@ -17,10 +17,13 @@ PACE_HISTORY_LIMIT = 50
 
 def get_run(session: Session, run_id: str) -> Run:
     """The run with its attempts; in a write transaction on a server database, row-locked until commit."""
-    query = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
     if session.info.get("lock_rows"):
-        query = query.with_for_update(of=Run)
-    run = session.scalar(query)
+        # FOR UPDATE does not go with an outer join everywhere: the attempts come in a second query
+        query = select(Run).options(selectinload(Run.attempts)).with_for_update(of=Run)
+    else:
+        # one query on the read path every watcher polls
+        query = select(Run).options(joinedload(Run.attempts))
+    run = session.scalars(query.where(Run.id == run_id)).unique().one_or_none()
     if run is None:
         raise NotFound(f"no run with id {run_id!r}")
     return run

@@ -36,6 +36,7 @@ from server.schemas import (
     normalized_path,
     without_env_values,
 )
+from server.wakeup import wake_workers
 
 
 def spec_dict(spec: RunCreate) -> dict[str, Any]:
@@ -99,6 +100,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     session.add(run)
     open_attempt(session, run, body, 1)
     queue_new_run(session, run)
+    wake_workers(session)
     return run, True
 
 
@@ -109,6 +111,7 @@ def request_cancel(session: Session, run_id: str) -> Run:
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}: only a queued, launching or running run can be "
                        f"cancelled", exc.current) from None
+    wake_workers(session)
     return run
 
 
@@ -177,6 +180,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run.retries_used = 0
     run.latest = {}
     drop_unstarted_attempt(previous)
+    wake_workers(session)
     return run
 
 

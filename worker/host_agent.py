@@ -68,8 +68,9 @@ class HostAgent:
     def call(self, request: Request, timeout: float | None = None) -> Any:
         """Send `request`; its answer comes back as `request.answer`. Raises HostUnreachable, CommandFailed."""
         script = shlex.quote(self.script)
-        run = shlex.join([self.python, self.script, request.verb])
-        install = shlex.join([self.python, "-c", INSTALL_AND_RUN, self.script, request.verb])
+        # -S: the agent needs only the standard library, and a venv's site hooks would double its start-up
+        run = shlex.join([self.python, "-S", self.script, request.verb])
+        install = shlex.join([self.python, "-S", "-c", INSTALL_AND_RUN, self.script, request.verb])
         command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
         payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_SOURCE
         result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)

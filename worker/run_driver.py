@@ -53,7 +53,8 @@ from worker.transports import LOCAL_ADDRESS
 
 log = logging.getLogger("longrun.worker")
 
-Handler = Callable[[Run, dict[str, Host]], None]
+# a handler returns True when it left the run with more to do at once (queued or retried: now launching)
+Handler = Callable[[Run, dict[str, Host]], bool | None]
 
 
 class RunDriver:
@@ -72,36 +73,38 @@ class RunDriver:
             RunStatus.RESTARTING: self._restart,
         }
 
-    def step(self, run_id: str) -> None:
-        """Move one run along by one step, whatever state it is in; host trouble goes to the lifecycle's rules."""
+    def step(self, run_id: str) -> bool:
+        """Move one run along by one step, whatever state it is in; host trouble goes to the lifecycle's rules.
+
+        True when the run has more to do at once: its next step should not wait for the next tick."""
         run, hosts = read_run(self.db, run_id)
         handler = self._handlers.get(RunStatus(run.status)) if run is not None else None
         if handler is None or run.lease_owner != self.worker_id:
-            return
+            return False
         started = self.clock.monotonic()
         try:
-            handler(run, hosts)
+            more = handler(run, hosts)
         except HostUnreachable as exc:
             with fresh_run(self.db, run_id) as (s, fresh):
                 mark_unreachable(s, exc.host, str(exc))
                 host_unreachable(s, fresh, str(exc), self.clock.now(), self.settings.unreachable_deadline)
             log.warning("run %s: host unreachable: %s", run_id, exc)
-            return
+            return False
         except HostError as exc:
             with fresh_run(self.db, run_id) as (s, fresh):
                 fail_run(s, fresh, str(exc), self.clock.now())
             log.warning("run %s failed: %s", run_id, exc)
-            return
+            return False
         except WaitForGpus as exc:
             with fresh_run(self.db, run_id) as (s, fresh):
                 wait_for_gpus(s, fresh, str(exc), self.clock.now(), self.settings.gpu_wait_deadline)
-            return
+            return False
         except Exception as exc:
             # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
             log.exception("run %s: step failed", run_id)
             with fresh_run(self.db, run_id) as (s, fresh):
                 step_failed(s, fresh, f"{type(exc).__name__}: {exc}", self.clock.now())
-            return
+            return False
         if run.step_failures:
             with fresh_run(self.db, run_id) as (s, fresh):
                 step_succeeded(fresh)
@@ -109,6 +112,7 @@ class RunDriver:
         if not run.host_reachable:
             with fresh_run(self.db, run_id) as (s, fresh):
                 host_answering(fresh, self.clock.now())
+        return bool(more)
 
     def forget_all_but(self, run_ids: list[str]) -> None:
         """Drop the sampling clocks of runs this worker no longer drives."""
@@ -117,9 +121,10 @@ class RunDriver:
 
     # one handler per state
 
-    def _queue(self, run: Run, hosts: dict[str, Host]) -> None:
+    def _queue(self, run: Run, hosts: dict[str, Host]) -> bool:
         with fresh_run(self.db, run.id) as (s, fresh):
             start_launching(s, fresh, self.clock.now())
+            return fresh.status == RunStatus.LAUNCHING
 
     def _launch(self, run: Run, hosts: dict[str, Host], views: dict[str, GpuView] | None = None) -> None:
         """Start the current attempt on every node; `views` are GPU snapshots just taken, by host name."""
@@ -170,7 +175,7 @@ class RunDriver:
                 store_snapshot(s, host.id, view, self.clock.now())
         return placement_env(attempt.spec, attempt.token, host.name, view)
 
-    def _poll(self, run: Run, hosts: dict[str, Host]) -> None:
+    def _poll(self, run: Run, hosts: dict[str, Host]) -> bool:
         attempt = run.current
         nodes = nodes_of(attempt)
         probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
@@ -187,15 +192,16 @@ class RunDriver:
         with fresh_run(self.db, run.id) as (s, fresh):
             store_probes(s, fresh, attempt_numbered(fresh, attempt.number), probes, self.clock.now())
             if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number):
-                return
+                return False
             if running or not drained:
                 stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
-                return
+                return False
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
                                    time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit)
                        if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
+            return fresh.status == RunStatus.LAUNCHING  # a retry
 
     def _cancel(self, run: Run, hosts: dict[str, Host]) -> None:
         active = [a for a in run.attempts if a.status not in ENDED_ATTEMPT]

@@ -211,6 +211,9 @@ class SSHTransport(Transport):
             self._last_failure = None
             return self._client
 
+    def connect(self) -> None:
+        self._connection()
+
     def _drop(self, client: paramiko.SSHClient) -> None:
         with self._lock:
             if self._client is client:

@@ -26,6 +26,9 @@ class Transport(ABC):
     def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         """Run `command` with /bin/sh on the host; raise HostUnreachable if the host did not answer."""
 
+    def connect(self) -> None:  # noqa: B027 - most transports have no connection to open
+        """Open the connection now, if the transport keeps one, so that the next command does not wait for it."""
+
     def close(self) -> None:  # noqa: B027 - most transports hold nothing to release
         """Release the connection, if any."""
 

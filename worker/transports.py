@@ -20,13 +20,14 @@ class HostSettings(Protocol):
     host_key: str | None
 
 
-def _settings(host: HostSettings) -> tuple:
+def settings_of(host: HostSettings) -> tuple:
+    """What reaching the host depends on: a transport is re-made when it changes."""
     return tuple(getattr(host, field, None) for field in ("address", "port", "username", "key_path", "host_key"))
 
 
 def transport_for(host: HostSettings, **options: Any) -> Transport:
     """A new transport for `host`; `options` (timeouts, keepalive, known_hosts) go to SSHTransport."""
-    address, port, username, key_path, host_key = _settings(host)
+    address, port, username, key_path, host_key = settings_of(host)
     if address == LOCAL_ADDRESS:
         return LocalTransport()
     return SSHTransport(address, port or 22, username=username, key_path=key_path, host_key=host_key,
@@ -42,7 +43,7 @@ class TransportPool:
         self._transports: dict[str, tuple[tuple, Transport]] = {}
 
     def get(self, host: HostSettings) -> Transport:
-        settings = _settings(host)
+        settings = settings_of(host)
         stale = None
         with self._lock:
             cached = self._transports.get(host.name)

@@ -14,11 +14,12 @@ from server.db import Database
 bearer = HTTPBearer(auto_error=False)
 
 
-def get_db(request: Request) -> Database:
+# the dependencies that do no I/O are coroutines: FastAPI runs a plain function in its thread pool, a hop per call
+async def get_db(request: Request) -> Database:
     return request.app.state.db
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -32,7 +33,7 @@ def writing(db: Annotated[Database, Depends(get_db)]) -> Iterator[Session]:
         yield session
 
 
-def require_token(settings: Annotated[Settings, Depends(get_settings)],
+async def require_token(settings: Annotated[Settings, Depends(get_settings)],
                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     if not settings.api_token:
         return

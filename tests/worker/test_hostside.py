@@ -128,3 +128,62 @@ def test_clean_keeps_the_draft_aside_then_empties_the_directory_by_descriptors(t
     assert sorted(answer.kept) == ["config.json", "model.safetensors"] and answer.removed == 2
     assert list(out.iterdir()) == [] and tmp_path.exists(), "a symlink inside is removed, never followed"
     assert (ws / ".longrun" / "r1" / "draft-before-attempt-2" / "model.safetensors").read_text() == "weights"
+
+
+# torchrun as it behaves on SIGTERM: passes it to its worker, waits for it, then finalizes at length (the real one
+# spends about 0.6 s of CPU tearing torch down); put first on PYTHONPATH as `torch.distributed.run`
+LAUNCHER = """
+import signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable] + sys.argv[1:], start_new_session=True)
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(worker.send_signal(signal.SIGTERM)))
+while worker.poll() is None:
+    time.sleep(0.05)
+if stopping:
+    time.sleep(30)
+"""
+
+WORKER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+open(sys.argv[1], "w").close()
+time.sleep(600)
+"""
+
+
+def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, Path]:
+    *packages, name = module.split(".")
+    package = tmp_path / "launchers"
+    for part in packages:  # regular packages, so that they shadow the installed torch
+        package = package / part
+        package.mkdir(parents=True)
+        (package / "__init__.py").touch()
+    package.mkdir(parents=True, exist_ok=True)
+    (package / f"{name}.py").write_text(LAUNCHER)
+    (tmp_path / "worker.py").write_text(WORKER)
+    started = tmp_path / "started"
+    agent = _agent(tmp_path)
+    d = agent.layout.attempt_dir("run9", 1)
+    agent.launch(LaunchRequest(d, "tok789", [sys.executable, "-m", module, str(tmp_path / "worker.py"),
+                                             str(started)], {"PYTHONPATH": str(tmp_path / "launchers")}))
+    deadline = time.time() + 20
+    while not started.exists():
+        assert time.time() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    return agent, d, started
+
+
+def test_a_stop_does_not_wait_for_torchrun_to_finalize_once_its_workers_are_gone(tmp_path: Path) -> None:
+    agent, d, _ = _slow_launcher_job(tmp_path, "torch.distributed.run")
+    asked = time.monotonic()
+    answer = agent.cancel(d, grace=20)
+    assert time.monotonic() - asked < 5, "waited for torchrun's teardown"
+    assert answer.remaining == [] and pids_with_token("tok789") == []
+
+
+def test_any_other_program_still_finishing_after_sigterm_gets_its_grace(tmp_path: Path) -> None:
+    agent, d, _ = _slow_launcher_job(tmp_path, "mylauncher")
+    asked = time.monotonic()
+    answer = agent.cancel(d, grace=2)
+    assert time.monotonic() - asked >= 2, "killed before its grace was up"
+    assert answer.remaining == [] and pids_with_token("tok789") == []

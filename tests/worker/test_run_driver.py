@@ -1,6 +1,7 @@
 """The worker's services against in-memory hosts (tests/worker/fake_host.py): every transition, retry and
 deadline of server/lifecycle.py as the worker drives it, with a clock that moves only when told."""
 
+import time
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -333,13 +334,17 @@ def test_the_gpu_snapshot_responder_answers_a_wanted_snapshot(rig: Rig) -> None:
     assert responder.run_once() == []
 
 
-def test_a_supervisor_tick_hands_each_services_work_to_the_pool(rig: Rig) -> None:
+def test_a_supervisor_tick_hands_each_services_work_to_the_pool_and_a_launch_follows_at_once(rig: Rig) -> None:
     run_id = rig.submit()
     with rig.db.writing() as s:
         s.scalar(select(Host).where(Host.name == "b")).gpu_wanted_at = rig.clock.now()
     rig.supervisor.tick()
+    deadline = time.monotonic() + 10
+    while rig.run(run_id).status != "running":
+        assert time.monotonic() < deadline, "queued -> launching -> running took more than one tick"
+        time.sleep(0.01)
     rig.supervisor.close()  # waits for the work in hand
-    assert rig.run(run_id).status == "launching" and rig.run(run_id).lease_owner == "w1"
+    assert rig.statuses(run_id) == ["queued", "launching", "running"] and rig.run(run_id).lease_owner == "w1"
     with rig.db.reading() as s:
         assert s.scalar(select(Host).where(Host.name == "b")).gpu_snapshot is not None
 

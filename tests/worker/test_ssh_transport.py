@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+from server.config import Settings
+from server.models import Host
 from tests.netns import NetNamespace, PrivateNetwork
 from tests.sshd import SshServer
 from worker.host_agent import HostAgent
@@ -19,6 +21,7 @@ from worker.host_errors import AuthRefused, CommandFailed, HostKeyRefused, HostU
 from worker.hostside import pids_with_token
 from worker.protocol import CleanAnswer, LaunchRequest, ReadFrom
 from worker.ssh_transport import SSHTransport
+from worker.supervisor import Supervisor
 from worker.transports import TransportPool, transport_for
 
 pytestmark = pytest.mark.slow  # a real sshd
@@ -321,3 +324,23 @@ def _answers(t: SSHTransport) -> str | None:
         return t.exec("echo back").stdout
     except HostUnreachable:
         return None
+
+
+def test_the_worker_connects_to_a_registered_host_before_its_first_command(sshd, db):
+    with db.writing() as s:
+        s.add(Host(name="box", workspace="/tmp", python=sys.executable, **sshd.host_fields))
+    with db.reading() as s:
+        host = s.query(Host).one()
+    before = set(sshd.session_pids())
+    supervisor = Supervisor(db, Settings(ssh_connect_timeout=3))
+    try:
+        supervisor.tick()
+        transport = supervisor.transports.get(host)
+        connection = wait_for(transport.transport_object)
+        assert supervisor.warmer.run_once() == [], "warmed once, not on every tick"
+        assert transport.exec("echo first").stdout == "first\n"
+        assert transport.transport_object() is connection, "the first command used the warm connection"
+        assert len(set(sshd.session_pids()) - before) == 1
+    finally:
+        supervisor.stop()
+        supervisor.close()
