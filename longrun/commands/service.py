@@ -41,9 +41,9 @@ def serve(
     as_json: JsonLogs = False,
 ) -> int:
     """The API server and web page, with the worker embedded unless --no-worker."""
+    configure_logging(as_json)  # first: importing the database layer logs already
     from longrun.processes import serve as serve_forever
 
-    configure_logging(as_json)
     serve_forever(host, port, with_worker=not no_worker)
     return ExitCode.OK
 
@@ -51,9 +51,9 @@ def serve(
 @app.command()
 def worker(as_json: JsonLogs = False) -> int:
     """The worker loop alone (several may share one database)."""
+    configure_logging(as_json)
     from longrun.processes import work
 
-    configure_logging(as_json)
     work()
     return ExitCode.OK
 

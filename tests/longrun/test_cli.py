@@ -4,6 +4,7 @@ process against a real server. Every command's exit code and --json output are c
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -123,6 +124,10 @@ def test_refusals_usage_errors_and_their_exit_codes(cli: App, tmp_path: Path, ca
     assert "nproc_per_node" in capsys.readouterr().err
     assert exit_code(["status", "--limit", "0"]) == ExitCode.USAGE
     assert exit_code(["nonsense"]) == ExitCode.USAGE
+    assert exit_code(["hosts", "gpus", "local", "--wait", "0"]) == ExitCode.REFUSED
+    assert "503 no GPU snapshot of local yet" in capsys.readouterr().err
+    assert exit_code(["export", "nope", "--tensorboard", str(tmp_path / "tb"), "--json"]) == ExitCode.REFUSED
+    assert json.loads(capsys.readouterr().out)["status_code"] == 404
 
 
 def test_a_server_that_is_not_there_exits_4_and_says_how_to_start_one(monkeypatch: pytest.MonkeyPatch,
@@ -301,3 +306,27 @@ def test_failed_and_cancelled_runs_and_logs_following_a_restart(service: Service
     assert cancelled["status"] == "cancelled"
     assert "cancelled (attempt 3)" in longrun(service, "watch", run["id"], expect=ExitCode.CANCELLED).stdout
     longrun(service, "logs", run["id"], "-f", expect=ExitCode.CANCELLED)
+
+
+@pytest.mark.slow
+def test_the_service_processes_log_json_lines_and_migrate_answers_json(tmp_path: Path) -> None:
+    env = {**os.environ, "LONGRUN_HOME": str(tmp_path), "LONGRUN_LOG_LEVEL": "INFO"}
+    env.pop("LONGRUN_DATABASE_URL", None)
+    migrated = subprocess.run([sys.executable, "-m", "longrun.cli", "migrate", "--json"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    assert json.loads(migrated.stdout)["up_to_date"] is True
+    port = free_port()
+    for argv in (["serve", "--json", "--port", str(port)], ["worker", "--json"]):
+        proc = subprocess.Popen([sys.executable, "-m", "longrun.cli", *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []  # up to the worker's start: SIGTERM is handled from there on
+            while not lines or not re.fullmatch(r"worker \S+ started", lines[-1]["message"]):
+                lines.append(json.loads(proc.stderr.readline()))
+                assert {"time", "level", "logger", "message"} <= lines[-1].keys(), lines[-1]
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+        # uvicorn shuts down and then re-raises the SIGTERM it caught; the worker returns
+        assert proc.returncode == (-signal.SIGTERM if argv[0] == "serve" else 0), argv
