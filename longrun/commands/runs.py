@@ -4,20 +4,36 @@ import sys
 import time
 from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
-from longrun.client import TERMINAL, Client
+from longrun.client import TERMINAL, Client, LongrunError
 from longrun.commands.common import JsonFlag, begin, connect, emit, print_json, stderr, stdout
+from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, outcome_code
 from longrun.specs import parse_assignments, read_spec
 from longrun.views import attempts_table, duration, progress_line, run_panel, runs_table
 
 app = typer.Typer()
 
-RunId = Annotated[str, typer.Argument(help="The run's id (`longrun status` lists them).")]
+
+
+def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
+    """The newest runs whose id starts with what was typed, for shell completion; none when the server is away."""
+    try:
+        connection = resolve()
+        with Client(connection.url, connection.token, timeout=2) as client:
+            runs = client.list(limit=100)["items"]
+    except (LongrunError, ConfigError, httpx.HTTPError):
+        return []
+    return [(r["id"], f"{r['name']} ({r['status']})") for r in runs if r["id"].startswith(incomplete)]
+
+
+RunId = Annotated[str, typer.Argument(help="The run's id (`longrun status` lists them).",
+                                      autocompletion=complete_run_id)]
 Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
 Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",
                                       min=0)]

@@ -62,6 +62,23 @@ def test_every_command_has_help_for_every_option_and_a_json_flag(capsys) -> None
         assert re.search(rf"^\W*{int(code)}\s", help_text, re.M), code
 
 
+def complete(words: str, url: str) -> list[str]:
+    """What bash completion offers after `words` (the shell hook that --install-completion installs)."""
+    env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1),
+           "_LONGRUN_COMPLETE": "complete_bash", "LONGRUN_URL": url}
+    done = subprocess.run([sys.executable, "-m", "longrun.cli"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_shell_completion_offers_commands_and_options() -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert complete("longrun hosts ", nowhere) == ["list", "add", "show", "gpus"]
+    assert complete("longrun restart x --c", nowhere) == ["--clean"]
+    assert complete("longrun watch ", nowhere) == []  # run ids come from the server: none without one
+
+
 def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, capsys) -> None:
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump({"name": "toy", "host": "local", "entrypoint": "/opt/train.py",
@@ -258,6 +275,7 @@ def test_submit_watch_restart_logs_status_and_export(service: Service, tmp_path:
     assert "step 10/10" in longrun(service, "logs", run_id, "--tail", "5").stdout
     first = [json.loads(line) for line in longrun(service, "logs", run_id, "--attempt", "1", "--json").stdout.splitlines()]
     assert {"attempt": 1, "node": 0, "line": "step 20/20 loss " + first[-1]["line"].split("loss ")[1]} == first[-1]
+    assert complete(f"longrun logs {run_id[:3]}", service.url) == [run_id]
     status = json.loads(longrun(service, "status", run_id, "--json").stdout)
     assert [a["status"] for a in status["attempts"]] == ["succeeded", "succeeded"]
     assert run_id in longrun(service, "status").stdout

@@ -87,3 +87,18 @@ def test_the_trainer_keeps_one_tensorboard_run_across_a_resume_and_a_clean_resta
     assert scalars(board, "longrun/attempt") == [(1, 1.0), (7, 2.0), (11, 3.0)]
     assert [s for s, _ in scalars(board, "train/acc_2")] == list(range(1, 14))
     assert scalars(board, "train/ttt_steps")[-1] == (13, 3.0)
+
+
+def test_wandb_offline_keeps_one_run_id_across_attempts_and_tags_each(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B is optional: pip install wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    records = tmp_path / "records"
+    for number, steps in ((1, range(1, 6)), (2, range(4, 8))):
+        attempt(records, number, monkeypatch)
+        log_steps(Trackers(["wandb"], tracked_run(tmp_path / "out")), steps, base=100 * number)
+    sessions = sorted((records / "r1" / "tracking" / "wandb").glob("offline-run-*-r1"))
+    assert len(sessions) == 2  # one W&B run, r1, resumed by the second attempt
+    first, second = ((s / "run-r1.wandb").read_bytes() for s in sessions)
+    assert b"attempt-1" in first and b"attempt-2" in second and b"attempt-2" not in first
+    assert b"train/loss" in second and b"longrun/attempt" in second
