@@ -1,6 +1,7 @@
 """The `longrun` command as a user types it: in this process against the API (no worker), and as a real
 process against a real server. Every command's exit code and --json output are checked."""
 
+import io
 import json
 import os
 import re
@@ -79,7 +80,7 @@ def test_shell_completion_offers_commands_and_options() -> None:
     assert complete("longrun watch ", nowhere) == []  # run ids come from the server: none without one
 
 
-def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, capsys) -> None:
+def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, capsys, monkeypatch) -> None:
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump({"name": "toy", "host": "local", "entrypoint": "/opt/train.py",
                                          "args": ["--steps", "3"]}))
@@ -88,11 +89,16 @@ def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, cap
     assert run["spec"]["args"] == ["--steps", "3"] and run["status"] == "queued"
     assert main(["submit", str(spec_file), "--idempotency-key", "k"]) == 0
     assert f"submitted {run['id']} (toy): queued" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"name": "piped", "host": "local", "entrypoint": "/opt/t.py"}'))
+    assert main(["submit", "-", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "piped"
     assert main(["status"]) == 0
     table = capsys.readouterr().out
-    assert re.search(rf"{run['id']}\s+toy\s+queued\s+local\s+1", table)
-    assert main(["status", "--json", "--state", "queued"]) == 0
-    assert [r["id"] for r in json.loads(capsys.readouterr().out)["items"]] == [run["id"]]
+    assert re.search(rf"{run['id']}\s+toy\s+queued\s+local\s+1", table) and "piped" in table
+    assert main(["status", "--json", "--state", "queued", "--limit", "1"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["items"]) == 1
+    assert main(["status", "--json", "--state", "running"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"] == []
     assert main(["status", run["id"]]) == 0
     detail = capsys.readouterr().out
     assert "queued  attempt 1  ETA --:--" in detail and re.search(r"^1\s+pending", detail, re.M)
@@ -226,6 +232,9 @@ def test_config_file_env_and_flags_in_that_order(cli: App, tmp_path: Path, monke
     assert main(["config", "unset", "url"]) == 0
     assert "url" not in config.read_text() and "s3cret" in config.read_text()
     assert exit_code(["config", "set", "colour", "red"]) == ExitCode.USAGE
+    config.chmod(0o644)
+    assert main(["config", "show"]) == 0
+    assert f"{config} holds a token and others can read it: chmod 600" in capsys.readouterr().err
 
 
 def test_the_config_files_url_is_the_one_dialled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
