@@ -20,7 +20,6 @@ from longrun.views import attempts_table, duration, progress_line, run_panel, ru
 app = typer.Typer()
 
 
-
 def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
     """The newest runs whose id starts with what was typed, for shell completion; none when the server is away."""
     try:
@@ -39,10 +38,6 @@ Every = Annotated[float, typer.Option(help="Seconds between progress lines when 
                                       min=0)]
 
 
-def _refresh_rate(interval: float) -> float:
-    return max(1.0, 2 / interval)
-
-
 def follow_run(client: Client, run_id: str, interval: float, every: float, as_json: bool) -> ExitCode:
     """Show the run until it ends: a live panel on a terminal, lines on a pipe, JSON lines with --json;
     the exit code says how it ended. Ctrl-C stops watching, not the run."""
@@ -55,9 +50,9 @@ def follow_run(client: Client, run_id: str, interval: float, every: float, as_js
                 last = run
         elif stdout().is_terminal:
             console = stdout()
-            with Live(console=console, refresh_per_second=_refresh_rate(interval), transient=False) as live:
+            with Live(console=console, auto_refresh=False) as live:  # drawn once per look at the run
                 for run in client.watch(run_id, interval=interval):
-                    live.update(run_panel(run, min(console.width, 120)))
+                    live.update(run_panel(run, min(console.width, 120)), refresh=True)
         else:
             run = _print_lines(client, run_id, interval, every)
     except KeyboardInterrupt:
