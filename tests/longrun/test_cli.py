@@ -317,12 +317,13 @@ def test_failed_and_cancelled_runs_and_logs_following_a_restart(service: Service
                                  "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "LONGRUN_URL": service.url})
     try:
+        first_line = follower.stdout.readline()  # it follows attempt 1 before the restart
         longrun(service, "restart", run["id"], "--set", 'args=["--steps","5","--label","second"]')
         out, err = follower.communicate(timeout=120)
     finally:
         follower.kill()
     assert follower.returncode == 0, err
-    followed = [json.loads(line) for line in out.splitlines()]
+    followed = [json.loads(line) for line in [first_line, *out.splitlines()]]
     assert followed[0]["attempt"] == 1 and followed[-1] == {"attempt": 2, "node": 0, "line": "step 5/5 loss "
                                                             + followed[-1]["line"].split("loss ")[1]}
     assert any(e["attempt"] == 2 and "second" in e["line"] for e in followed)
