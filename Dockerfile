@@ -1,10 +1,11 @@
-# The longrun service (API + worker). GPU hosts need only Python with torch and the trainer.
+# The longrun service: API server, worker and migrations (docker-compose.yml runs them on PostgreSQL).
+# No torch here: the service drives GPU hosts over SSH and never imports the trainer; the hosts need
+# Python with `pip install "longrun[trainer]"`, not this image.
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends openssh-client && rm -rf /var/lib/apt/lists/*
-WORKDIR /app
-COPY . /app
-RUN pip install --no-cache-dir "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
-    && pip install --no-cache-dir -e ".[postgres,trainer]"
-ENV LONGRUN_HOME=/data LONGRUN_BIND_HOST=0.0.0.0
+COPY . /src
+RUN pip install --no-cache-dir "/src[postgres]"
+ENV LONGRUN_HOME=/data
+WORKDIR /data
 EXPOSE 8080
 CMD ["longrun", "serve"]

@@ -12,18 +12,20 @@ $(BIN)/python:
 # torch first, pinned, when none is present: a loose range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev,trainer]"
+	$(BIN)/pip install -q -e ".[dev,trainer,postgres]"
 	touch $@
 
 setup: $(VENV)/.installed
 
-# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium
+# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium; the tests
+# on PostgreSQL its server (tests/postgres.py starts a throw-away cluster from Debian's binaries)
 system-deps:
-	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null; then :; \
+	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null \
+		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql >/dev/null; \
 	else \
-		echo "The SSH and browser tests need OpenSSH's server, iproute2 and Chromium: run 'sudo apt-get install openssh-server iproute2 chromium', then 'make test' again." >&2; exit 1; \
+		echo "The SSH, browser and PostgreSQL tests need OpenSSH's server, iproute2, Chromium and PostgreSQL: run 'sudo apt-get install openssh-server iproute2 chromium postgresql', then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

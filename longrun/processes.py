@@ -5,6 +5,8 @@ The one place where server and worker meet; `server` never imports `worker`.
 
 import signal
 
+from sqlalchemy.exc import IntegrityError
+
 from server.config import Settings, is_loopback
 from server.db import Database
 
@@ -31,8 +33,13 @@ def serve(host: str | None = None, port: int | None = None, with_worker: bool = 
                          f"could run commands on your hosts. Set LONGRUN_API_TOKEN (and LONGRUN_ALLOWED_HOSTS to "
                          f"the names clients use), or listen on 127.0.0.1")
     settings, db = open_database()
-    with db.writing() as s:
-        ensure_local_host(s, settings)
+    try:
+        with db.writing() as s:
+            ensure_local_host(s, settings)
+    except IntegrityError:
+        # another server starting at the same time added it first
+        with db.writing() as s:
+            ensure_local_host(s, settings)
     supervisor = None
     if with_worker:
         from worker.supervisor import Supervisor

@@ -1,12 +1,14 @@
 """Alembic environment: the URL comes from the caller (server.db.upgrade or `longrun migrate`)."""
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, pool, text
 
 from server.models import Base
 
 config = context.config
 target_metadata = Base.metadata
+# any constant that no other program takes on the same database: the key of the migration lock
+MIGRATION_LOCK_KEY = 0x6C6F6E6772756E
 
 
 def run_migrations_offline() -> None:
@@ -22,6 +24,9 @@ def run_migrations_online() -> None:
         # SQLite can only ALTER through table copies: batch mode does that for us
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # servers and workers starting together migrate one at a time; the later ones find the schema new
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             context.run_migrations()
     engine.dispose()
 

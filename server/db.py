@@ -3,23 +3,35 @@
 On SQLite every connection runs in WAL mode with a busy timeout, and sessions opened with
 `Database.writing()` start with BEGIN IMMEDIATE, so a read-then-write transition takes the
 write lock before it reads and two concurrent transitions serialise instead of deadlocking.
+
+On PostgreSQL writers run concurrently: read-then-write paths lock the rows they read (FOR UPDATE). Event ids
+come from a sequence, and two transactions could commit them out of order; a reader that resumes after the last
+id it saw (the SSE stream's Last-Event-ID, the webhook notifier's cursor over every run) would then skip the one
+that committed late. So a transaction that adds events takes one lock, held until it commits, before its first
+event gets its id: events commit in id order, as they do on SQLite, where writers take turns.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.models import Event
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
+EVENTS_LOCK_KEY = 0x6C6F6E6576656E74
 
 
 def make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        # the worker's thread pool (16) and the API's threads each hold a connection at once
+        return create_engine(url, pool_pre_ping=True, pool_size=20)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=20)
@@ -52,6 +64,8 @@ class Database:
         self._writer = sessionmaker(
             self.engine.execution_options(sqlite_immediate=True), expire_on_commit=False
         )
+        if not self.is_sqlite:
+            event.listen(self._writer, "before_flush", _events_in_commit_order)
 
     @contextmanager
     def reading(self) -> Iterator[Session]:
@@ -71,6 +85,13 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _events_in_commit_order(session: Session, _context: Any, _instances: Any) -> None:
+    """Before the transaction's first event gets its id, wait for the turn of events (held until commit)."""
+    if not session.info.get("events_in_line") and any(isinstance(o, Event) for o in session.new):
+        session.connection().execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": EVENTS_LOCK_KEY})
+        session.info["events_in_line"] = True
 
 
 def alembic_config(url: str) -> Config:

@@ -1,4 +1,5 @@
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,10 @@ from tests.service import Service, kill_leftovers
 # (servers, torchrun ranks) a test starts, so every process the suite starts waits passively
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+STORES = ("sqlite", "postgres")
+# the fixtures that hand a test a database in this process: every test using one runs on both stores
+IN_PROCESS_DATABASE = {"db", "api", "rig"}
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts a real server is slow: the fast subset (-m 'not slow') leaves it out."""
@@ -18,9 +23,73 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """In-process database tests run on SQLite and on PostgreSQL; real-server tests where marked both_stores."""
+    if "store" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("both_stores") or IN_PROCESS_DATABASE & set(metafunc.fixturenames):
+        metafunc.parametrize("store", STORES, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator["PostgresCluster"]:  # noqa: F821
+    """The session's PostgreSQL server, started on first use."""
+    from tests.postgres import PostgresCluster
+
+    try:
+        cluster = PostgresCluster().start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the newest migration: the migrations run once per session, tests copy the file."""
+    from server.db import Database
+
+    path = tmp_path_factory.mktemp("template") / "migrated.sqlite"
+    database = Database(f"sqlite:///{path}")
+    database.migrate()
+    database.dispose()
+    return path
+
+
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path / "home")
+def store(request: pytest.FixtureRequest) -> str:
+    """The database engine the test keeps its state in: SQLite unless the test is run on both."""
+    return getattr(request, "param", "sqlite")
+
+
+def _own_database(request: pytest.FixtureRequest, store: str, tmp_path: Path, migrated: bool) -> Iterator[str]:
+    if store == "sqlite":
+        path = tmp_path / "store.sqlite"
+        if migrated:
+            shutil.copy(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    cluster = request.getfixturevalue("postgres")
+    url = cluster.create_database(migrated)
+    yield url
+    cluster.drop_database(url)
+
+
+@pytest.fixture
+def database_url(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the test's own at the newest migration, as the service makes its own, in the test's store."""
+    yield from _own_database(request, store, tmp_path, migrated=True)
+
+
+@pytest.fixture
+def empty_database_url(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the test's own with no table yet, in the test's store."""
+    yield from _own_database(request, store, tmp_path, migrated=False)
+
+
+@pytest.fixture
+def service(tmp_path: Path, database_url: str) -> Iterator[Service]:
+    svc = Service(tmp_path / "home", database_url=database_url)
     svc.home.mkdir()
     svc.start()
     yield svc
@@ -29,11 +98,20 @@ def service(tmp_path: Path) -> Iterator[Service]:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> "Database":  # noqa: F821
-    """An empty SQLite database made by the migrations, as the service makes its own."""
+def db(database_url: str) -> Iterator["Database"]:  # noqa: F821
     # imported here, not at the top: the GPU host runs the trainer tests without SQLAlchemy
     from server.db import Database
 
-    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    database.migrate()
-    return database
+    database = Database(database_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def api(tmp_path: Path, database_url: str) -> Iterator["App"]:  # noqa: F821
+    """The API in this process over the test's database (tests/inprocess.py)."""
+    from tests.inprocess import App
+
+    app = App(tmp_path / "home", database_url)
+    yield app
+    app.close()

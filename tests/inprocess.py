@@ -1,7 +1,7 @@
-"""The API in this process, without the worker: a FastAPI TestClient over a fresh SQLite file made by the
-Alembic migrations. Runs are moved through states with the state machine, as the worker would."""
+"""The API in this process, without the worker: a FastAPI TestClient over a fresh database made by the
+Alembic migrations (tests/conftest.py `database_url`). Runs are moved through states with the state machine, as the
+worker would."""
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,27 +16,14 @@ from server.hosts import ensure_local_host
 from server.lifecycle import RunStatus, transition
 from server.models import Run
 
-_migrated: dict[str, Path] = {}
-
-
-def migrated_database(directory: Path, template_dir: Path) -> Database:
-    """A database at the newest migration; the migrations run once per session, later ones copy the file."""
-    if "template" not in _migrated:
-        template = template_dir / "template.sqlite"
-        Database(f"sqlite:///{template}").migrate()
-        _migrated["template"] = template
-    path = directory / "longrun.sqlite"
-    shutil.copy(_migrated["template"], path)
-    return Database(f"sqlite:///{path}")
-
 
 class App:
     """The app, its database and settings, and a client (with the token when one is set)."""
 
-    def __init__(self, home: Path, template_dir: Path, token: str | None = None):
+    def __init__(self, home: Path, database_url: str, token: str | None = None):
         home.mkdir(parents=True, exist_ok=True)
         self.settings = Settings(home=home, api_token=token)
-        self.db = migrated_database(home, template_dir)
+        self.db = Database(database_url)
         with self.db.writing() as s:
             ensure_local_host(s, self.settings)
         self.app = create_app(self.db, self.settings)

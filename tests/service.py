@@ -1,5 +1,7 @@
-"""A real `longrun serve` process for tests: its own LONGRUN_HOME (SQLite file, local workspace) and port."""
+"""A real `longrun serve` process for tests: its own LONGRUN_HOME (local workspace, SQLite file unless given a
+database) and port."""
 
+import json
 import os
 import signal
 import socket
@@ -24,7 +26,7 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, home: Path, token: str | None = None, **settings: Any):
+    def __init__(self, home: Path, token: str | None = None, database_url: str | None = None, **settings: Any):
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -32,6 +34,8 @@ class Service:
                     "LONGRUN_POLL_INTERVAL": "0.2", "LONGRUN_CANCEL_GRACE": "5", "LONGRUN_LEASE_SECONDS": "3"}
         self.env.pop("LONGRUN_DATABASE_URL", None)
         self.env.pop("LONGRUN_API_TOKEN", None)
+        if database_url:
+            self.env["LONGRUN_DATABASE_URL"] = database_url
         if token:
             self.env["LONGRUN_API_TOKEN"] = token
         self.env.update({f"LONGRUN_{k.upper()}": str(v) for k, v in settings.items()})
@@ -102,10 +106,34 @@ class Service:
         assert r.status_code == 200, r.text
         return r.json()["series"].get(name, [])
 
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's stored events, as the SSE stream replays them (it ends once the run is over)."""
+        text = self.client.get(f"/v1/runs/{run_id}/events").text
+        return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
     def logs(self, run_id: str, **params: Any) -> list[str]:
         r = self.client.get(f"/v1/runs/{run_id}/logs", params=params)
         assert r.status_code == 200, r.text
         return r.json()["lines"]
+
+
+def start_worker(svc: Service, name: str) -> subprocess.Popen:
+    """A `longrun worker` process on the service's database and LONGRUN_HOME, logging to <home>/<name>.log."""
+    return subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
+                            stdout=open(svc.home / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM, and SIGKILL for any still there 10 s later."""
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+    for p in processes:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any) -> dict[str, Any]:

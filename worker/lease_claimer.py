@@ -20,7 +20,11 @@ class LeaseClaimer:
         now = self.clock.now()
         with self.db.writing() as s:
             free = or_(Run.lease_owner.is_(None), Run.lease_owner == self.worker_id, Run.lease_until < now)
-            ids = list(s.scalars(select(Run.id).where(Run.status.in_([str(x) for x in ACTIVE]), free)))
+            claimable = select(Run.id).where(Run.status.in_([str(x) for x in ACTIVE]), free)
+            if s.info.get("lock_rows"):
+                # another worker's claim holds the rows it takes until it commits: skip them, never wait and overwrite
+                claimable = claimable.with_for_update(skip_locked=True)
+            ids = list(s.scalars(claimable))
             if ids:
                 s.execute(update(Run).where(Run.id.in_(ids)).values(
                     lease_owner=self.worker_id, lease_until=now + timedelta(seconds=self.lease_seconds)))

@@ -62,10 +62,13 @@ def worker(as_json: JsonLogs = False) -> int:
 def migrate(as_json: Annotated[bool, typer.Option("--json", help="Print the database and its state as "
                                                                "JSON.")] = False) -> int:
     """Create or upgrade the database schema."""
+    from sqlalchemy.engine import make_url
+
     from longrun.processes import open_database
 
     begin(as_json)
     settings, _ = open_database()
-    url = settings.resolved_database_url
+    # the URL may hold the database's password: logs (the compose migration job's) must not
+    url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
     emit({"database": url, "up_to_date": True}, as_json, f"database at {url} is up to date")
     return ExitCode.OK

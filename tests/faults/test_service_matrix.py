@@ -5,7 +5,6 @@ happened."""
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.service import ROOT, Service, kill_leftovers, toy_spec
+from tests.service import Service, kill_leftovers, start_worker, stop_processes, toy_spec
 
 pytestmark = pytest.mark.slow  # real servers, workers and torchrun
 
@@ -48,9 +47,10 @@ def _job(tmp_path: Path, mode: str, skew: float = 0.0, steps: int = 60) -> dict[
 
 
 @contextmanager
-def _service(tmp_path: Path, worker: bool = True, **settings: Any) -> Iterator[Service]:
+def _service(tmp_path: Path, worker: bool = True, database_url: str | None = None,
+             **settings: Any) -> Iterator[Service]:
     """A started server (with its worker unless told) that stops, leaving no job behind, whatever the test did."""
-    svc = Service(tmp_path / "home", **settings)
+    svc = Service(tmp_path / "home", database_url=database_url, **settings)
     svc.home.mkdir()
     try:
         yield svc.start(worker=worker)
@@ -59,13 +59,9 @@ def _service(tmp_path: Path, worker: bool = True, **settings: Any) -> Iterator[S
         kill_leftovers(svc.workspace)
 
 
-def _events(svc: Service, run_id: str) -> list[dict[str, Any]]:
-    text = svc.client.get(f"/v1/runs/{run_id}/events").text
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
-
-
-def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path) -> None:
-    with _service(tmp_path) as svc:
+@pytest.mark.both_stores
+def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path, database_url: str) -> None:
+    with _service(tmp_path, database_url=database_url) as svc:
         run = svc.submit(toy_spec(steps=60, sleep=0.1, nproc=1))
         svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 10, what="ten steps")
         svc.kill()
@@ -74,33 +70,26 @@ def test_server_kill_9_mid_run_loses_and_doubles_no_metric(tmp_path: Path) -> No
         done = svc.wait_status(run["id"], "succeeded", "failed")
         assert done["status"] == "succeeded" and done["attempt"] == 1, "the same attempt ran on; nothing relaunched"
         assert [p["step"] for p in svc.series(run["id"], "loss")] == list(range(1, 61))
-        statuses = [e["to"] for e in _events(svc, run["id"]) if "to" in e]
+        statuses = [e["to"] for e in svc.events(run["id"]) if "to" in e]
         assert statuses == ["queued", "launching", "running", "succeeded"]
 
 
-def test_worker_kill_9_another_worker_takes_the_run_over_by_its_lease(tmp_path: Path) -> None:
+def test_worker_kill_9_another_worker_takes_the_run_over_by_its_lease(tmp_path: Path, database_url: str) -> None:
+    """On SQLite; on PostgreSQL, with two servers besides, in tests/faults/test_many_servers.py."""
     workers: list[subprocess.Popen] = []
-
-    def worker(svc: Service, n: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
-                                stdout=open(svc.home / f"worker{n}.log", "ab"), stderr=subprocess.STDOUT)
-
-    with _service(tmp_path, worker=False) as svc:
+    with _service(tmp_path, worker=False, database_url=database_url) as svc:
         try:
-            workers.append(worker(svc, 0))
+            workers.append(start_worker(svc, "worker0"))
             run = svc.submit(toy_spec(steps=80, sleep=0.1, nproc=1))
             svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 10, what="ten steps")
             workers[0].send_signal(signal.SIGKILL)
             workers[0].wait()
-            workers.append(worker(svc, 1))
+            workers.append(start_worker(svc, "worker1"))
             done = svc.wait_status(run["id"], "succeeded", "failed")
             assert done["status"] == "succeeded" and done["attempt"] == 1
             assert [p["step"] for p in svc.series(run["id"], "loss")] == list(range(1, 81))
         finally:
-            for w in workers:
-                if w.poll() is None:
-                    w.terminate()
-                    w.wait(10)
+            stop_processes(workers)
 
 
 @pytest.mark.parametrize("skew", [3600.0, -3600.0])
@@ -112,7 +101,7 @@ def test_a_job_clock_an_hour_off_leaves_eta_and_stall_detection_right(tmp_path: 
         done = svc.wait_status(run["id"], "succeeded", "failed")
         assert done["status"] == "succeeded", done
         assert [p["step"] for p in svc.series(run["id"], "loss")] == list(range(1, 101))
-        assert not [e for e in _events(svc, run["id"]) if "stalled" in json.dumps(e)]
+        assert not [e for e in svc.events(run["id"]) if "stalled" in json.dumps(e)]
         started = done["attempts"][0]["started_at"]
         assert done["attempts"][0]["first_step_at"] >= started, "startup is measured on the server's clock"
 

@@ -47,8 +47,8 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
     assert {"by_depth", "position_acceptance", "by_attempt"} <= set(doc["components"]["schemas"]["EvaluationPublic"]["properties"])
 
 
-def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: Path, tmp_path_factory) -> None:
-    guarded = App(tmp_path / "home", tmp_path_factory.getbasetemp(), token="s3cret")
+def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: Path, database_url: str) -> None:
+    guarded = App(tmp_path / "home", database_url, token="s3cret")
     try:
         bare = TestClient(guarded.app, base_url="http://127.0.0.1")
         paths = guarded.client.get("/openapi.json").json()["paths"]
@@ -128,7 +128,7 @@ def test_waiting_gpu_requests_hold_no_thread_so_other_requests_are_answered(api:
     async def scenario() -> tuple[list[int], float, int]:
         transport = httpx.ASGITransport(app=api.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as client:
-            waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 4}))
+            waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 2}))
                        for _ in range(60)]
             await asyncio.sleep(1.0)
             started = time.monotonic()

@@ -1,4 +1,3 @@
-from pathlib import Path
 
 import pytest
 
@@ -67,18 +66,20 @@ def test_migrations_create_exactly_the_models_schema(db: Database) -> None:
     assert diff == [], "the models changed without a migration: add one in migrations/versions/"
 
 
-def test_an_attempt_given_up_on_before_the_abandoned_column_keeps_its_mark(tmp_path: Path) -> None:
+@pytest.mark.both_stores
+def test_an_attempt_given_up_on_before_the_abandoned_column_keeps_its_mark(empty_database_url: str) -> None:
     from sqlalchemy import text
 
     from server.db import upgrade
 
-    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    url = empty_database_url
     upgrade(url, "0001")
     old = Database(url)
     with old.engine.begin() as conn:
         conn.execute(text("INSERT INTO runs (id, name, status, spec, hosts, attempt, max_retries, retries_used, "
                           "clean_pending, host_reachable, latest, created_at, updated_at) VALUES ('r1', 'r', "
-                          "'failed', '{}', '[\"a\"]', 2, 0, 0, 0, 1, '{}', '2026-01-01', '2026-01-01')"))
+                          "'failed', '{}', '[\"a\"]', 2, 0, 0, :no, :yes, '{}', '2026-01-01', '2026-01-01')"),
+                     {"no": False, "yes": True})
         for number, state in ((1, "abandoned"), (2, "exited")):
             nodes = f'[{{"host": "a", "dir": "/ws/.longrun/r1/{number}", "state": "{state}"}}]'
             conn.execute(text("INSERT INTO attempts (run_id, number, spec, status, token, created_at, nodes, "

@@ -12,6 +12,7 @@ from tests.service import Service, attempt_processes, toy_spec
 pytestmark = pytest.mark.slow  # each test starts a real `longrun serve` and torchrun
 
 
+@pytest.mark.both_stores
 def test_submitted_run_reports_metrics_progress_eta_and_logs(service: Service) -> None:
     run = service.submit(toy_spec(steps=60, sleep=0.08))
     assert run["status"] == "queued" and run["attempt"] == 1
@@ -87,6 +88,7 @@ def test_restart_stops_every_process_before_the_new_attempt_starts(service: Serv
     assert steps2 == list(range(1, 31)), "each metric line of attempt 2 stored exactly once"
 
 
+@pytest.mark.both_stores
 def test_cancel_leaves_no_process_torchrun_workers_included(service: Service) -> None:
     run = service.submit(toy_spec(steps=1000, sleep=0.05))
     running = service.wait(run["id"], lambda r: r["status"] == "running" and "loss" in r["latest"], what="running")
@@ -134,6 +136,7 @@ def test_shell_metacharacters_reach_the_program_literally(service: Service, tmp_
     assert json.loads(argv_lines[0][5:])[-len(nasty):] == nasty
 
 
+@pytest.mark.both_stores
 def test_concurrent_cancel_and_restart_one_wins(service: Service) -> None:
     run = service.submit(toy_spec(steps=1000, sleep=0.05))
     service.wait_status(run["id"], "running")

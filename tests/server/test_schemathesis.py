@@ -1,8 +1,6 @@
 """Schemathesis over the OpenAPI document, in-process against the ASGI app: no generated request is a 5xx, and
 none echoes a secret. Bounded to fit CI: EXAMPLES per operation (about 15 operations), each a Hypothesis run."""
 
-from pathlib import Path
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -13,21 +11,18 @@ EXAMPLES = 15
 SECRET = "s3cret-value"
 
 
-def test_no_generated_request_is_a_server_error(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    app = App(tmp_path / "home", tmp_path_factory.getbasetemp())
-    try:
-        app.submit(env={"HF_TOKEN": SECRET})  # a run to list, so listings build real answers
-        schema = schemathesis.openapi.from_dict(app.client.get("/openapi.json").json())
-        schema.app = app.app  # called in-process, over ASGI
-        operations = [result.ok() for result in schema.get_all_operations()]
-        assert len(operations) >= 14
-        statuses: list[int] = []
-        for operation in operations:
-            _fuzz(operation, statuses)
-        assert len(statuses) > 5 * len(operations), "the generated requests were sent"
-        assert {200, 404, 422} <= set(statuses), "valid requests as well as refused ones"
-    finally:
-        app.close()
+@pytest.mark.slow  # generates hundreds of requests
+def test_no_generated_request_is_a_server_error(api: App) -> None:
+    api.submit(env={"HF_TOKEN": SECRET})  # a run to list, so listings build real answers
+    schema = schemathesis.openapi.from_dict(api.client.get("/openapi.json").json())
+    schema.app = api.app  # called in-process, over ASGI
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 14
+    statuses: list[int] = []
+    for operation in operations:
+        _fuzz(operation, statuses)
+    assert len(statuses) > 5 * len(operations), "the generated requests were sent"
+    assert {200, 404, 422} <= set(statuses), "valid requests as well as refused ones"
 
 
 def _fuzz(operation: schemathesis.APIOperation, statuses: list[int]) -> None:

@@ -106,8 +106,8 @@ def test_an_allow_list_from_the_settings_replaces_the_loopback_default(tmp_path:
     assert client.get("/healthz", headers={"Host": "127.0.0.1"}).status_code == 400
 
 
-def test_docs_and_the_openapi_document_need_the_token_when_one_is_set(tmp_path: Path) -> None:
-    guarded = App(tmp_path / "home", tmp_path, token="s3cret")
+def test_docs_and_the_openapi_document_need_the_token_when_one_is_set(tmp_path: Path, database_url: str) -> None:
+    guarded = App(tmp_path / "home", database_url, token="s3cret")
     try:
         bare = TestClient(guarded.app, base_url="http://127.0.0.1")
         assert bare.get("/openapi.json").status_code == 401 and bare.get("/docs").status_code == 401

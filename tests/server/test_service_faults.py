@@ -11,10 +11,10 @@ from server.models import Event, LogChunk, MetricPoint
 from server.queries import log_lines
 from server.runs import request_restart
 from server.schemas import RestartRequest
-from tests.worker.conftest import Rig, migrated_db, rig  # noqa: F401 - the worker's fixtures, shared
+from tests.worker.conftest import Rig, rig  # noqa: F401 - the worker's fixture, shared
 from worker.attempt_io import store_probes
 
-__all__ = ["migrated_db", "rig"]
+__all__ = ["rig"]
 
 
 def _restart_via_api(rig: Rig, run_id: str, **overrides: Any) -> None:

@@ -1,13 +1,12 @@
 """`longrun serve --no-worker` with separate `longrun worker` processes sharing one database."""
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.service import ROOT, Service, kill_leftovers, toy_spec
+from tests.service import Service, kill_leftovers, start_worker, stop_processes, toy_spec
 
 pytestmark = pytest.mark.slow  # a real server and two worker processes
 
@@ -21,10 +20,7 @@ def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_pa
         ids = [svc.submit(toy_spec(steps=30, sleep=0.02, nproc=1, name=f"r{i}"))["id"] for i in range(3)]
         time.sleep(2)
         assert all(svc.run(i)["status"] == "queued" for i in ids), "without a worker nothing moves"
-        for n in range(2):
-            workers.append(subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
-                                            stdout=open(svc.home / f"worker{n}.log", "ab"),
-                                            stderr=subprocess.STDOUT))
+        workers += [start_worker(svc, f"worker{n}") for n in range(2)]
         for run_id in ids:
             done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
             assert done["status"] == "succeeded", done
@@ -32,8 +28,6 @@ def test_two_workers_share_runs_through_leases_and_store_each_metric_once(tmp_pa
         logs = "".join((svc.home / f"worker{n}.log").read_text() for n in range(2))
         assert logs.count("started") >= 2
     finally:
-        for w in workers:
-            w.terminate()
-            w.wait(10)
+        stop_processes(workers)
         svc.stop()
         kill_leftovers(svc.workspace)

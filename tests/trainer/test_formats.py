@@ -111,6 +111,7 @@ def test_a_file_that_is_not_what_it_claims_is_named_with_its_missing_key(layouts
         detect_format(tmp_path / "nothing")
 
 
+@pytest.mark.slow  # real torchrun runs
 def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to_5(layouts, tmp_path):
     common = [*(str(a) for a in ("--verifier-path", layouts["verifier"], "--data-dir", layouts["speculators"]["data"],
                                  "--vocab-mapping-dir", layouts["speculators"]["vocab"], "--data-format", "speculators"))]

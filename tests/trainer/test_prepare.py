@@ -192,6 +192,7 @@ def _prepare_command(verifier: Path, corpus: Path, out: Path) -> list[str]:
             "--device", "cpu"]
 
 
+@pytest.mark.slow  # kills a real prepare process
 def test_killed_prepare_resumes_skipping_the_samples_written(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"

@@ -53,6 +53,7 @@ def test_greedy_regeneration_is_the_verifiers_own_continuation(verifier, tiny_ve
             assert record["text"] != tokenizer.decode(chunk)  # the second half really was replaced
 
 
+@pytest.mark.slow  # worker processes
 def test_batched_and_multiprocess_regeneration_equal_one_at_a_time(tiny_verifier, tiny_corpus, tmp_path):
     with one_cpu_thread():
         one = regenerate_corpus(tiny_verifier, tiny_corpus, tmp_path / "one", SEQ, max_samples=6, batch_size=1,

@@ -278,6 +278,7 @@ def test_device_busy_time_counts_work_on_several_streams_once():
     assert device_busy_seconds(trace) == pytest.approx(160e-6)
 
 
+@pytest.mark.slow  # a real torchrun run
 def test_torchrun_packs_samples_and_accumulates_to_the_global_batch(tiny, tmp_path):
     from trainer.data import HiddenStatesDataset, PackedBatchSampler, split_files
 

@@ -14,11 +14,10 @@ from tests.web.conftest import TOKEN, hold_gpu, sign_in, wait_for_points
 pytestmark = pytest.mark.slow  # a real server, torchrun and Chromium
 
 
-def test_the_page_and_its_files_need_no_token_but_every_data_call_does(tmp_path: Path,
-                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
-    guarded = App(tmp_path / "home", tmp_path_factory.getbasetemp(), token=TOKEN)
+def test_the_page_and_its_files_need_no_token_but_every_data_call_does(tmp_path: Path, database_url: str) -> None:
+    guarded = App(tmp_path / "home", database_url, token=TOKEN)
     try:
-        bare = guarded.client.__class__(guarded.app)
+        bare = guarded.client.__class__(guarded.app, base_url=str(guarded.client.base_url))  # no token
         page = bare.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         for path in re.findall(r'(?:src|href)="(/web/[^"]+)"', page.text):

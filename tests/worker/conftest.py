@@ -72,17 +72,9 @@ class Rig:
             drop_unstarted_attempt(previous)
 
 
-@pytest.fixture(scope="session")
-def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("db") / "migrated.sqlite"
-    Database(f"sqlite:///{path}").migrate()
-    return path
-
-
 @pytest.fixture
-def rig(tmp_path: Path, migrated_db: Path) -> Iterator[Rig]:
-    (tmp_path / "db.sqlite").write_bytes(migrated_db.read_bytes())
-    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+def rig(tmp_path: Path, database_url: str) -> Iterator[Rig]:
+    db = Database(database_url)
     hosts = {name: FakeHost(name, gpus=2) for name in ("a", "b")}
     with db.writing() as s:
         for name in hosts:

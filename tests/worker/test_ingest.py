@@ -1,14 +1,11 @@
 import json
-from pathlib import Path
 
 from server.db import Database
 from server.models import Attempt, MetricPoint, Run
 from worker.ingest import store_metrics
 
 
-def test_replaying_the_same_lines_stores_nothing_twice(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    db.migrate()
+def test_replaying_the_same_lines_stores_nothing_twice(db: Database) -> None:
     lines = "".join(json.dumps({"step": i, "total_steps": 3, "time": 1000.0 + i, "loss": 1.0 / i, "acc_0": 0.5})
                     + "\n" for i in range(1, 4))
     with db.writing() as s:
@@ -29,9 +26,7 @@ def test_replaying_the_same_lines_stores_nothing_twice(tmp_path: Path) -> None:
         assert run.latest["step"] == 3 and run.latest["total_steps"] == 3
 
 
-def test_garbage_lines_keep_their_place(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    db.migrate()
+def test_garbage_lines_keep_their_place(db: Database) -> None:
     text = '{"step": 1, "loss": 2.0}\nnot json\n{"step": 2, "loss": NaN}\n{"step": 3, "loss": 1.5}\n'
     with db.writing() as s:
         s.add(Run(id="r", name="r", status="running", spec={}, hosts=["local"], latest={}))

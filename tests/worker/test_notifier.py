@@ -2,7 +2,6 @@
 and a receiver that is down delays no run."""
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,13 +17,6 @@ from worker.notifier import WebhookNotifier, signature
 
 S = RunStatus
 SECRET = "hook-s3cret"
-
-
-@pytest.fixture
-def api(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    app = App(tmp_path / "home", tmp_path_factory.getbasetemp())
-    yield app
-    app.close()
 
 
 def wait_for(what: str, check, timeout: float = 30) -> None:  # noqa: ANN001

@@ -1,0 +1,182 @@
+"""Load on each store (SQLite, PostgreSQL): one `longrun serve --no-worker` and separate `longrun worker`s.
+
+    python benchmarks/bench_load.py                       # both stores, the defaults below
+    python benchmarks/bench_load.py --stores postgres --runs 50 --workers 4 --rate 530 --points 1000000
+
+Per store, on a fresh database:
+  lifecycle  `--runs` sleep-and-report jobs submitted at once on the `local` host: submit -> running (seen by a
+             client polling every 50 ms), then each cancelled: cancel -> cancelled (the worker's verdict that
+             no process of the run remains);
+  poll       `--pollers` clients each calling GET /v1/runs/{id} once a second for `--seconds`, while a job writes
+             `--rate` metric lines/s of 19 fields (530 lines/s: about 10,000 points/s) and the workers ingest;
+  size       `--points` metric points stored through the worker's ingest path (worker.ingest.store_metrics),
+             and the database's size after them.
+Prints one JSON line per measurement. PostgreSQL is a throw-away cluster from Debian's binaries (tests/postgres.py).
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_service import FIELDS, FIREHOSE, _poll  # noqa: E402
+
+from tests.service import Service, kill_leftovers, start_worker, stop_processes  # noqa: E402
+
+SLEEP_AND_REPORT = """
+import json, os, time
+with open(os.environ["LONGRUN_METRICS_FILE"], "a") as f:
+    for step in range(1, 100000):
+        f.write(json.dumps({"step": step, "total_steps": 100000, "time": time.time(), "loss": 1.0 / step}) + "\\n")
+        f.flush()
+        time.sleep(1.0)
+"""
+
+
+def _ms(seconds: list[float]) -> dict[str, float]:
+    ms = sorted(x * 1000 for x in seconds)
+    return {"p50_ms": round(statistics.median(ms), 1), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1),
+            "max_ms": round(ms[-1], 1)}
+
+
+def _until(svc: Service, run_ids: list[str], statuses: set[str], timeout: float) -> dict[str, float]:
+    """When each run was first seen in one of `statuses`, by a client listing the runs every 50 ms."""
+    seen: dict[str, float] = {}
+    deadline = time.perf_counter() + timeout
+    while len(seen) < len(run_ids):
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{len(run_ids) - len(seen)} runs not {statuses} after {timeout}s")
+        now = time.perf_counter()
+        for run in svc.client.get("/v1/runs", params={"limit": 500}).json()["items"]:
+            if run["id"] in run_ids and run["status"] in statuses:
+                seen.setdefault(run["id"], now)
+        time.sleep(0.05)
+    return seen
+
+
+def bench_lifecycle(svc: Service, runs: int, script: Path) -> dict:
+    spec = {"host": "local", "nproc_per_node": 1, "entrypoint": str(script)}
+    submitted = {}
+    for i in range(runs):
+        t = time.perf_counter()
+        submitted[svc.submit({**spec, "name": f"load-{i}"})["id"]] = t
+    running = _until(svc, list(submitted), {"running"}, timeout=600)
+    asked = {}
+    for run_id in submitted:
+        asked[run_id] = time.perf_counter()
+        svc.client.post(f"/v1/runs/{run_id}/cancel").raise_for_status()
+    gone = _until(svc, list(submitted), {"cancelled"}, timeout=600)
+    start = [running[r] - submitted[r] for r in submitted]
+    cancel = [gone[r] - asked[r] for r in submitted]
+    return {"bench": "lifecycle", "runs": runs, "submit_to_running": _ms(start), "cancel_to_gone": _ms(cancel)}
+
+
+def bench_poll(svc: Service, pollers: int, seconds: float, rate: float, script: Path) -> dict:
+    run = svc.submit({"name": "firehose", "host": "local", "nproc_per_node": 1, "entrypoint": str(script),
+                      "args": [str(rate), str(seconds + 60), json.dumps(FIELDS)]})
+    svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) > rate, what="metrics flowing", timeout=300)
+    before = svc.run(run["id"])["latest"]["step"]
+    latencies = asyncio.run(_poll(svc.url, run["id"], pollers, seconds, 1.0))
+    after = svc.run(run["id"])["latest"]["step"]
+    svc.client.post(f"/v1/runs/{run['id']}/cancel")
+    return {"bench": "poll", "pollers": pollers, "seconds": seconds, "requests": len(latencies),
+            "job_points_per_s": round(rate * len(FIELDS)),
+            "ingested_points_per_s": round((after - before) * len(FIELDS) / seconds), **_ms(latencies)}
+
+
+def bench_size(database_url: str, points: int, size_of) -> dict:  # noqa: ANN001
+    from server.db import Database
+    from server.models import Attempt, Run
+    from worker.ingest import store_metrics
+
+    db = Database(database_url)
+    with db.writing() as s:
+        s.add(Run(id="size", name="size", status="running", spec={}, hosts=["local"], latest={}, attempt=1))
+        s.add(Attempt(run_id="size", number=1, spec={}, token="t", nodes=[], metrics_lines=0))
+    empty = size_of()
+    lines, batch = points // len(FIELDS), 1000
+    t0 = time.perf_counter()
+    for start in range(1, lines + 1, batch):
+        text = "".join(json.dumps({"step": i, "time": 1e9 + i, **{k: 1.0 / i for k in FIELDS}}) + "\n"
+                       for i in range(start, min(start + batch, lines + 1)))
+        with db.writing() as s:
+            store_metrics(s, s.get(Run, "size"), s.query(Attempt).filter_by(run_id="size").one(), text)
+    seconds = time.perf_counter() - t0
+    db.dispose()
+    grown = size_of() - empty
+    stored = lines * len(FIELDS)
+    return {"bench": "size", "points": stored, "ingest_points_per_s": round(stored / seconds),
+            "database_mb": round(size_of() / 2**20, 1), "bytes_per_point": round(grown / stored, 1)}
+
+
+def run_store(store: str, args: argparse.Namespace, tmp: Path) -> None:
+    cluster = None
+    if store == "postgres":
+        from tests.postgres import PostgresCluster
+
+        cluster = PostgresCluster().start()
+        url = cluster.create_database(migrated=False)
+
+        def size_of() -> int:
+            import psycopg
+
+            with psycopg.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname="postgres") as c:
+                return c.execute("SELECT pg_database_size(%s)", (url.rsplit("/", 1)[1],)).fetchone()[0]
+    else:
+        path = tmp / "longrun.sqlite"
+        url = f"sqlite:///{path}"
+
+        def size_of() -> int:
+            import sqlite3
+
+            with sqlite3.connect(path) as c:  # the write-ahead log folded into the file first
+                c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return path.stat().st_size
+
+    svc = Service(tmp / "home", database_url=url, poll_interval=0.5, lease_seconds=30)
+    svc.home.mkdir()
+    (tmp / "report.py").write_text(SLEEP_AND_REPORT)
+    (tmp / "firehose.py").write_text(FIREHOSE)
+    workers = []
+    try:
+        svc.start(worker=False)
+        workers = [start_worker(svc, f"worker{n}") for n in range(args.workers)]
+        for result in (bench_lifecycle(svc, args.runs, tmp / "report.py"),
+                       bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py")):
+            print(json.dumps({"store": store, "workers": args.workers, **result}), flush=True)
+    finally:
+        stop_processes(workers)
+        svc.stop()
+        kill_leftovers(svc.workspace)
+    try:
+        print(json.dumps({"store": store, **bench_size(url, args.points, size_of)}), flush=True)
+    finally:
+        if cluster:
+            cluster.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--stores", nargs="+", choices=["sqlite", "postgres"], default=["sqlite", "postgres"])
+    p.add_argument("--runs", type=int, default=20, help="sleep-and-report runs submitted at once")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--pollers", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--rate", type=float, default=530, help="metric lines/s of 19 fields the firehose job writes")
+    p.add_argument("--points", type=int, default=1_000_000)
+    args = p.parse_args()
+    for store in args.stores:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_store(store, args, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The container deployment (Dockerfile, docker-compose.yml, .dockerignore), checked without a container runtime:
+the compose file read as Compose reads it, and the image's Python environment built the way the Dockerfile
+builds it, from the files the build context would hold, then run."""
+
+import fnmatch
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from server.config import is_loopback
+from tests.postgres import PostgresCluster
+from tests.service import ROOT, free_port
+
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+LONGRUN_SERVICES = ("migrate", "api", "worker")
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} against `env`."""
+    def one(match: re.Match) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise ValueError(f"{name}: {arg}")
+        return arg or ""
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+def environment(service: str, env: dict[str, str]) -> dict[str, str]:
+    return {k: interpolate(str(v), env) for k, v in SERVICES[service].get("environment", {}).items()}
+
+
+def build_context(destination: Path) -> Path:
+    """A copy of the tree without what .dockerignore keeps out of the build context."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+    def ignored(directory: str, names: list[str]) -> set[str]:
+        relative = Path(directory).relative_to(ROOT)
+        return {n for n in names for p in patterns
+                if fnmatch.fnmatch(str(relative / n), p.removeprefix("**/")) or
+                (p.startswith("**/") and fnmatch.fnmatch(n, p.removeprefix("**/")))}
+
+    shutil.copytree(ROOT, destination, ignore=ignored)
+    return destination
+
+
+def dockerfile_pip_install() -> list[str]:
+    """The Dockerfile's `RUN pip install ...`, as an argument list."""
+    runs = [line.removeprefix("RUN ").strip() for line in (ROOT / "Dockerfile").read_text().splitlines()
+            if line.startswith("RUN pip install")]
+    assert len(runs) == 1, "one pip install makes the image's environment"
+    return shlex.split(runs[0])
+
+
+def test_postgres_is_healthy_before_one_migration_job_and_the_service_waits_for_that_job() -> None:
+    assert "pg_isready" in " ".join(SERVICES["postgres"]["healthcheck"]["test"])
+    migrate = SERVICES["migrate"]
+    assert migrate["command"] == ["longrun", "migrate"] and migrate["restart"] == "no"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("api", "worker"):
+        service = SERVICES[name]
+        assert "migrate" not in service["command"]
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert service["restart"] == "unless-stopped"
+    assert SERVICES["api"]["command"] == ["longrun", "serve", "--no-worker"]
+    assert SERVICES["worker"]["command"] == ["longrun", "worker"]
+    assert SERVICES["postgres"]["restart"] == "unless-stopped"
+    assert [n for n, s in SERVICES.items() if "migrate" in s.get("command", [])] == ["migrate"]
+
+
+def test_every_service_uses_the_same_database_and_it_needs_a_password_from_the_operator() -> None:
+    with pytest.raises(ValueError, match="LONGRUN_DB_PASSWORD"):
+        environment("api", {})
+    env = {"LONGRUN_DB_PASSWORD": "pw"}
+    urls = {environment(name, env)["LONGRUN_DATABASE_URL"] for name in LONGRUN_SERVICES}
+    assert urls == {"postgresql+psycopg://longrun:pw@127.0.0.1:55432/longrun"}
+    published = [interpolate(p, env) for p in SERVICES["postgres"]["ports"]]
+    assert published == ["127.0.0.1:55432:5432"], "the database is reachable from this machine only"
+
+
+def test_the_api_listens_on_loopback_unless_the_operator_sets_a_token_and_an_address() -> None:
+    api = SERVICES["api"]
+    # on the host's network the server's own bind address is what others can reach: no port mapping around it
+    assert api["network_mode"] == "host" and "ports" not in api
+    plain = environment("api", {"LONGRUN_DB_PASSWORD": "pw"})
+    assert is_loopback(plain["LONGRUN_BIND_HOST"]) and not plain["LONGRUN_API_TOKEN"]
+    team = environment("api", {"LONGRUN_DB_PASSWORD": "pw", "LONGRUN_BIND_HOST": "0.0.0.0",
+                               "LONGRUN_API_TOKEN": "t0ken"})
+    assert team["LONGRUN_BIND_HOST"] == "0.0.0.0" and team["LONGRUN_API_TOKEN"] == "t0ken"
+    # and without the token such a bind is refused by the server itself (tests/server/test_service_api.py)
+    for name, service in SERVICES.items():
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", [])), name
+
+
+def test_the_build_context_holds_the_package_and_none_of_the_repositorys_bulk(tmp_path: Path) -> None:
+    context = build_context(tmp_path / "context")
+    assert (context / "pyproject.toml").exists() and (context / "README.md").exists()
+    assert (context / "server" / "api" / "app.py").exists() and (context / "migrations" / "env.py").exists()
+    for left_out in (".git", ".venv", "tests", "benchmarks", "docs"):
+        assert not (context / left_out).exists(), left_out
+    assert not list(context.rglob("__pycache__"))
+
+
+@pytest.mark.slow
+def test_the_images_environment_serves_on_postgresql_without_torch(tmp_path: Path, postgres: PostgresCluster) -> None:
+    argv = dockerfile_pip_install()
+    assert argv[-1] == "/src[postgres]" and not any("torch" in a or "trainer" in a for a in argv)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    context = build_context(tmp_path / "src")
+    # as the Dockerfile, from the build context, by this pip into the new environment; pip's cache kept, as a
+    # CI machine has it from `make setup`
+    install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+               *[a for a in argv[1:-1] if a != "--no-cache-dir"], "-q", f"{context}[postgres]"]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    python, longrun = str(venv / "bin" / "python"), str(venv / "bin" / "longrun")
+    for heavy in ("torch", "transformers", "accelerate"):
+        probe = subprocess.run([python, "-c", f"import {heavy}"], capture_output=True, text=True)
+        assert "ModuleNotFoundError" in probe.stderr, f"{heavy} is in the image"
+    assert "--no-worker" in subprocess.run([longrun, "serve", "--help"], capture_output=True, text=True,
+                                           check=True).stdout
+
+    url = postgres.create_database(migrated=False)
+    port = free_port()
+    # outside the source tree, so that only what pip installed is imported
+    env = {"PATH": os.environ["PATH"], "LONGRUN_HOME": str(tmp_path / "data"), "LONGRUN_DATABASE_URL": url,
+           "LONGRUN_PORT": str(port)}
+    try:
+        migrated = subprocess.run([longrun, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert migrated.returncode == 0 and "up to date" in migrated.stdout, migrated.stderr[-3000:]
+        server = subprocess.Popen([longrun, "serve", "--no-worker"], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen([longrun, "worker"], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert server.poll() is None, server.stdout.read().decode()[-3000:]
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "the server did not answer"
+                    time.sleep(0.2)
+            hosts = httpx.get(f"http://127.0.0.1:{port}/v1/hosts").json()
+            assert [h["name"] for h in hosts] == ["local"]
+            time.sleep(1)
+            assert worker.poll() is None, worker.stdout.read().decode()[-3000:]
+        finally:
+            for process in (server, worker):
+                process.terminate()
+                process.wait(10)
+    finally:
+        postgres.drop_database(url)
