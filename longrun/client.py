@@ -190,9 +190,10 @@ class Client:
         return self._call("POST", f"/v1/runs/{run_id}/restart", params={"dry_run": str(dry_run).lower()}, json=body)
 
     def metrics(self, run_id: str, names: list[str] | None = None, attempt: int | None = None,
-                since_step: int | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...]."""
-        params: dict[str, Any] = {}
+                since_step: int | None = None, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...], at most `limit` points in
+        all (the server's default: 100000)."""
+        params: dict[str, Any] = {} if limit is None else {"limit": limit}
         if names:
             params["names"] = ",".join(names)
         if attempt is not None:

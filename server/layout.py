@@ -3,6 +3,7 @@
     <workspace>/.longrun/bin/                      the host-side agent (worker/hostside.py)
     <workspace>/.longrun/<run_id>/<attempt>/       one attempt (node 0; node i in node<i>/)
     <workspace>/.longrun/<run_id>/draft-before-attempt-<n>/   a draft kept aside by a clean restart
+    <workspace>/.longrun/<run_id>/tracking/        the trainer's one tracker run for all attempts (trainer/trackers.py)
 
 worker/hostside.py names the files inside an attempt directory itself (it runs alone on the host);
 tests/worker/test_protocol.py holds the two in step.

@@ -208,6 +208,10 @@ class TrainerSpec(Strict):
     eval_max_depth: int | None = Field(None, gt=0, le=64)
     eval_samples: int | None = Field(None, gt=0)
     eval_new_tokens: int | None = Field(None, gt=0)
+    report_to: str | None = Field(None, pattern=r"^(tensorboard|wandb)(,(tensorboard|wandb))*$",
+                                  description="experiment trackers, e.g. tensorboard or tensorboard,wandb: one tracker "
+                                  "run per longrun run, across its attempts")
+    tracking_dir: AbsPath | None = Field(None, description="where trackers write; default <records>/<run>/tracking")
 
 
 def _log_pattern(value: str) -> str:

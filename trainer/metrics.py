@@ -12,6 +12,7 @@ from typing import TextIO
 
 import torch
 
+from trainer.trackers import Trackers
 from trainer.ttt import summarize_stats
 
 METRICS_FILE_ENV = "LONGRUN_METRICS_FILE"
@@ -25,10 +26,11 @@ def metrics_path(output_dir: str | Path) -> Path:
 class MetricsReporter:
     """Appends one JSON object per line, flushed at once so that a reader never waits on a buffer.
 
-    Only the reporting rank writes; on the others every call is a no-op."""
+    Only the reporting rank writes; on the others every call is a no-op. `trackers` get every line too."""
 
-    def __init__(self, path: str | Path, enabled: bool = True, print_every: int = 10):
+    def __init__(self, path: str | Path, enabled: bool = True, print_every: int = 10, trackers: Trackers | None = None):
         self.enabled = enabled
+        self.trackers = trackers if enabled else None
         self.print_every = print_every
         self._first: tuple[int, float] | None = None  # (step before the first one reported, its time)
         self._file: TextIO | None = None
@@ -42,6 +44,8 @@ class MetricsReporter:
         record = {"time": time.time(), **record}
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def train_step(self, record: dict) -> None:
         """Write a training line; print a progress line every `print_every` steps and at the last."""
@@ -64,6 +68,9 @@ class MetricsReporter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 def _step_index(name: str) -> int:

@@ -32,6 +32,7 @@ from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StepProfiler
 from trainer.step import TrainingStep
+from trainer.trackers import TRACKERS, open_trackers, parse_report_to
 from trainer.ttt import TTTObjective
 from trainer.validation import Validator
 from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
@@ -79,6 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-from", default=None, help="draft weights to start from (a checkpoint or output dir)")
     p.add_argument("--init-lm-head-from-verifier", action="store_true",
                    help="start the draft's lm_head from the verifier's lm_head rows of the draft vocabulary")
+    p.add_argument("--report-to", default=None, metavar="|".join(TRACKERS),
+                   help="experiment trackers, comma-separated; one tracker run per longrun run across attempts")
+    p.add_argument("--tracking-dir", default=None,
+                   help="where trackers write (default: the longrun run's records/<run>/tracking, else <output-dir>/tracking)")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out text: at the end, measure acceptance by depth (trainer.evaluate) and report it")
     p.add_argument("--eval-max-depth", type=int, default=8)
@@ -89,6 +94,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
     if args.init_from and args.init_lm_head_from_verifier:
         p.error("--init-from brings its own lm_head; drop --init-lm-head-from-verifier")
+    try:
+        parse_report_to(args.report_to or "")
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -347,7 +356,8 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         log(f"resuming from {resume_from} at step {position.step} (epoch {position.epoch}, batch {position.batch})")
     log(describe_run(draft, args, data, ctx, total_steps), flush=True)
 
-    reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0)
+    trackers = open_trackers(args.report_to, output_dir, args.tracking_dir) if ctx.rank == 0 else None
+    reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0, trackers=trackers)
     metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, args.ttt_steps)
     validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype)
     profiler = StepProfiler(ctx.rank)

@@ -474,7 +474,7 @@ def test_cli_both_and_own_table(tmp_path, capsys):
     [
         (["--evaluation", "{missing}"], "No such file"),
         (["--evaluation", "{bad}"], "outside"),
-        (["--evaluation", "{good}", "--interconnect", "ib"], "invalid choice"),
+        (["--evaluation", "{good}", "--interconnect", "ib"], "'ib' is not one of"),
         (["--evaluation", "{good}", "--allreduce-table", "{good}"], "pick --interconnect"),
         (["--evaluation", "{good}", "--tp", "0"], "tp must be"),
         (["--evaluation", "{good}", "--retrain-seconds", "five=10"], "TTT=SECONDS"),

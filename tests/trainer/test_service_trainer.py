@@ -68,7 +68,7 @@ def test_ttt3_run_then_restart_at_ttt5_through_the_service(
 def test_warm_restart_starts_from_the_last_draft_even_with_clean(
         service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
     spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
-    spec["trainer"].update(epochs=3)
+    spec["trainer"].update(epochs=3, report_to="tensorboard")
     del spec["trainer"]["eval_corpus"]
     run = service.submit(spec)
     assert service.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
@@ -84,6 +84,15 @@ def test_warm_restart_starts_from_the_last_draft_even_with_clean(
     first, second = (service.series(run["id"], "loss_0", attempt=n) for n in (1, 2))
     assert second[0]["step"] == 1, "a fresh schedule, not a resume of attempt 1's checkpoints"
     assert second[0]["value"] < first[0]["value"], "warm: it starts where the TTT=3 draft ended"
+
+    # one TensorBoard run for both attempts, kept through the clean restart: attempt 2 follows attempt 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(service.workspace / ".longrun" / run["id"] / "tracking" / "tensorboard"))
+    board.Reload()
+    assert [e.step for e in board.Scalars("train/loss_0")] == list(range(1, len(first) + len(second) + 1))
+    assert [e.value for e in board.Scalars("train/loss_0")] == pytest.approx([p["value"] for p in first + second])
+    assert [(e.step, e.value) for e in board.Scalars("longrun/attempt")] == [(1, 1.0), (len(first) + 1, 2.0)]
 
 
 @pytest.fixture

@@ -1,0 +1,73 @@
+"""What every client command shares: the --json flag, the connection from flag/env/config file, and output."""
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, RenderableType
+
+from longrun.client import Client
+from longrun.config import resolve
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (one object; a stream of them, one per line, "
+                                                       "for commands that follow a run) instead of text.")]
+
+
+@dataclass
+class GlobalOptions:
+    """The root command's --url and --token, kept in the click context for the sub-commands."""
+
+    url: str | None = None
+    token: str | None = None
+
+
+@dataclass
+class OutputMode:
+    """Whether this invocation prints JSON: errors are then JSON too (longrun.cli.main reads it)."""
+
+    json: bool = False
+
+
+OUTPUT = OutputMode()
+
+
+def stdout() -> Console:
+    # a pipe gets wide lines, not rich's 80-column default: nothing that scripts read is cut
+    console = Console(highlight=False, soft_wrap=False)
+    return console if console.is_terminal else Console(highlight=False, width=200)
+
+
+def stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def begin(as_json: bool) -> None:
+    """Called first by each command with its --json flag."""
+    OUTPUT.json = as_json
+
+
+@contextmanager
+def connect(ctx: typer.Context) -> Iterator[Client]:
+    options: GlobalOptions = ctx.find_root().obj or GlobalOptions()
+    connection = resolve(options.url, options.token)
+    with Client(connection.url, connection.token) as client:
+        yield client
+
+
+def print_json(obj: Any, lines: bool = False) -> None:
+    """One JSON document, indented; with lines, compact on one line (a stream of them)."""
+    text = json.dumps(obj, separators=(",", ":")) if lines else json.dumps(obj, indent=2)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def emit(obj: Any, as_json: bool, human: RenderableType | str) -> None:
+    """`obj` as JSON with --json, else `human` for people."""
+    if as_json:
+        print_json(obj)
+    else:
+        stdout().print(human)

@@ -1,0 +1,124 @@
+"""Hosts: `longrun hosts` lists them; `hosts add`, `hosts show`, `hosts gpus`, `hosts probe-interconnect`."""
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from longrun.commands.common import JsonFlag, begin, connect, emit, stderr
+from longrun.exit_codes import ExitCode
+from longrun.views import hosts_table
+
+app = typer.Typer(help="The machines runs go to: list (the default), add, show, gpus, probe-interconnect.")
+
+HostName = Annotated[str, typer.Argument(help="The host's name, as runs name it.")]
+
+
+@app.callback(invoke_without_command=True)
+def hosts(ctx: typer.Context, as_json: JsonFlag = False) -> int | None:
+    """The hosts, whether the worker reaches them (also `hosts list`)."""
+    if ctx.invoked_subcommand is None:
+        return list_hosts(ctx, as_json)
+    return None
+
+
+@app.command("list")
+def list_hosts(ctx: typer.Context, as_json: JsonFlag = False) -> int:
+    """The hosts, whether the worker reaches them."""
+    begin(as_json)
+    with connect(ctx) as client:
+        found = client.hosts()
+    emit(found, as_json, hosts_table(found))
+    return ExitCode.OK
+
+
+@app.command()
+def add(
+    ctx: typer.Context,
+    name: HostName,
+    address: Annotated[str, typer.Option(help="Where SSH reaches it: a name or an IP address.")],
+    workspace: Annotated[str, typer.Option(help="An absolute directory on the host for longrun's files.")],
+    port: Annotated[int, typer.Option(help="SSH port.", min=1, max=65535)] = 22,
+    username: Annotated[str | None, typer.Option(help="SSH user (default: the server's user).")] = None,
+    key_path: Annotated[str | None, typer.Option(help="Private key on the server's machine.")] = None,
+    host_key: Annotated[str | None, typer.Option(help="The host's public key line, pinned (default: first use "
+                                                 "is trusted and recorded).")] = None,
+    python: Annotated[str | None, typer.Option(help="The Python on the host that has torch (default python3).")] = None,
+    kind: Annotated[str | None, typer.Option(help="direct (runs start on the host; the default) or slurm (the "
+                                             "host is a login node; runs are batch jobs).")] = None,
+    as_json: JsonFlag = False,
+) -> int:
+    """Register a host."""
+    begin(as_json)
+    with connect(ctx) as client:
+        host = client.add_host(name, address, workspace, port=port, username=username, key_path=key_path,
+                               host_key=host_key, python=python, kind=kind)
+    emit(host, as_json, f"added {host['name']} ({host['address']}:{host['port']}, workspace {host['workspace']})")
+    return ExitCode.OK
+
+
+@app.command()
+def show(ctx: typer.Context, name: HostName, as_json: JsonFlag = False) -> int:
+    """One host's settings and reachability."""
+    begin(as_json)
+    with connect(ctx) as client:
+        host = client.host(name)
+    emit(host, as_json, hosts_table([host]))
+    return ExitCode.OK
+
+
+@app.command()
+def gpus(
+    ctx: typer.Context,
+    name: HostName,
+    max_age: Annotated[float | None, typer.Option(help="Ask for a fresh look when the last is older (seconds).",
+                                                  min=0)] = None,
+    wait: Annotated[float | None, typer.Option(help="Seconds to wait for that look.", min=0)] = None,
+    as_json: JsonFlag = False,
+) -> int:
+    """The host's GPUs and the processes on them."""
+    begin(as_json)
+    with connect(ctx) as client:
+        answer = client.host_gpus(name, max_age=max_age, wait=wait)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("GPU", "NAME", "UTIL", "MEMORY", "PROCESSES"):
+        table.add_column(column)
+    for g in answer.get("gpus", []):
+        table.add_row(str(g.get("index")), g.get("name") or "", f"{g.get('utilization_pct') or 0:.0f}%",
+                      f"{(g.get('memory_used_mib') or 0) / 1024:.1f} GiB",
+                      " ".join(str(p.get("pid")) for p in g.get("processes", [])))
+    emit(answer, as_json, table if answer.get("gpus") else answer.get("message") or "no GPUs")
+    return ExitCode.OK
+
+
+@app.command("probe-interconnect")
+def probe_interconnect(
+    ctx: typer.Context,
+    name: HostName,
+    tp: Annotated[int | None, typer.Option(help="GPUs in the all-reduce (default: all of the host's).", min=1)] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the table.", min=0)] = 900.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """Measure NCCL all-reduce times on the host's GPUs over the worker's connection; the table is kept with the
+    host and used by `advice?deploy_host=NAME`. Exits 1 when the probe did not measure."""
+    begin(as_json)
+    with connect(ctx) as client:
+        table = client.probe_interconnect(name, tp=tp, timeout=timeout)
+    if table["status"] == "pending":
+        problem = (f"the probe of {name} has not answered within {timeout:g}s; "
+                   f"`longrun hosts probe-interconnect {name}` again shows it once it has")
+    elif table["status"] == "failed":
+        problem = f"the probe of {name} did not measure: {table['message']}"
+    else:
+        problem = None
+    rows = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("BYTES", "ALL-REDUCE µs"):
+        rows.add_column(column, justify="right")
+    for point in table.get("allreduce") or []:
+        rows.add_row(f"{point['bytes']:,}", f"{point['us']:.1f}")
+    summary = f"{name}: tp={table.get('tp')}, {table.get('interconnect') or 'no link between GPUs'}"
+    emit(table, as_json, rows if table.get("allreduce") else summary)
+    if problem:
+        stderr().print(f"longrun: {problem}")
+        return ExitCode.FAILED
+    return ExitCode.OK

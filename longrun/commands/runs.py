@@ -1,0 +1,247 @@
+"""Runs: submit, status, watch, logs, cancel, restart (mounted at the top level: `longrun submit ...`)."""
+
+import sys
+import time
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
+
+from longrun.client import TERMINAL, Client, LongrunError
+from longrun.commands.common import JsonFlag, begin, connect, emit, print_json, stderr, stdout
+from longrun.config import ConfigError, resolve
+from longrun.exit_codes import ExitCode, outcome_code
+from longrun.specs import parse_assignments, read_spec
+from longrun.views import attempts_table, duration, progress_line, run_panel, runs_table
+
+app = typer.Typer()
+
+
+def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
+    """The newest runs whose id starts with what was typed, for shell completion; none when the server is away."""
+    try:
+        connection = resolve()
+        with Client(connection.url, connection.token, timeout=2) as client:
+            runs = client.list(limit=100)["items"]
+    except (LongrunError, ConfigError, httpx.HTTPError):
+        return []
+    return [(r["id"], f"{r['name']} ({r['status']})") for r in runs if r["id"].startswith(incomplete)]
+
+
+RunId = Annotated[str, typer.Argument(help="The run's id (`longrun status` lists them).",
+                                      autocompletion=complete_run_id)]
+Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
+Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",
+                                      min=0)]
+
+
+def follow_run(client: Client, run_id: str, interval: float, every: float, as_json: bool) -> ExitCode:
+    """Show the run until it ends: a live panel on a terminal, lines on a pipe, JSON lines with --json;
+    the exit code says how it ended. Ctrl-C stops watching, not the run."""
+    try:
+        if as_json:
+            last: dict[str, Any] | None = None
+            for run in client.watch(run_id, interval=interval):
+                if run != last:
+                    print_json(run, lines=True)
+                last = run
+        elif stdout().is_terminal:
+            console = stdout()
+            with Live(console=console, auto_refresh=False) as live:  # drawn once per look at the run
+                for run in client.watch(run_id, interval=interval):
+                    live.update(run_panel(run, min(console.width, 120)), refresh=True)
+        else:
+            run = _print_lines(client, run_id, interval, every)
+    except KeyboardInterrupt:
+        stderr().print(f"stopped watching; run {run_id} goes on (`longrun cancel {run_id}` stops it)")
+        return ExitCode.INTERRUPTED
+    return outcome_code(run["status"])
+
+
+def _print_lines(client: Client, run_id: str, interval: float, every: float) -> dict[str, Any]:
+    """A line per state change and a progress line every `every` seconds, for logs and pipes."""
+    last_state, last_print = None, 0.0
+    for run in client.watch(run_id, interval=interval):
+        state = (run["status"], run["attempt"])
+        if state != last_state:
+            print(f"{run['name']} [{run['id']}]: {run['status']} (attempt {run['attempt']})"
+                  + (f" - {run['message']}" if run.get("message") else ""), flush=True)
+            last_state = state
+        if time.time() - last_print >= every:
+            print(progress_line(run), flush=True)
+            last_print = time.time()
+    print(progress_line(run), flush=True)
+    return run
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="The run spec: a YAML or JSON file, or - for "
+                                             "standard input (fields as in the README).")],
+    idempotency_key: Annotated[str | None, typer.Option(help="Submitting again with the same key and spec returns "
+                                                        "the run submitted first instead of a second run.")] = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it ends; the exit code says "
+                                        "how it ended.")] = False,
+    interval: Interval = 1.0,
+    every: Every = 5.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """Submit a run; with --watch, follow it to its end."""
+    begin(as_json)
+    spec = read_spec(spec_file)
+    with connect(ctx) as client:
+        run = client.submit(spec, idempotency_key=idempotency_key)
+        if as_json:
+            print_json(run, lines=watch)
+        else:
+            stdout().print(Text.assemble("submitted ", (run["id"], "bold"), f" ({run['name']}): ",
+                                         run["status"], "" if watch else f"; follow it with `longrun watch {run['id']}`"))
+        return follow_run(client, run["id"], interval, every, as_json) if watch else ExitCode.OK
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    run_id: Annotated[str | None, typer.Argument(help="One run in detail; without it, the newest runs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only runs in this state (queued, running, failed, ...).")] = None,
+    limit: Annotated[int, typer.Option(help="How many runs to list.", min=1, max=500)] = 20,
+    as_json: JsonFlag = False,
+) -> int:
+    """One run with its attempts, or the newest runs as a table."""
+    begin(as_json)
+    with connect(ctx) as client:
+        if run_id:
+            run = client.get(run_id)
+            emit(run, as_json, Group(run_panel(run, min(stdout().width, 120)), attempts_table(run)))
+        else:
+            page = client.list(status=state, limit=limit)
+            emit(page, as_json, runs_table(page["items"]) if page["items"] else "no runs")
+    return ExitCode.OK
+
+
+@app.command()
+def watch(
+    ctx: typer.Context,
+    run_id: RunId,
+    interval: Interval = 1.0,
+    every: Every = 5.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """Live progress until the run ends: state, ETA, loss, accuracy per TTT step, GPUs.
+
+    Exits with the run's outcome: 0 succeeded, 1 failed, 3 cancelled."""
+    begin(as_json)
+    with connect(ctx) as client:
+        return follow_run(client, run_id, interval, every, as_json)
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    run_id: RunId,
+    wait: Annotated[bool, typer.Option("--wait", help="Return once no process of the run is left (exit 0), "
+                                       "or with the run's outcome if it ended otherwise meanwhile.")] = False,
+    interval: Interval = 0.5,
+    as_json: JsonFlag = False,
+) -> int:
+    """Stop a run on every node and verify that no process remains."""
+    begin(as_json)
+    with connect(ctx) as client:
+        run = client.cancel(run_id)
+        if wait:
+            *_, run = client.watch(run_id, interval=interval)
+        emit(run, as_json, Text.assemble(run["id"], ": ", run["status"]))
+        if not wait or run["status"] == "cancelled":
+            return ExitCode.OK
+        return outcome_code(run["status"])
+
+
+@app.command()
+def restart(
+    ctx: typer.Context,
+    run_id: RunId,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="A changed setting "
+                                                   "(repeatable), the value as JSON when it parses: "
+                                                   "ttt_steps=5, args='[\"--steps\",\"10\"]'.")] = None,
+    ttt_steps: Annotated[int | None, typer.Option(help="Trainer runs: the new TTT depth (as --set ttt_steps=N).",
+                                                  min=1)] = None,
+    clean: Annotated[bool, typer.Option("--clean", help="Empty the output directory first.")] = False,
+    init_from_last: Annotated[bool, typer.Option("--init-from-last", help="Trainer runs: warm start from the last "
+                                                 "exported draft.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only predict the new attempt's duration; nothing "
+                                          "changes.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch the new attempt until the run ends.")] = False,
+    interval: Interval = 1.0,
+    every: Every = 5.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """Relaunch a run as a new attempt, optionally with changed settings."""
+    begin(as_json)
+    overrides = parse_assignments(set_ or [])
+    if ttt_steps is not None:
+        overrides["ttt_steps"] = ttt_steps
+    with connect(ctx) as client:
+        answer = client.restart(run_id, overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run)
+        if as_json:
+            print_json(answer, lines=watch and not dry_run)
+        elif dry_run:
+            predicted = answer.get("predicted_duration_seconds")
+            stdout().print(f"the new attempt would take {duration(predicted) if predicted else 'an unknown time'}"
+                           f" ({answer['basis']})")
+        else:
+            stdout().print(Text.assemble(answer["id"], f": attempt {answer['attempt']}, ", answer["status"]))
+        if watch and not dry_run:
+            return follow_run(client, run_id, interval, every, as_json)
+    return ExitCode.OK
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    run_id: RunId,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing lines as they come, into the next "
+                                         "attempt after a restart, until the run ends; exits with its outcome.")] = False,
+    tail: Annotated[int, typer.Option(help="Lines from the end to start with.", min=0)] = 50,
+    attempt: Annotated[int | None, typer.Option(help="This attempt's log (default: the current one); -f then "
+                                                "follows this attempt only.", min=1)] = None,
+    node: Annotated[int, typer.Option(help="Which node's log in a multi-host run (0 is the first host).",
+                                      min=0)] = 0,
+    interval: Interval = 1.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """An attempt's log."""
+    begin(as_json)
+
+    def show(number: int, lines: list[str]) -> None:
+        for line in lines:
+            if as_json:
+                print_json({"attempt": number, "node": node, "line": line}, lines=True)
+            else:
+                sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    with connect(ctx) as client:
+        page = client.logs(run_id, tail=tail, attempt=attempt, node=node)
+        current, offset = page["attempt"], page["next_offset"]
+        show(current, page["lines"])
+        while follow:
+            time.sleep(interval)
+            page = client.logs(run_id, since_offset=offset, attempt=current, node=node)
+            show(current, page["lines"])
+            offset = page["next_offset"]
+            if page["lines"]:
+                continue
+            run = client.get(run_id)
+            if attempt is None and run["attempt"] > current:
+                current, offset = current + 1, 0
+                if not as_json:
+                    stderr().rule(f"attempt {current}")
+                continue
+            if run["status"] in TERMINAL or run["attempt"] > current:
+                ended = next(a for a in run["attempts"] if a["number"] == current)
+                return outcome_code(run["status"] if run["attempt"] == current else ended["status"])
+    return ExitCode.OK

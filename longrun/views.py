@@ -1,0 +1,188 @@
+"""How runs and hosts look on a terminal: rich renderables for people, one plain line for logs and pipes.
+
+The watch panel fits the width it is given at any TTT depth and GPU count: the accuracies per TTT step and
+the GPUs wrap into rows, and the first line (state, attempt, ETA, step rate) never wraps away."""
+
+import re
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+GPU_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_(?P<kind>util|mem)_(?P<gpu>\d+)$")
+STATE_STYLES = {"queued": "cyan", "launching": "cyan", "running": "green", "retrying": "yellow",
+                "cancelling": "yellow", "succeeded": "bold green", "failed": "bold red", "cancelled": "magenta"}
+ACC_CELL = 8  # "15 0.57" and a space
+GPU_CELL = 17  # "n1:7 100% 140.4G" and a space
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def step_series(latest: dict[str, Any], prefix: str) -> list[tuple[int, float]]:
+    """(k, value) of `<prefix>_<k>` metrics, by k: the per-TTT-step figures."""
+    pattern = re.compile(rf"^{prefix}_(\d+)$")
+    found = [(int(m.group(1)), v) for k, v in latest.items() if (m := pattern.match(k)) and isinstance(v, int | float)]
+    return sorted(found)
+
+
+def gpu_readings(latest: dict[str, Any]) -> list[tuple[str, float | None, float | None]]:
+    """(label, utilisation %, memory MiB) per GPU the run uses; labels name the node past the first."""
+    gpus: dict[tuple[int, int], dict[str, float]] = {}
+    for key, value in latest.items():
+        if (m := GPU_KEY.match(key)) and isinstance(value, int | float):
+            gpus.setdefault((int(m["node"] or 0), int(m["gpu"])), {})[m["kind"]] = value
+    return [(f"n{node}:{gpu}" if node else str(gpu), v.get("util"), v.get("mem"))
+            for (node, gpu), v in sorted(gpus.items())]
+
+
+def current_attempt(run: dict[str, Any]) -> dict[str, Any] | None:
+    return next((a for a in run.get("attempts", []) if a["number"] == run["attempt"]), None)
+
+
+def step_rate(run: dict[str, Any]) -> float | None:
+    current = current_attempt(run)
+    seconds = current.get("seconds_per_step") if current else None
+    return 1 / seconds if seconds else None
+
+
+def ttt_depth(run: dict[str, Any]) -> int | None:
+    trainer = (run.get("spec") or {}).get("trainer") or {}
+    return trainer.get("ttt_steps") or (run.get("latest") or {}).get("ttt_steps")
+
+
+def progress_line(run: dict[str, Any]) -> str:
+    """One line for logs and pipes, state and ETA first: progress, step, loss, accuracy by TTT step (the first
+    four and the last when deeper), step rate, mean GPU use."""
+    latest = run.get("latest") or {}
+    p = run.get("progress")
+    parts = [f"{run['status']} (attempt {run['attempt']})", f"ETA {duration(run.get('eta_seconds'))}",
+             f"{p * 100:.1f}%" if p is not None else "?%"]
+    if "step" in latest:
+        parts.append(f"step {int(latest['step'])}/{int(latest.get('total_steps', 0)) or '?'}")
+    parts += [f"{key} {latest[key]:.4f}" for key in ("loss", "val_loss") if key in latest]
+    accs = [f"{v:.2f}" for _, v in step_series(latest, "acc")]
+    if accs:
+        parts.append("acc " + "/".join(accs if len(accs) <= 6 else [*accs[:4], "..", accs[-1]])
+                     + (f" ({len(accs)} steps)" if len(accs) > 6 else ""))
+    rate = step_rate(run)
+    if rate:
+        parts.append(f"{rate:.2f} step/s")
+    utils = [u for _, u, _ in gpu_readings(latest) if u is not None]
+    if utils:
+        parts.append(f"gpu {sum(utils) / len(utils):.0f}% x{len(utils)}")
+    return " | ".join(parts)
+
+
+def state_text(status: str) -> Text:
+    return Text(status, style=STATE_STYLES.get(status, ""))
+
+
+LABEL_WIDTH = 8  # "val_acc" and a space
+
+
+def _wrapped_grid(cells: list[Text], cell_width: int, width: int, label: str) -> Table:
+    """`cells` in as many columns as fit in `width` after the label column, row after row."""
+    label_width = LABEL_WIDTH
+    per_row = max(1, (width - label_width) // cell_width)
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=label_width - 1, style="dim")
+    for _ in range(min(per_row, len(cells))):
+        grid.add_column(width=cell_width - 1, no_wrap=True)
+    for start in range(0, len(cells), per_row):
+        grid.add_row(label if start == 0 else "", *cells[start:start + per_row])
+    return grid
+
+
+def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
+    """The watch view: a panel `width` columns wide, whatever the TTT depth and GPU count."""
+    inner = max(width - 4, 20)  # borders and padding
+    latest = run.get("latest") or {}
+    head = Text.assemble(state_text(run["status"]), f"  attempt {run['attempt']}",
+                         f"  ETA {duration(run.get('eta_seconds'))}")
+    rate = step_rate(run)
+    if rate:
+        head.append(f"  {rate:.2f} step/s")
+    depth = ttt_depth(run)
+    if depth:
+        head.append(f"  TTT {depth}")
+    head.no_wrap, head.overflow = True, "ellipsis"
+    rows: list[RenderableType] = [head]
+
+    p = run.get("progress")
+    step = f"step {int(latest['step'])}/{int(latest.get('total_steps', 0)) or '?'}" if "step" in latest else ""
+    label = f"{p * 100:5.1f}%  {step}" if p is not None else step
+    bar = Table.grid(padding=(0, 1))
+    bar.add_column(width=max(inner - 26, 10))
+    bar.add_column(no_wrap=True)
+    bar.add_row(ProgressBar(total=1.0, completed=p or 0.0), label)
+    rows.append(bar)
+
+    figures = [f"{key} {latest[key]:.4f}" for key in ("loss", "val_loss") if key in latest]
+    figures += [f"epoch {latest['epoch']:.2f}"] if "epoch" in latest else []
+    figures += [f"{latest['tokens_per_s']:.0f} tok/s"] if "tokens_per_s" in latest else []
+    if figures:
+        rows.append(Text("  ".join(figures), no_wrap=True, overflow="ellipsis"))
+    for prefix, label_text in (("acc", "acc_k"), ("val_acc", "val_acc")):
+        series = step_series(latest, prefix)
+        if series:
+            cells = [Text.assemble((f"{k:>2} ", "dim"), f"{v:.2f}") for k, v in series]
+            rows.append(_wrapped_grid(cells, ACC_CELL, inner, label_text))
+    gpus = gpu_readings(latest)
+    if gpus:
+        cells = [Text.assemble((f"{name:>4} ", "dim"), "   -" if util is None else f"{util:3.0f}%",
+                               "" if mem is None else f" {mem / 1024:5.1f}G") for name, util, mem in gpus]
+        rows.append(_wrapped_grid(cells, GPU_CELL, inner, "gpu"))
+    if run.get("message"):
+        rows.append(Text(run["message"], style="dim", no_wrap=True, overflow="ellipsis"))
+    title = f"{run['name']} [{run['id']}]"
+    if len(title) > inner - 2:
+        title = title[: inner - 3] + "…"
+    return Panel(Group(*rows), title=title, title_align="left", width=width, padding=(0, 1))
+
+
+def runs_table(runs: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, options in (("ID", {"no_wrap": True}), ("NAME", {"overflow": "ellipsis", "max_width": 24}),
+                          ("STATE", {}), ("HOST", {"overflow": "ellipsis", "max_width": 16}),
+                          ("ATT", {"justify": "right"}), ("PROGRESS", {"justify": "right"}), ("ETA", {}),
+                          ("TTT", {"justify": "right"}), ("LOSS", {"justify": "right"})):
+        table.add_column(name, **options)
+    for run in runs:
+        p, loss = run.get("progress"), (run.get("latest") or {}).get("loss")
+        table.add_row(run["id"], run["name"], state_text(run["status"]), ",".join(run.get("hosts") or []),
+                      str(run["attempt"]), "" if p is None else f"{p * 100:.0f}%", duration(run.get("eta_seconds")),
+                      str(ttt_depth(run) or ""), "" if loss is None else f"{loss:.4f}")
+    return table
+
+
+def attempts_table(run: dict[str, Any]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("ATTEMPT", "STATE", "EXIT", "STEPS", "TOOK", "LOG", "MESSAGE"):
+        table.add_column(name, overflow="fold" if name in ("LOG", "MESSAGE") else "ellipsis")
+    for a in run["attempts"]:
+        steps = f"{a.get('last_step') or 0}/{a.get('total_steps') or '?'}"
+        table.add_row(str(a["number"]), state_text(a["status"]), "" if a["exit_code"] is None else str(a["exit_code"]),
+                      steps, duration(a.get("actual_duration_seconds")), a.get("log_path") or "", a.get("message") or "")
+    return table
+
+
+def hosts_table(hosts: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("NAME", "ADDRESS", "WORKSPACE", "STATE"):
+        table.add_column(name, overflow="fold")
+    for h in hosts:
+        state = {True: Text("reachable", style="green"), False: Text("UNREACHABLE", style="bold red"),
+                 None: Text("not contacted yet", style="dim")}[h["reachable"]]
+        address = f"{h['address']}:{h['port']}" if h.get("port") else h["address"]  # the local host has no port
+        table.add_row(h["name"], address, h["workspace"], state)
+    return table
