@@ -1,11 +1,12 @@
 """Hosts: `longrun hosts` lists them; `hosts add`, `hosts show`, `hosts gpus`, `hosts probe-interconnect`."""
 
+import sys
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from longrun.commands.common import JsonFlag, begin, connect, emit, stderr
+from longrun.commands.common import JsonFlag, begin, connect, emit
 from longrun.exit_codes import ExitCode
 from longrun.views import hosts_table
 
@@ -119,6 +120,6 @@ def probe_interconnect(
     summary = f"{name}: tp={table.get('tp')}, {table.get('interconnect') or 'no link between GPUs'}"
     emit(table, as_json, rows if table.get("allreduce") else summary)
     if problem:
-        stderr().print(f"longrun: {problem}")
+        print(f"longrun: {problem}", file=sys.stderr)  # plain: the host's words are not rich markup
         return ExitCode.FAILED
     return ExitCode.OK

@@ -60,7 +60,7 @@ def test_probe_interconnect_over_ssh_measures_stores_and_feeds_the_advice(svc: S
     sshd, state = two_h200_host(svc, tmp_path, "box")
     pcie_sshd, _ = two_h200_host(svc, tmp_path, "nolink", NCCL_P2P_DISABLE="1")
     try:
-        done = longrun(svc, "hosts", "probe-interconnect", "box", "--tp", "2")
+        done = longrun(svc, "hosts", "probe-interconnect", "box", "--tp", "2", "--json")
         assert done.returncode == 0, done.stderr
         table = json.loads(done.stdout)
         assert table["status"] == "measured" and table["tp"] == 2 and table["interconnect"] == "nvlink"
@@ -80,7 +80,7 @@ def test_probe_interconnect_over_ssh_measures_stores_and_feeds_the_advice(svc: S
         assert svc.client.get("/healthz").status_code == 200
 
         # the host without GPU peer links (NCCL_P2P_DISABLE=1 in its environment), every GPU
-        nolink = longrun(svc, "hosts", "probe-interconnect", "nolink")
+        nolink = longrun(svc, "hosts", "probe-interconnect", "nolink", "--json")
         assert nolink.returncode == 0, nolink.stderr
         assert json.loads(nolink.stdout)["allreduce"] == P2P_DISABLED
 
