@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# most tests wait on the processes they start: two pytest processes keep a 2-core machine busy
+TEST_PROCESSES ?= 2
 
 .PHONY: setup test test-fast lint demo system-deps clean
 
@@ -35,11 +37,11 @@ lint: setup
 
 test: setup system-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup
 
 # unit and in-process API tests only: no server, sshd or torchrun is started
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) -m "not slow"
 
 demo: setup
 	$(BIN)/python examples/demo.py

@@ -21,6 +21,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "service" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if "slurm" in item.nodeid:
+            # one Slurm cluster per test process is plenty for this machine: every Slurm test in one xdist worker
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
