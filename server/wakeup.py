@@ -109,6 +109,8 @@ class WakeupListener:
             for fd in (self._read_fd, self._write_fd):
                 os.set_blocking(fd, False)
         self._notices = _PgListen(engine) if engine.dialect.name == "postgresql" else None
+        if self._notices is not None:
+            self._notices.fileno()  # LISTEN now: a NOTIFY between here and the first wait is not lost
         with _lock:
             _listeners.setdefault(_key(engine), set()).add(self)
 

@@ -485,42 +485,19 @@ def _signal_all(pids, sig):
             pass
 
 
-def _wait_gone(d, token, seconds, stopping=False):
+def _wait_gone(d, token, seconds):
     """Whether every process of the attempt is gone within `seconds`; looked at often at first (a job that honours
-    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc). `stopping`: the attempt was just
-    sent SIGTERM, so a launcher whose workers have all exited is killed rather than waited for."""
+    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc)."""
     deadline = time.time() + seconds
     pause = 0.002
     while True:
         members = _members(d, token)
         if not members:
             return True
-        if stopping:
-            _signal_all(_idle_launchers(d, members), signal.SIGKILL)
         if time.time() >= deadline:
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
-
-
-def _idle_launchers(d, members):
-    """The attempt's torchrun when nothing of the attempt but it and the wrapper is left: on a stop, all it has
-    left to do is finalize torch, about 0.6 s of CPU that would only delay the stop."""
-    wrapper = _read(os.path.join(d, "pid"))
-    if not wrapper:
-        return set()
-    rest = members - {int(wrapper)}
-    for pid in rest:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rpartition(")")[2].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent != int(wrapper) or b"torch.distributed.run" not in argv:
-            return set()
-    return rest
 
 
 def _kill_cgroup(path):
@@ -555,7 +532,7 @@ def _stop(d, grace, record_exit=True):
     cgroup = _containment(d)["cgroup"]
     signalled = sorted(_members(d, token))
     _signal_all(signalled, signal.SIGTERM)
-    if not _wait_gone(d, token, grace, stopping=True):
+    if not _wait_gone(d, token, grace):
         if cgroup:
             _kill_cgroup(cgroup)
         _signal_all(_members(d, token), signal.SIGKILL)
