@@ -130,8 +130,7 @@ def test_clean_keeps_the_draft_aside_then_empties_the_directory_by_descriptors(t
     assert (ws / ".longrun" / "r1" / "draft-before-attempt-2" / "model.safetensors").read_text() == "weights"
 
 
-# torchrun as it behaves on SIGTERM: passes it to its worker, waits for it, then finalizes at length (the real one
-# spends about 0.6 s of CPU tearing torch down); put first on PYTHONPATH as `torch.distributed.run`
+# a launcher as torchrun behaves on SIGTERM: passes it to its worker, waits for it, then finishes at length
 LAUNCHER = """
 import signal, subprocess, sys, time
 worker = subprocess.Popen([sys.executable] + sys.argv[1:], start_new_session=True)
@@ -151,20 +150,14 @@ time.sleep(600)
 """
 
 
-def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, Path]:
-    *packages, name = module.split(".")
-    package = tmp_path / "launchers"
-    for part in packages:  # regular packages, so that they shadow the installed torch
-        package = package / part
-        package.mkdir(parents=True)
-        (package / "__init__.py").touch()
-    package.mkdir(parents=True, exist_ok=True)
-    (package / f"{name}.py").write_text(LAUNCHER)
+def _slow_launcher_job(tmp_path: Path) -> tuple[HostAgent, str, Path]:
+    (tmp_path / "launchers").mkdir()
+    (tmp_path / "launchers" / "mylauncher.py").write_text(LAUNCHER)
     (tmp_path / "worker.py").write_text(WORKER)
     started = tmp_path / "started"
     agent = _agent(tmp_path)
     d = agent.layout.attempt_dir("run9", 1)
-    agent.launch(LaunchRequest(d, "tok789", [sys.executable, "-m", module, str(tmp_path / "worker.py"),
+    agent.launch(LaunchRequest(d, "tok789", [sys.executable, "-m", "mylauncher", str(tmp_path / "worker.py"),
                                              str(started)], {"PYTHONPATH": str(tmp_path / "launchers")}))
     deadline = time.time() + 20
     while not started.exists():
@@ -174,7 +167,7 @@ def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, Pat
 
 
 def test_any_other_program_still_finishing_after_sigterm_gets_its_grace(tmp_path: Path) -> None:
-    agent, d, _ = _slow_launcher_job(tmp_path, "mylauncher")
+    agent, d, _ = _slow_launcher_job(tmp_path)
     asked = time.monotonic()
     answer = agent.cancel(d, grace=2)
     assert time.monotonic() - asked >= 2, "killed before its grace was up"
