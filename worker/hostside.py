@@ -325,13 +325,33 @@ def wrap(d, layer):
 
 
 def _record_exit(d, code):
+    """The attempt's exit code, first writer wins: the wrapper when its job ends, or a stop that cut the
+    launcher's teardown short (which the wrapper then sees as a SIGKILL that must not replace it)."""
+    path = os.path.join(d, EXIT_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        _write_atomic(os.path.join(d, EXIT_FILE), str(code))
+        with open(tmp, "w") as f:
+            f.write(str(code))
+            f.flush()
+            os.fsync(f.fileno())
     except OSError:
         # no room for a new file: the reserve's bytes are already allocated
-        with open(os.path.join(d, EXIT_RESERVE), "r+") as f:
+        _remove_quietly(tmp)
+        tmp = os.path.join(d, EXIT_RESERVE)
+        with open(tmp, "r+") as f:
             f.write(str(code).ljust(8))
-        os.replace(os.path.join(d, EXIT_RESERVE), os.path.join(d, EXIT_FILE))
+    try:
+        os.link(tmp, path)  # fails if an exit code is already recorded: never replaced
+    except FileExistsError:
+        pass
+    _remove_quietly(tmp)
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _containment(d):
@@ -485,19 +505,43 @@ def _signal_all(pids, sig):
             pass
 
 
-def _wait_gone(d, token, seconds):
+def _wait_gone(d, token, seconds, stopping=False):
     """Whether every process of the attempt is gone within `seconds`; looked at often at first (a job that honours
-    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc)."""
+    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc). `stopping`: the attempt was just
+    sent SIGTERM, so a torchrun whose workers have all exited is not waited for (see _cut_launcher)."""
     deadline = time.time() + seconds
     pause = 0.002
     while True:
         members = _members(d, token)
         if not members:
             return True
+        if stopping:
+            _cut_launcher(d, members)
         if time.time() >= deadline:
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+def _cut_launcher(d, members):
+    """On a stop, once torchrun's workers are gone, all torchrun has left to do is finalize torch: about 0.5 s of
+    CPU that would only delay the stop. The exit code is recorded first as a SIGTERM's (143), so the attempt
+    reads as stopped on request, not as SIGKILLed (137) though its job stopped cleanly."""
+    wrapper = _read(os.path.join(d, "pid"))
+    rest = members - {int(wrapper)} if wrapper else set()
+    if len(rest) != 1:
+        return
+    launcher = next(iter(rest))
+    try:
+        with open(f"/proc/{launcher}/stat") as f:
+            parent = int(f.read().rpartition(")")[2].split()[1])
+        with open(f"/proc/{launcher}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return
+    if parent == int(wrapper) and b"torch.distributed.run" in argv:
+        _record_exit(d, 128 + signal.SIGTERM)
+        _signal_all([launcher], signal.SIGKILL)
 
 
 def _kill_cgroup(path):
@@ -532,7 +576,7 @@ def _stop(d, grace, record_exit=True):
     cgroup = _containment(d)["cgroup"]
     signalled = sorted(_members(d, token))
     _signal_all(signalled, signal.SIGTERM)
-    if not _wait_gone(d, token, grace):
+    if not _wait_gone(d, token, grace, stopping=True):
         if cgroup:
             _kill_cgroup(cgroup)
         _signal_all(_members(d, token), signal.SIGKILL)
@@ -540,8 +584,8 @@ def _stop(d, grace, record_exit=True):
     remaining = sorted(_members(d, token))
     if cgroup and not remaining:
         _remove_cgroup(cgroup)
-    if record_exit and _read(os.path.join(d, EXIT_FILE)) is None:
-        _record_exit(d, 137)
+    if record_exit:
+        _record_exit(d, 137)  # kept only when the wrapper died without recording one
     code = _read(os.path.join(d, EXIT_FILE))
     return {"remaining": remaining, "signalled": signalled, "exit_code": int(code) if code else None}
 
