@@ -84,7 +84,7 @@ DRAFT_VOCAB = 32000
 DEFAULT_CONDITIONAL = 0.85
 GOLDEN = (math.sqrt(5) - 1) / 2
 LINKS = {"default": {}, "p2p-disabled": {"NCCL_P2P_DISABLE": "1"}}
-# --smoke: every piece once, small (later options win over earlier ones)
+# --smoke: every piece once, small; options given with it win
 SMOKE = ("--max-depth", "3", "--new-tokens", "64", "--repeats", "3", "--decode-repeats", "1", "--sweep-iters", "5")
 
 
@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                         "to FILE) for LINK (default or p2p-disabled) instead of this run's own sweep")
     args = p.parse_args(argv)
     if args.smoke:
-        args = p.parse_args([*(argv if argv is not None else sys.argv[1:]), *SMOKE])
+        args = p.parse_args([*SMOKE, *(argv if argv is not None else sys.argv[1:])])
     if args.compare:
         results = json.loads(args.compare.read_text())
         attach_probe_tables(results, args.probe_table)
