@@ -294,28 +294,28 @@ class StaticDecode:
                                      if verifier.world > 1 else self.verify[t, True])
         self.propose = {d: replayable(lambda d=d: self._propose(d), capture) for d in range(1, max_depth + 1)}
 
-    def set_state(self, verifier_length: int, draft_length: int, accepted: int) -> None:
+    def set_state(self, verifier_length: int, draft_length: int, accepted_count: int) -> None:
         # the previous copy from host_state has completed: every round waits for the verifier's tokens first
-        self.host_state[0], self.host_state[1], self.host_state[2] = verifier_length, draft_length, accepted
+        self.host_state[0], self.host_state[1], self.host_state[2] = verifier_length, draft_length, accepted_count
         self.state.copy_(self.host_state, non_blocking=True)
 
     def _verify(self, tokens: int, communicate: bool) -> None:
-        accepted = self.state[2:3]
-        ids = torch.cat([self.greedy.index_select(0, accepted), self.ids[1:tokens]])
+        last_accepted = self.state[2:3]
+        ids = torch.cat([self.greedy.index_select(0, last_accepted), self.ids[1:tokens]])
         features, greedy = self.verifier.forward_at(ids, self.state[0] + self.rows[:tokens], communicate)
         self.features[:tokens].copy_(features)
         self.greedy[:tokens].copy_(greedy)
 
     def _propose(self, depth: int) -> None:
-        accepted, rows = self.state[2:3], self.rows[:depth + 1]
+        last_accepted, rows = self.state[2:3], self.rows[:depth + 1]
         # the token after each row the verifier read: accepted proposals, then the verifier's own token
-        tokens = torch.where(rows < accepted, self.ids[1:depth + 2], self.greedy[:depth + 1])
+        tokens = torch.where(rows < last_accepted, self.ids[1:depth + 2], self.greedy[:depth + 1])
         hidden = self.drafter.step_at(self.drafter.draft.fuse(self.features[:depth + 1]), tokens,
-                                      self.state[1] + rows).index_select(0, accepted)
+                                      self.state[1] + rows).index_select(0, last_accepted)
         proposal = self.drafter.token(hidden)
         self.ids[1:2].copy_(proposal)
         for k in range(1, depth):
-            hidden = self.drafter.step_at(hidden, proposal, self.state[1:2] + accepted + k)
+            hidden = self.drafter.step_at(hidden, proposal, self.state[1:2] + last_accepted + k)
             proposal = self.drafter.token(hidden)
             self.ids[1 + k:2 + k].copy_(proposal)
 
@@ -395,7 +395,7 @@ def round_record(proposals: Tensor, verified: list[int], accepted_count: int, fe
     proposed = proposals.tolist()
     return {"proposals": proposed, "verified": verified,
             "emitted": proposed[:accepted_count] + verified[accepted_count:accepted_count + 1],
-            "features": features.float().cpu()}
+            "features": features.to("cpu", torch.float32, copy=True)}  # a copy: the static buffer changes
 
 
 def decoded(depth: int, tokens: int, rounds: int, seconds: float) -> dict:
