@@ -46,15 +46,17 @@ def test_the_decode_benchmark_measures_every_depth_and_compares_with_the_advisor
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "decode_tp.py"), "--out", str(tmp_path), "--device", "cpu",
          "--tiny", "--tp", "2", "--max-depth", "3", "--new-tokens", "48", "--prompt-tokens", "16", "--repeats", "2",
-         "--decode-repeats", "1", "--sweep-iters", "3", "--links", "p2p-disabled",
+         "--decode-repeats", "2", "--sweep-iters", "3", "--links", "p2p-disabled",
          "--acceptance", ",".join(map(str, curve))],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
+    assert results["decode_path"] == "static"  # the code a GPU captures, run uncaptured
     assert [(link["link"], link["env"]) for link in results["links"]] == [("p2p-disabled", {"NCCL_P2P_DISABLE": "1"})]
     for link in results["links"]:
         assert [row["depth"] for row in link["decode"]] == [0, 1, 2, 3]
         assert all(row["tokens"] >= 48 and row["tokens_per_second"] > 0 for row in link["decode"])
+        assert all(row["tokens_per_second_min_time"] >= row["tokens_per_second"] for row in link["decode"])
         # tokens per round follow the curve's τ = 1 + a_1 + ... + a_d
         for row in link["decode"]:
             assert row["mean_accepted"] == pytest.approx(1 + sum(curve[:row["depth"]]), abs=0.12)
@@ -63,7 +65,23 @@ def test_the_decode_benchmark_measures_every_depth_and_compares_with_the_advisor
     assert set(compared["predicted"]) == {"0", "1", "2", "3"} and 0 <= compared["recommended_depth"] <= 3
     table = (tmp_path / "table.md").read_text()
     assert "| depth | τ (curve) | τ (decode) | predicted tokens/s | measured tokens/s |" in table
+    assert "fastest run tokens/s" in table and "Decode: static, median and fastest of 2 runs" in table
     assert "Depth the advisor picks" in done.stdout
+
+
+@pytest.mark.slow  # a torch process decoding
+def test_the_eager_decode_runs_on_request_and_the_smoke_run_is_small(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "decode_tp.py"), "--out", str(tmp_path), "--device", "cpu",
+         "--tiny", "--tp", "1", "--smoke", "--prompt-tokens", "16", "--no-cuda-graphs", "--acceptance", "0.9,0.7,0.5"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["decode_path"], results["max_depth"], results["new_tokens"]) == ("eager", 3, 64)
+    [link] = results["links"]
+    assert link["allreduce"] == [] and [row["depth"] for row in link["decode"]] == [0, 1, 2, 3]
+    assert [row["mean_accepted"] for row in link["decode"]] == pytest.approx([1, 1.9, 2.6, 3.1], abs=0.12)
+    assert all(len(row["runs_seconds"]) == 1 for row in link["decode"])
 
 
 @pytest.mark.slow
