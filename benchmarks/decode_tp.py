@@ -617,11 +617,17 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def cost_fields(link: dict) -> dict:
     """The advisor's per-round cost parameters from one link's calibration (see the module docstring)."""
-    base, per_token = fit_line(link["verifier_ms"]["tokens"], link["verifier_ms"]["no_comm"])
+    tokens, no_comm = link["verifier_ms"]["tokens"], link["verifier_ms"]["no_comm"]
+    # one token runs matrix-vector kernels, off the line through the larger counts: it is fed on its own (the
+    # round without speculation), the line through 2.. tokens serves depths >= 1
+    several = [(t, ms) for t, ms in zip(tokens, no_comm, strict=True) if t > 1]
+    base, per_token = fit_line([t for t, _ in several], [ms for _, ms in several]) if len(several) > 1 else (
+        no_comm[0], 0.0)
     draft_base, draft_step = fit_line(link["draft_ms"]["depth"], link["draft_ms"]["ms"])
-    # verifier_ms(d) = base + per_token * (d+1) with tokens = d+1; the draft's per-round intercept joins the base
-    return {"verifier_base_ms": max(base + max(draft_base, 0.0), 1e-3), "verifier_per_token_ms": max(per_token, 0.0),
-            "draft_step_ms": max(draft_step, 0.0)}
+    # the draft's per-round intercept is paid only in rounds that run the draft (depth >= 1)
+    return {"verifier_base_ms": max(base, 1e-3), "verifier_per_token_ms": max(per_token, 0.0),
+            "draft_step_ms": max(draft_step, 0.0), "draft_round_ms": max(draft_base, 0.0),
+            "verifier_one_token_ms": max(no_comm[tokens.index(1)], 1e-3) if 1 in tokens else None}
 
 
 def compare(results: dict) -> tuple[list[str], list[dict]]:
@@ -656,7 +662,8 @@ def compare(results: dict) -> tuple[list[str], list[dict]]:
             strict=True)]
         lines += [
             f"### tp={tp}, {link['link']}{' ' + str(link['env']) if link['env'] else ''}", "",
-            f"Cost model fed: draft_step_ms {cost.draft_step_ms:.4f}, verifier_base_ms {cost.verifier_base_ms:.4f}, "
+            f"Cost model fed: draft_step_ms {cost.draft_step_ms:.4f}, draft_round_ms {cost.draft_round_ms:.4f}, "
+            f"verifier_one_token_ms {cost.verifier_one_token_ms or 0:.4f}, verifier_base_ms {cost.verifier_base_ms:.4f}, "
             f"verifier_per_token_ms {cost.verifier_per_token_ms:.4f}, {cost.layers} layers x 2 all-reduces of "
             f"(d+1) x {cost.hidden} x 2 bytes" + (f"; all-reduce from {source}, {table[0][1]:.1f} µs at "
                                                   f"{table[0][0]} B" if tp > 1 else "; no all-reduce"), "",

@@ -3,8 +3,9 @@
 Plain arithmetic over an evaluation (see trainer/evaluate) and a per-round cost model; no torch, no database.
 
 One speculation round at depth d (batch 1, the latency-bound regime speculation is used in):
-    round_ms(d) = d * draft_step_ms                               the draft proposes d tokens one by one
+    round_ms(d) = draft_round_ms + d * draft_step_ms  (d >= 1)      the draft proposes d tokens one by one
                 + verifier_base_ms + verifier_per_token_ms*(d+1)  one verifier forward over d+1 tokens
+                  (verifier_one_token_ms instead at d = 0, where measured: one token runs matrix-vector kernels)
                 + comm_ms(d)                                      its tensor-parallel all-reduces
     comm_ms(d)  = layers * allreduces_per_layer * allreduce_latency((d+1) * hidden * bytes_per_value)  if tp > 1
     tokens/s(d) = 1000 * tau_d / round_ms(d),  tau_d = mean tokens accepted per round (1 + sum of a_i, i <= d)

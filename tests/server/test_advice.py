@@ -156,6 +156,20 @@ def test_no_depth_beats_plain_decoding_recommends_zero():
     assert out.tokens_per_second == out.no_speculation.tokens_per_second
 
 
+def test_the_drafts_round_cost_and_a_measured_one_token_forward_change_only_their_rounds():
+    # hand: round(0) = 3.25 + 0.04 = 3.29 ms; round(1) = 0.5 + 3.5 + comm(16 B: 20 µs * 4 = 0.08) = 4.08 ms
+    measured = CostModel(**{**HAND, "draft_round_ms": 0.2, "verifier_one_token_ms": 2.0})
+    assert measured.round_ms(0) == pytest.approx(2.0 + 0.04), "no draft runs without speculation"
+    assert measured.round_ms(1) == pytest.approx(hand_cost().round_ms(1) + 0.2)
+    assert measured.round_ms(3) == pytest.approx(hand_cost().round_ms(3) + 0.2)
+    out = advise(HAND_EVALUATION, "nvlink", 2, measured)
+    assert out.no_speculation.tokens_per_second == pytest.approx(1000 / 2.04)
+    with pytest.raises(ValueError, match="verifier_one_token_ms must be > 0"):
+        CostModel(**{**HAND, "verifier_one_token_ms": 0.0})
+    with pytest.raises(ValueError, match="draft_round_ms"):
+        CostModel(**{**HAND, "draft_round_ms": -0.1})
+
+
 def test_exact_ties_go_to_the_shallower_depth():
     # Flat cost (tp 1, free draft, no per-token cost): depths 1..3 all give tau 1.5 in the same 2 ms.
     flat = CostModel(tp=1, draft_step_ms=0, verifier_base_ms=2.0, verifier_per_token_ms=0, allreduce_us=((1, 1.0),))
