@@ -2,6 +2,7 @@
 any host: pending behind a job that holds the node, running at TTT=3 with live per-step metrics, restarted
 clean at TTT=5 with attempt 1's job and processes gone first, its logs streamed, cancelled leaving nothing."""
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,9 +63,14 @@ def test_trainer_on_slurm_pending_running_restarted_at_ttt5_cancelled_leaving_no
     assert cluster.jobs()[job_of(second, 1)] == "CANCELLED", "Slurm records attempt 1's job cancelled, not failed"
     assert second["attempts"][1]["spec"]["trainer"]["ttt_steps"] == 5
     assert cluster.jobs()[job_of(second, 2)] == "RUNNING"
+    # the trainer prints its step-1 progress line just after writing that step's metrics: a probe may see them apart
+    service.wait(run["id"], lambda _: any("[train] step 1/" in line for line in service.logs(run["id"], attempt=2)),
+                 timeout=30, what="attempt 2's first progress line in its logs")
     log = service.logs(run["id"], attempt=2, tail=100)
     assert any("TTT steps 5" in line and "2 rank(s)" in line for line in log), log[-20:]
     assert not any("resuming from" in line for line in log), "the clean restart left attempt 1's checkpoints"
+    first_progress = next(m for line in log if (m := re.search(r"\[train\] step 1/\d+ .* acc (\S+)", line)))
+    assert len(first_progress[1].split("/")) == 5, "attempt 2's progress line shows five positions' accuracy"
 
     assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
     done = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
