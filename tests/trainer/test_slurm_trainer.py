@@ -35,11 +35,12 @@ def test_trainer_on_slurm_pending_running_restarted_at_ttt5_cancelled_leaving_no
 
     # a job that wants the whole node holds it: the run's job queues behind it
     blocker = cluster.command("sbatch", "--parsable", "--exclusive", "--time=3", "--wrap", "sleep 600").strip()
+    cluster.wait_state(blocker, "RUNNING")
     run = service.submit(spec)
     # Slurm gives a new job its reason at its first scheduling pass; until then the message says PENDING
     pending = service.wait(run["id"], lambda r: any(why in (r["message"] or "") for why in ("Resources", "Priority")),
                            timeout=30, what="the trainer's job pending in Slurm with its reason")
-    assert cluster.jobs()[blocker] == "RUNNING" and cluster.jobs()[job_of(pending, 1)] == "PENDING"
+    assert cluster.jobs()[job_of(pending, 1)] == "PENDING"
     assert pending["status"] == "launching" and pending["attempts"][0]["status"] == "pending"
     assert pending["message"].startswith(f"pending in Slurm as job {job_of(pending, 1)}: "), pending["message"]
     cluster.command("scancel", blocker)
@@ -61,6 +62,8 @@ def test_trainer_on_slurm_pending_running_restarted_at_ttt5_cancelled_leaving_no
     first = second["attempts"][0]
     assert first["status"] == "cancelled" and first["ended_at"] <= second["attempts"][1]["started_at"]
     assert cluster.jobs()[job_of(second, 1)] == "CANCELLED", "Slurm records attempt 1's job cancelled, not failed"
+    assert first["exit_code"] != 137, "attempt 1 had to be SIGKILLed"
+    assert any("stopping at step" in line for line in service.logs(run["id"], attempt=1, tail=50))
     assert second["attempts"][1]["spec"]["trainer"]["ttt_steps"] == 5
     assert cluster.jobs()[job_of(second, 2)] == "RUNNING"
     # the trainer prints its step-1 progress line just after writing that step's metrics: a probe may see them apart
@@ -75,7 +78,7 @@ def test_trainer_on_slurm_pending_running_restarted_at_ttt5_cancelled_leaving_no
     assert service.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
     done = service.wait_status(run["id"], "cancelled", "failed", timeout=60)
     assert done["status"] == "cancelled" and done["attempts"][1]["status"] == "cancelled", done
-    assert cluster.jobs()[job_of(done, 2)] == "CANCELLED"
+    assert cluster.jobs()[job_of(done, 2)] == "CANCELLED" and done["attempts"][1]["exit_code"] != 137
     assert attempt_processes(done, 1) == [] and attempt_processes(done, 2) == []
     assert cluster.active_jobs() == {}, "no Slurm job of the run is left"
     for number, positions in ((1, 3), (2, 5)):
