@@ -50,6 +50,15 @@ def postgres() -> Iterator["PostgresCluster"]:  # noqa: F821
 
 
 @pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator["SlurmCluster"]:  # noqa: F821
+    """A real single-node Slurm cluster (tests/slurm.py), shared by the tests of this process that need one."""
+    from tests.slurm import SlurmCluster
+
+    with SlurmCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite file at the newest migration: the migrations run once per session, tests copy the file."""
     from server.db import Database

@@ -5,6 +5,7 @@ slurm.conf, state directories and ports, so it touches no system configuration.
     with SlurmCluster([ns1, ns2]) as c:      # two nodes n1, n2: a slurmd in each tests.netns.NetNamespace
         cluster.env                          # SLURM_CONF: what sbatch, squeue, scontrol need to find it
         cluster.command("squeue")            # a Slurm command against it
+        cluster.wait_state(job, "RUNNING")   # wait until the controller says the job is in that state
         cluster.cancel_all()                 # scancel every job and wait until none is left
 
 The node is this machine (NodeName = its short hostname, address 127.0.0.1) with its CPUs (nproc); jobs are
@@ -14,6 +15,8 @@ would mount a /sys without the cgroup file systems slurmd needs); slurmctld list
 `sacct` answers "Slurm accounting storage is disabled", so finished jobs are read from the controller, which keeps
 them for MinJobAge seconds (hostside.py asks the controller first and sacct only after).
 slurmd runs jobs as their submitting user only as root: without root the fixture fails saying so.
+KillWait (SIGTERM to SIGKILL) is Slurm's default 30 s: the trainer stopping at a step takes several seconds to exit
+on a loaded 2-core machine, and a SIGKILL must mean that it did not stop.
 """
 
 import os
@@ -112,7 +115,7 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 MinJobAge=600
-KillWait=5
+KillWait=30
 InactiveLimit=0
 SlurmdParameters=config_overrides
 """ + "".join(f"NodeName={name} NodeAddr={address} CPUs={self.cpus} State=UNKNOWN\n"
@@ -165,6 +168,14 @@ SlurmdParameters=config_overrides
         ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                  "OUT_OF_MEMORY"}
         return {job: state for job, state in self.jobs().items() if state not in ended}
+
+    def wait_state(self, job: str, state: str, timeout: float = 30) -> None:
+        """Wait until the controller says `job` is in `state` (a job submitted to a free node may not start at once)."""
+        deadline = time.monotonic() + timeout
+        while self.jobs().get(job) != state:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job} is {self.jobs().get(job)}, not {state}, after {timeout}s")
+            time.sleep(0.2)
 
     def cancel_all(self, timeout: float = 30) -> None:
         """scancel every job of the cluster and wait until none runs (slurmstepd reaps its processes)."""

@@ -9,7 +9,6 @@ from server.config import Settings
 from server.db import Database
 from server.lifecycle import RunStatus, drop_unstarted_attempt, open_attempt, queue_new_run, transition
 from server.models import Attempt, Event, Host, Run
-from tests.slurm import SlurmCluster
 from tests.worker.fake_host import FakeClock, FakeHost, FakeTransports
 from worker.supervisor import Supervisor
 
@@ -87,10 +86,3 @@ def rig(tmp_path: Path, database_url: str) -> Iterator[Rig]:
     yield Rig(db, clock, supervisor, hosts)
     supervisor.close()
     db.dispose()
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """A real single-node Slurm cluster (tests/slurm.py), shared by the tests that need one."""
-    with SlurmCluster() as cluster:
-        yield cluster
