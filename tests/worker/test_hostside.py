@@ -150,7 +150,10 @@ time.sleep(600)
 """
 
 
-def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, Path]:
+def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, str]:
+    """A job under a launcher that finishes slowly after SIGTERM; (agent, attempt dir, the attempt's token: one
+    of its own, since tests in other processes look for their tokens meanwhile)."""
+    token = f"tok-{module}-{os.getpid()}"
     *packages, name = module.split(".")
     package = tmp_path / "launchers"
     for part in packages:  # regular packages, so that they shadow the installed torch
@@ -163,21 +166,21 @@ def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, Pat
     started = tmp_path / "started"
     agent = _agent(tmp_path)
     d = agent.layout.attempt_dir("run9", 1)
-    agent.launch(LaunchRequest(d, "tok789", [sys.executable, "-m", module, str(tmp_path / "worker.py"),
+    agent.launch(LaunchRequest(d, token, [sys.executable, "-m", module, str(tmp_path / "worker.py"),
                                              str(started)], {"PYTHONPATH": str(tmp_path / "launchers")}))
     deadline = time.time() + 20
     while not started.exists():
         assert time.time() < deadline, "the worker did not start"
         time.sleep(0.05)
-    return agent, d, started
+    return agent, d, token
 
 
 def test_a_stop_does_not_wait_for_torchrun_to_finalize_once_its_workers_are_gone(tmp_path: Path) -> None:
-    agent, d, _ = _slow_launcher_job(tmp_path, "torch.distributed.run")
+    agent, d, token = _slow_launcher_job(tmp_path, "torch.distributed.run")
     asked = time.monotonic()
     answer = agent.cancel(d, grace=20)
     assert time.monotonic() - asked < 5, "waited for torchrun's teardown"
-    assert answer.remaining == [] and pids_with_token("tok789") == []
+    assert answer.remaining == [] and pids_with_token(token) == []
     assert answer.exit_code == 143, "stopped on request (SIGTERM), not read as SIGKILLed (137)"
 
 
@@ -185,15 +188,15 @@ def test_a_real_torchrun_stopped_on_request_reads_as_sigterm_not_sigkill(tmp_pat
     (tmp_path / "worker.py").write_text(WORKER)
     started = tmp_path / "started"
     agent = _agent(tmp_path)
-    d = agent.layout.attempt_dir("run8", 1)
-    agent.launch(LaunchRequest(d, "tok788", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                             "--nproc-per-node=2", str(tmp_path / "worker.py"), str(started)], {}))
+    d, token = agent.layout.attempt_dir("run8", 1), f"tok-torchrun-{os.getpid()}"
+    agent.launch(LaunchRequest(d, token, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                          "--nproc-per-node=2", str(tmp_path / "worker.py"), str(started)], {}))
     deadline = time.time() + 60
     while not started.exists():
         assert time.time() < deadline, "torchrun's workers did not start"
         time.sleep(0.05)
     answer = agent.cancel(d, grace=20)
-    assert answer.remaining == [] and pids_with_token("tok788") == []
+    assert answer.remaining == [] and pids_with_token(token) == []
     assert answer.exit_code == 143
     probe = agent.probe(d, ReadFrom())
     assert (probe.state, probe.exit_code) == ("exited", 143), "the wrapper's SIGKILL seen after does not replace it"
@@ -201,8 +204,8 @@ def test_a_real_torchrun_stopped_on_request_reads_as_sigterm_not_sigkill(tmp_pat
 
 
 def test_any_other_program_still_finishing_after_sigterm_gets_its_grace(tmp_path: Path) -> None:
-    agent, d, _ = _slow_launcher_job(tmp_path, "mylauncher")
+    agent, d, token = _slow_launcher_job(tmp_path, "mylauncher")
     asked = time.monotonic()
     answer = agent.cancel(d, grace=2)
     assert time.monotonic() - asked >= 2, "killed before its grace was up"
-    assert answer.remaining == [] and pids_with_token("tok789") == []
+    assert answer.remaining == [] and pids_with_token(token) == []
