@@ -24,7 +24,7 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
     """The newest runs whose id starts with what was typed, for shell completion; none when the server is away."""
     try:
         connection = resolve()
-        with Client(connection.url, connection.token, timeout=2) as client:
+        with Client(connection.url, connection.token, timeout=5) as client:
             runs = client.list(limit=100)["items"]
     except (LongrunError, ConfigError, httpx.HTTPError):
         return []

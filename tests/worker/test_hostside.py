@@ -175,6 +175,7 @@ def _slow_launcher_job(tmp_path: Path, module: str) -> tuple[HostAgent, str, str
     return agent, d, token
 
 
+@pytest.mark.slow  # real processes through a stop
 def test_a_stop_does_not_wait_for_torchrun_to_finalize_once_its_workers_are_gone(tmp_path: Path) -> None:
     agent, d, token = _slow_launcher_job(tmp_path, "torch.distributed.run")
     asked = time.monotonic()
@@ -184,6 +185,7 @@ def test_a_stop_does_not_wait_for_torchrun_to_finalize_once_its_workers_are_gone
     assert answer.exit_code == 143, "stopped on request (SIGTERM), not read as SIGKILLed (137)"
 
 
+@pytest.mark.slow  # real processes through a stop
 def test_a_real_torchrun_stopped_on_request_reads_as_sigterm_not_sigkill(tmp_path: Path) -> None:
     (tmp_path / "worker.py").write_text(WORKER)
     started = tmp_path / "started"
@@ -203,6 +205,7 @@ def test_a_real_torchrun_stopped_on_request_reads_as_sigterm_not_sigkill(tmp_pat
     assert "worker stopping" in probe.log
 
 
+@pytest.mark.slow  # real processes through a stop
 def test_any_other_program_still_finishing_after_sigterm_gets_its_grace(tmp_path: Path) -> None:
     agent, d, token = _slow_launcher_job(tmp_path, "mylauncher")
     asked = time.monotonic()
