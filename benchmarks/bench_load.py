@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_service import FIELDS, FIREHOSE, _poll  # noqa: E402
+from bench_service import FIELDS, FIREHOSE, poll_latencies  # noqa: E402
 
 from tests.service import Service, kill_leftovers, start_worker, stop_processes  # noqa: E402
 
@@ -83,7 +83,7 @@ def bench_poll(svc: Service, pollers: int, seconds: float, rate: float, script: 
                       "args": [str(rate), str(seconds + 60), json.dumps(FIELDS)]})
     svc.wait(run["id"], lambda r: (r["latest"].get("step") or 0) > rate, what="metrics flowing", timeout=300)
     before = svc.run(run["id"])["latest"]["step"]
-    latencies = asyncio.run(_poll(svc.url, run["id"], pollers, seconds, 1.0))
+    latencies = asyncio.run(poll_latencies(svc.url, f"/v1/runs/{run['id']}", pollers, seconds, 1.0))
     after = svc.run(run["id"])["latest"]["step"]
     svc.client.post(f"/v1/runs/{run['id']}/cancel")
     return {"bench": "poll", "pollers": pollers, "seconds": seconds, "requests": len(latencies),
