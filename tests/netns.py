@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from tests.resource import Resource
+
 _counter = itertools.count()
 
 
@@ -44,7 +46,7 @@ def ensure_netns_possible() -> None:
                     "(CI does), with iproute2 installed", pytrace=False)
 
 
-class PrivateNetwork:
+class PrivateNetwork(Resource):
     """A bridge with its own 10.213.X.0/24; `namespace()` adds a host to it."""
 
     def __init__(self) -> None:
@@ -53,19 +55,10 @@ class PrivateNetwork:
         self.gateway = ""
         self._hosts = itertools.count(2)
 
-    def __enter__(self) -> "PrivateNetwork":
+    def _prepare(self) -> None:
         ensure_netns_possible()
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _create(self) -> None:
+    def _open(self) -> None:
         used = _ip("-4", "route", "show", "table", "all").stdout + _ip("-4", "addr").stdout
         free = [x for x in random.sample(range(1, 255), 254) if f"10.213.{x}." not in used]
         if not free:
@@ -88,7 +81,7 @@ class PrivateNetwork:
         _ip("link", "del", self.bridge, check=False)
 
 
-class NetNamespace:
+class NetNamespace(Resource):
     """One host: a namespace joined to a PrivateNetwork (its own, unless given one) by a veth pair."""
 
     def __init__(self, network: PrivateNetwork | None = None) -> None:
@@ -100,21 +93,12 @@ class NetNamespace:
         self._own_network = network is None
         self.address = ""
 
-    def __enter__(self) -> "NetNamespace":
+    def _prepare(self) -> None:
         ensure_netns_possible()
-        try:
-            if self._own_network:
-                self.network = PrivateNetwork().__enter__()
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _create(self) -> None:
+    def _open(self) -> None:
+        if self._own_network:
+            self.network = PrivateNetwork().__enter__()
         self.address = self.network.next_address()
         _ip("netns", "add", self.name)
         _ip("link", "add", self.host_link, "type", "veth", "peer", "name", self.ns_link)

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from tests.resource import Resource
 from tests.service import Service, kill_leftovers
 from tests.sshd import apt_install, free_port
 
@@ -47,7 +48,7 @@ def ensure_slurm_installed() -> None:
         apt_install(["slurm-wlm", "munge"], INSTALL_HINT)
 
 
-class SlurmCluster:
+class SlurmCluster(Resource):
     def __init__(self, namespaces: list[Any] | None = None) -> None:
         self.dir: Path | None = None
         self.cpus = os.cpu_count() or 1
@@ -61,21 +62,15 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.dir / "slurm.conf")}
 
-    def __enter__(self) -> "SlurmCluster":
+    def _prepare(self) -> None:
         ensure_slurm_installed()
         if os.geteuid() != 0:
             pytest.fail("slurmd runs jobs as their user only as root: run the Slurm tests as root", pytrace=False)
         self.dir = Path(tempfile.mkdtemp(prefix="longrun-slurm-"))
-        try:
-            self._configure()
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _open(self) -> None:
+        self._configure()
+        self._start()
 
     def _configure(self) -> None:
         d = self.dir

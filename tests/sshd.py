@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.resource import Resource
+
 SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "install openssh-server (apt-get install openssh-server) to run the SSH tests"
 
@@ -78,7 +80,7 @@ def _keygen(path: Path, comment: str) -> None:
                    check=True, capture_output=True)
 
 
-class SshServer:
+class SshServer(Resource):
     def __init__(self, listen: str = "127.0.0.1", port: int | None = None, netns: Any = None,
                  username: str | None = None, env: dict[str, str] | None = None, extra_config: str = ""):
         self.netns = netns
@@ -93,19 +95,13 @@ class SshServer:
 
     # lifecycle
 
-    def __enter__(self) -> "SshServer":
+    def _prepare(self) -> None:
         ensure_sshd_installed()
         self.dir = Path(tempfile.mkdtemp(prefix="longrun-sshd-"))
-        try:
-            self._configure()
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _open(self) -> None:
+        self._configure()
+        self.start()
 
     def close(self) -> None:
         self.stop()

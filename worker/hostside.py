@@ -58,13 +58,34 @@ LOST_GRACE = 5.0
 CALLER_UMASK = 0o022
 
 
-def _write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _write_atomic(path, text, replace=True):
+    """Write `path` whole or not at all; with replace=False a file already there is kept (first writer wins)."""
+    tmp = f"{path}.{os.getpid()}.tmp"  # per writer: two processes may write the same file at once
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        _publish(tmp, path, replace)
+    finally:
+        _remove_quietly(tmp)
+
+
+def _publish(tmp, path, replace):
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _read(path):
@@ -328,30 +349,15 @@ def _record_exit(d, code):
     """The attempt's exit code, first writer wins: the wrapper when its job ends, or a stop that cut the
     launcher's teardown short (which the wrapper then sees as a SIGKILL that must not replace it)."""
     path = os.path.join(d, EXIT_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(str(code))
-            f.flush()
-            os.fsync(f.fileno())
+        _write_atomic(path, str(code), replace=False)
     except OSError:
         # no room for a new file: the reserve's bytes are already allocated
-        _remove_quietly(tmp)
-        tmp = os.path.join(d, EXIT_RESERVE)
-        with open(tmp, "r+") as f:
+        reserve = os.path.join(d, EXIT_RESERVE)
+        with open(reserve, "r+") as f:
             f.write(str(code).ljust(8))
-    try:
-        os.link(tmp, path)  # fails if an exit code is already recorded: never replaced
-    except FileExistsError:
-        pass
-    _remove_quietly(tmp)
-
-
-def _remove_quietly(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        _publish(reserve, path, replace=False)
+        _remove_quietly(reserve)
 
 
 def _containment(d):
@@ -505,30 +511,29 @@ def _signal_all(pids, sig):
             pass
 
 
-def _wait_gone(d, token, seconds, stopping=False):
+def _wait_gone(d, token, seconds, wrapper=None):
     """Whether every process of the attempt is gone within `seconds`; looked at often at first (a job that honours
-    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc). `stopping`: the attempt was just
-    sent SIGTERM, so a torchrun whose workers have all exited is not waited for (see _cut_launcher)."""
+    SIGTERM is gone in milliseconds), then every 50 ms (each look reads /proc). `wrapper`, the attempt's wrapper
+    pid, when it was just sent SIGTERM: a torchrun whose workers have all exited is not waited for (_cut_launcher)."""
     deadline = time.time() + seconds
     pause = 0.002
     while True:
         members = _members(d, token)
         if not members:
             return True
-        if stopping:
-            _cut_launcher(d, members)
+        if wrapper is not None:
+            _cut_launcher(d, members, wrapper)
         if time.time() >= deadline:
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
 
 
-def _cut_launcher(d, members):
+def _cut_launcher(d, members, wrapper):
     """On a stop, once torchrun's workers are gone, all torchrun has left to do is finalize torch: about 0.5 s of
     CPU that would only delay the stop. The exit code is recorded first as a SIGTERM's (143), so the attempt
     reads as stopped on request, not as SIGKILLed (137) though its job stopped cleanly."""
-    wrapper = _read(os.path.join(d, "pid"))
-    rest = members - {int(wrapper)} if wrapper else set()
+    rest = members - {wrapper}
     if len(rest) != 1:
         return
     launcher = next(iter(rest))
@@ -539,7 +544,7 @@ def _cut_launcher(d, members):
             argv = f.read().split(b"\0")
     except (OSError, ValueError, IndexError):
         return
-    if parent == int(wrapper) and b"torch.distributed.run" in argv:
+    if parent == wrapper and b"torch.distributed.run" in argv:
         _record_exit(d, 128 + signal.SIGTERM)
         _signal_all([launcher], signal.SIGKILL)
 
@@ -576,7 +581,8 @@ def _stop(d, grace, record_exit=True):
     cgroup = _containment(d)["cgroup"]
     signalled = sorted(_members(d, token))
     _signal_all(signalled, signal.SIGTERM)
-    if not _wait_gone(d, token, grace, stopping=True):
+    wrapper = _read(os.path.join(d, "pid"))
+    if not _wait_gone(d, token, grace, int(wrapper) if wrapper else None):
         if cgroup:
             _kill_cgroup(cgroup)
         _signal_all(_members(d, token), signal.SIGKILL)
