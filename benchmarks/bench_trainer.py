@@ -6,8 +6,8 @@
 
 Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
 32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
-Each step is the trainer's own `TrainingStep`: verifier targets (final norm + lm_head over the full
-vocabulary), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
+Each step is the trainer's own `TrainingStep`: verifier targets (final norm + the lm_head's draft-vocabulary
+rows, the top-1 ids stored as `prepare` stores them; `--no-stored-top`: the full head), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 
 - ms_per_step, tokens_per_s (sequence tokens per second), peak_gib;
 - gflop_per_token_step: matrix FLOPs of one TTT step per token, forward and backward (3x forward):
@@ -61,14 +61,15 @@ def make_config(shape: dict, ttt_steps: int) -> DraftConfig:
     )
 
 
-def flops(cfg: DraftConfig, seq: int, ttt: int) -> tuple[float, float]:
+def flops(cfg: DraftConfig, seq: int, ttt: int, full_head: bool = False) -> tuple[float, float]:
     """(matrix FLOPs of one TTT step per token, fwd+bwd; all matrix FLOPs of one training step)."""
     h, d = cfg.hidden_size, cfg.head_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
     per_step_params = h * qkv + cfg.num_attention_heads * d * h + 3 * h * cfg.intermediate_size + h * cfg.draft_vocab_size
     attention = 2 * cfg.num_attention_heads * d * (seq + 1)  # QK and PV over (S+1)/2 keys on average, x2 FLOPs
     per_token_step = 3 * (2 * per_step_params + attention)
-    once = 3 * 2 * (3 * h * h + h * qkv) + 2 * h * cfg.vocab_size  # fc, token half of q/k/v; verifier head fwd only
+    head_rows = cfg.vocab_size if full_head else cfg.draft_vocab_size
+    once = 3 * 2 * (3 * h * h + h * qkv) + 2 * h * head_rows  # fc, token half of q/k/v; verifier head fwd only
     return per_token_step, seq * (ttt * per_token_step + once)
 
 
@@ -98,7 +99,8 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1) -> dict:
+def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
+          stored_top: bool = True, profile: bool = False) -> dict:
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -123,6 +125,8 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         "loss_mask": torch.ones(1, seq, dtype=torch.uint8, device=device),
         "attention_mask": torch.ones(1, seq, dtype=torch.long, device=device),
     }
+    if stored_top:  # as `prepare` stores them: the verifier's top-1, computed once, outside the timed steps
+        batch["verifier_top_ids"] = head.logits(batch["last_hidden_state"][0]).argmax(-1).int()[None]
     if documents > 1:  # a packed row: `documents` samples of equal length (the last takes the remainder)
         lengths = [seq // documents] * (documents - 1) + [seq - seq // documents * (documents - 1)]
         batch["documents"] = (tuple(lengths),)
@@ -142,8 +146,16 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         torch.cuda.synchronize()
     warmup_s = time.time() - t0
     seconds = timed(step, device, steps)
+    if profile:  # where the device time of three more steps goes, by op
+        from torch.profiler import ProfilerActivity
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        print(f"# profile {seq}x{ttt}\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25),
+              file=sys.stderr, flush=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
-    per_token_step, total = flops(cfg, seq, ttt)
+    per_token_step, total = flops(cfg, seq, ttt, full_head=not stored_top)
     return dict(
         trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
@@ -158,6 +170,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--documents", type=int, default=1, help="samples packed in each sequence (1: not packed)")
+    p.add_argument("--no-stored-top", action="store_true",
+                   help="batches without the verifier's top-1 ids (other tools' data): the full verifier head each step")
+    p.add_argument("--profile", action="store_true", help="print the ops that take the most device time (stderr)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
@@ -170,11 +185,13 @@ def main(argv=None) -> None:
     one_step_seconds: dict[int, float] = {}  # per sequence length, at T=1
     for seq, ttt in configs:
         try:
-            result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents)
+            result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents, not args.no_stored_top,
+                           args.profile and device.type == "cuda")
             if ttt == 1:
                 one_step_seconds.setdefault(seq, result["seconds"])
             elif seq not in one_step_seconds:
-                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, args.documents)["seconds"]
+                one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, args.documents,
+                                              not args.no_stored_top)["seconds"]
             extra = result["seconds"] - one_step_seconds[seq] if ttt > 1 else None
             marginal = (ttt - 1) * seq * result["per_token_step"] / extra / 1e12 if extra and extra > 0 else None
             result.update(

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from trainer.compiled import compiled
+
 
 def ttt_attention(
     q: Tensor,
@@ -143,8 +145,7 @@ class _TTTAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scale: float, documents, q: Tensor, keys: Tensor, values: Tensor, *diag: Tensor) -> Tensor:
         n = len(diag) // 2
-        b, nq, heads, d = q.shape
-        kv_heads = keys.shape[2]
+        nq = q.shape[1]
         causal = nq > 1
         backend = _causal_backend(q)
         with torch.autocast(q.device.type, enabled=False):
@@ -159,15 +160,8 @@ class _TTTAttention(torch.autograd.Function):
             if n == 0:
                 out, lse = out_c.transpose(1, 2), lse_c
             else:
-                shape = (b, nq, kv_heads, heads // kv_heads)
-                scores = _diag_scores(q, diag[:n], scale)
-                lse_c_g = lse_c.transpose(1, 2).reshape(shape)
-                lse_g = torch.logaddexp(lse_c_g, scores.logsumexp(-1))
-                weights = (scores - lse_g[..., None]).exp()
-                out = (lse_c_g - lse_g).exp()[..., None] * out_c.transpose(1, 2).reshape(*shape, d).float()
-                out = out + torch.einsum("bqkgn,bqknd->bqkgd", weights, torch.stack(diag[n:], dim=3).float())
-                out = out.reshape(b, nq, heads, d).to(q.dtype)
-                lse = lse_g.reshape(b, nq, heads).transpose(1, 2)
+                merge = _merge_diagonal.on_cuda if q.requires_grad else _merge_diagonal
+                out, lse = merge(q, out_c, lse_c, torch.stack(diag[:n], dim=3), torch.stack(diag[n:], dim=3), scale)
         ctx.scale, ctx.causal, ctx.backend, ctx.state, ctx.documents = scale, causal, backend, state, documents
         ctx.save_for_backward(q, keys, values, out, lse, *diag)
         return out
@@ -176,8 +170,6 @@ class _TTTAttention(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, keys, values, out, lse, *diag = ctx.saved_tensors
         n = len(diag) // 2
-        b, nq, heads, d = q.shape
-        kv_heads = keys.shape[2]
         scale = ctx.scale
         with torch.autocast(q.device.type, enabled=False):
             grad = grad.to(out.dtype)
@@ -190,26 +182,49 @@ class _TTTAttention(torch.autograd.Function):
             dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
             if n == 0:
                 return None, None, dq, dk, dv
-            shape = (b, nq, kv_heads, heads // kv_heads)
-            diag_k, diag_v = torch.stack(diag[:n], dim=3).float(), torch.stack(diag[n:], dim=3).float()
-            scores = _diag_scores(q, diag[:n], scale)
-            weights = (scores - lse.transpose(1, 2).reshape(shape)[..., None]).exp()
-            g = grad.reshape(*shape, d).float()
-            g_dot_out = (g * out.reshape(*shape, d).float()).sum(-1, keepdim=True)
-            dscores = weights * (torch.einsum("bqkgd,bqknd->bqkgn", g, diag_v) - g_dot_out)
-            qg = q.reshape(*shape, d).float()
-            dq = dq.float() + scale * torch.einsum("bqkgn,bqknd->bqkgd", dscores, diag_k).reshape(b, nq, heads, d)
-            d_diag_k = scale * torch.einsum("bqkgn,bqkgd->bqknd", dscores, qg)
-            d_diag_v = torch.einsum("bqkgn,bqkgd->bqknd", weights, g)
-        return (
-            None, None, dq.to(q.dtype), dk, dv,
-            *(x.to(q.dtype) for x in d_diag_k.unbind(3)), *(x.to(q.dtype) for x in d_diag_v.unbind(3)),
-        )
+            dq, d_diag_k, d_diag_v = _diagonal_backward.on_cuda(
+                grad, q, out, lse, dq, torch.stack(diag[:n], dim=3), torch.stack(diag[n:], dim=3), scale
+            )
+        return None, None, dq, dk, dv, *d_diag_k.unbind(3), *d_diag_v.unbind(3)
 
 
-def _diag_scores(q: Tensor, diag_keys: Sequence[Tensor], scale: float) -> Tensor:
-    """Scores [B, Q, kv_heads, groups, n] of each query against its own position's diagonal keys."""
+@compiled
+def _merge_diagonal(q: Tensor, out_c: Tensor, lse_c: Tensor, diag_k: Tensor, diag_v: Tensor, scale: float):
+    """(out [B, Q, heads, d], lse [B, heads, Q]) of the causal block merged with the diagonal keys/values
+    [B, Q, kv_heads, n, d], in float32."""
     b, nq, heads, d = q.shape
-    kv_heads = diag_keys[0].shape[2]
+    shape = (b, nq, diag_k.shape[2], heads // diag_k.shape[2])
+    scores = _diag_scores(q, diag_k, scale)
+    lse_c_g = lse_c.transpose(1, 2).reshape(shape)
+    lse_g = torch.logaddexp(lse_c_g, scores.logsumexp(-1))
+    weights = (scores - lse_g[..., None]).exp()
+    out = (lse_c_g - lse_g).exp()[..., None] * out_c.transpose(1, 2).reshape(*shape, d).float()
+    out = out + torch.einsum("bqkgn,bqknd->bqkgd", weights, diag_v.float())
+    return out.reshape(b, nq, heads, d).to(q.dtype), lse_g.reshape(b, nq, heads).transpose(1, 2)
+
+
+@compiled
+def _diagonal_backward(grad: Tensor, q: Tensor, out: Tensor, lse: Tensor, dq: Tensor, diag_k: Tensor,
+                       diag_v: Tensor, scale: float):
+    """(dq with the diagonal keys' share added, d diag_k, d diag_v), given the merged out and lse."""
+    b, nq, heads, d = q.shape
+    shape = (b, nq, diag_k.shape[2], heads // diag_k.shape[2])
+    diag_k, diag_v = diag_k.float(), diag_v.float()
+    scores = _diag_scores(q, diag_k, scale)
+    weights = (scores - lse.transpose(1, 2).reshape(shape)[..., None]).exp()
+    g = grad.reshape(*shape, d).float()
+    g_dot_out = (g * out.reshape(*shape, d).float()).sum(-1, keepdim=True)
+    dscores = weights * (torch.einsum("bqkgd,bqknd->bqkgn", g, diag_v) - g_dot_out)
+    qg = q.reshape(*shape, d).float()
+    dq = dq.float() + scale * torch.einsum("bqkgn,bqknd->bqkgd", dscores, diag_k).reshape(b, nq, heads, d)
+    d_diag_k = scale * torch.einsum("bqkgn,bqkgd->bqknd", dscores, qg)
+    d_diag_v = torch.einsum("bqkgn,bqkgd->bqknd", weights, g)
+    return dq.to(q.dtype), d_diag_k.to(q.dtype), d_diag_v.to(q.dtype)
+
+
+def _diag_scores(q: Tensor, diag_keys: Tensor, scale: float) -> Tensor:
+    """Scores [B, Q, kv_heads, groups, n] of each query against its own position's diagonal keys [B, Q, kv_heads, n, d]."""
+    b, nq, heads, d = q.shape
+    kv_heads = diag_keys.shape[2]
     qg = q.reshape(b, nq, kv_heads, heads // kv_heads, d).float()
-    return torch.einsum("bqkgd,bqknd->bqkgn", qg, torch.stack(list(diag_keys), dim=3).float()) * scale
+    return torch.einsum("bqkgd,bqknd->bqkgn", qg, diag_keys.float()) * scale

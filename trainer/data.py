@@ -24,6 +24,9 @@ from torch.utils.data import Dataset, Sampler
 
 SAMPLE_PATTERN = "sample_*.safetensors"
 TENSOR_NAMES = ("input_ids", "loss_mask", "hidden_states", "last_hidden_state")
+# read when every sample of a batch has it: the verifier's top-1 token id at each position (int32 [S]),
+# which `prepare` stores and other tools' data lacks
+OPTIONAL_TENSOR_NAMES = ("verifier_top_ids",)
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
            "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
 
@@ -108,7 +111,7 @@ class HiddenStatesDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         batch = self.read_batch([index])  # one sample: nothing is padded
-        return {name: batch[name][0] for name in TENSOR_NAMES}
+        return {name: batch[name][0] for name in (*TENSOR_NAMES, *OPTIONAL_TENSOR_NAMES) if name in batch}
 
     def lengths(self) -> list[int]:
         """Each sample's length after the cut to max_seq_len, from the file headers only."""
@@ -144,7 +147,8 @@ class HiddenStatesDataset(Dataset):
             lengths = [[min(s.rows("input_ids"), self.max_seq_len) for s in row] for row in samples]
             longest = max(sum(row) for row in lengths)
             out: dict[str, torch.Tensor] = {}
-            for name in TENSOR_NAMES:
+            optional = [name for name in OPTIONAL_TENSOR_NAMES if all(name in f.entries for row in samples for f in row)]
+            for name in (*TENSOR_NAMES, *optional):
                 dtype, row_shape = samples[0][0].dtype_and_row_shape(name)
                 out[name] = torch.empty((len(rows), longest, *row_shape), dtype=dtype, pin_memory=pin)
                 for row, (row_samples, row_lengths) in enumerate(zip(samples, lengths, strict=True)):

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from trainer.attention import ttt_attention
+from trainer.compiled import compiled
 from trainer.verifier_io import default_layer_ids
 
 
@@ -116,7 +117,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+@compiled
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
 
 def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
@@ -138,6 +144,7 @@ def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
     return inv_freq.float()
 
 
+@compiled
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [B, Q, heads, d]; cos/sin [Q, d] (or [B, Q, d]: packed rows) for the positions of those Q rows."""
     cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
@@ -153,7 +160,12 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+@compiled
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
 
 
 @dataclass

@@ -21,7 +21,8 @@ Output under D:
 - hidden_states/sample_000000.safetensors ...: `input_ids` int64 [S], `loss_mask` uint8 [S],
   `hidden_states` bf16 [S, 3H] (inputs of the three captured layers, concatenated in --layer-ids order),
   `last_hidden_state` bf16 [S, H] (output of the last decoder layer, before the final norm, so that
-  `lm_head(norm(last_hidden_state))` are the verifier's logits);
+  `lm_head(norm(last_hidden_state))` are the verifier's logits), `verifier_top_ids` int32 [S] (the verifier's
+  top-1 token at each position: with it the trainer multiplies only the draft vocabulary's rows of the head);
 - vocab_mapping/vocab_mapping.safetensors: the K most frequent tokens at loss-masked positions (trainer.vocab);
 - prepare.settings.json: what the samples were made with (a relaunch with other settings starts over);
 - prepare.json: metadata, written last.
@@ -307,16 +308,17 @@ def prepare(
         for row, (_, ids, _) in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention_mask[row, : len(ids)] = 1
-        aux, last = capture_hidden_states(
-            model, input_ids.to(input_device), attention_mask.to(input_device), layer_ids
+        aux, last, top = capture_hidden_states(
+            model, input_ids.to(input_device), attention_mask.to(input_device), layer_ids, top_ids=True
         )
-        aux, last = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu()
+        aux, last, top = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu(), top.to(torch.int32).cpu()
         for row, ((path, ids, mask), length) in enumerate(zip(batch, lengths, strict=True)):
             tensors = {
                 "input_ids": torch.tensor(ids, dtype=torch.long),
                 "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                 "hidden_states": aux[row, :length].clone(),
                 "last_hidden_state": last[row, :length].clone(),
+                "verifier_top_ids": top[row, :length].clone(),
             }
             pending.append(writer.submit(_save_sample, path, tensors))
         # Bounded queue of writes: the GPU keeps working while the disk catches up, memory stays flat.

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.ttt import TTTObjective, add_feature_noise, trained_position_counts, verifier_targets
+from trainer.ttt import TTTObjective, add_feature_noise, batch_targets, trained_position_counts
 from trainer.verifier_io import VerifierHead
 
 
@@ -62,12 +62,12 @@ class TrainingStep:
         if len(micro_batches) == 1:
             (batch,) = micro_batches
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-                targets = verifier_targets(self.head, batch["last_hidden_state"], batch["loss_mask"])
+                targets = batch_targets(self.head, batch)
                 loss, stats = self.model(self._features(batch), batch["input_ids"], targets, **packing(batch))
             loss.backward()
             return loss.detach(), stats
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            all_targets = [verifier_targets(self.head, b["last_hidden_state"], b["loss_mask"]) for b in micro_batches]
+            all_targets = [batch_targets(self.head, b) for b in micro_batches]
         steps = self.objective.ttt_steps
         counts = [trained_position_counts(t, steps, b.get("position_ids")) for t, b in zip(all_targets, micro_batches, strict=True)]
         normalizer = torch.stack(counts).sum(0).clamp(min=1)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainer.fused_loss import soft_cross_entropy
 from trainer.model import EagleDraft, TTTCache
 from trainer.verifier_io import VerifierHead
 
@@ -30,20 +31,35 @@ class VerifierTargets:
 
 @torch.no_grad()
 def verifier_targets(
-    head: VerifierHead, last_hidden_state: Tensor, loss_mask: Tensor, chunk_rows: int = 4096
+    head: VerifierHead, last_hidden_state: Tensor, loss_mask: Tensor, top_ids: Tensor | None = None,
+    chunk_rows: int = 4096,
 ) -> VerifierTargets:
-    """Target distributions from the verifier's last hidden state [B, S, H], in chunks of rows."""
+    """Target distributions from the verifier's last hidden state [B, S, H], in chunks of rows.
+
+    `top_ids` [B, S] are the verifier's top-1 target ids as `prepare` stores them: with them only the
+    draft-vocabulary rows of the verifier's lm_head are multiplied (a quarter of a 128k head for a 32k
+    draft vocabulary); without them (data written by other tools) the full head gives the top-1 as well."""
     b, s, h = last_hidden_state.shape
     flat = last_hidden_state.reshape(b * s, h)
     probs = torch.empty(b * s, head.draft_ids.numel(), dtype=torch.float32, device=flat.device)
-    top = torch.empty(b * s, dtype=torch.long, device=flat.device)
-    for start in range(0, b * s, chunk_rows):
-        logits = head.logits(flat[start : start + chunk_rows])
-        top[start : start + chunk_rows] = head.target_to_draft[logits.argmax(-1)]
-        probs[start : start + chunk_rows] = logits[:, head.draft_ids].float().softmax(-1)
+    if top_ids is not None:
+        top = head.target_to_draft[top_ids.reshape(-1).long()]
+        for start in range(0, b * s, chunk_rows):
+            probs[start : start + chunk_rows] = head.draft_logits(flat[start : start + chunk_rows]).float().softmax(-1)
+    else:
+        top = torch.empty(b * s, dtype=torch.long, device=flat.device)
+        for start in range(0, b * s, chunk_rows):
+            logits = head.logits(flat[start : start + chunk_rows])
+            top[start : start + chunk_rows] = head.target_to_draft[logits.argmax(-1)]
+            probs[start : start + chunk_rows] = logits[:, head.draft_ids].float().softmax(-1)
     top = top.view(b, s)
     valid = F.pad(loss_mask[:, 1:].bool(), (0, 1)) & (top >= 0)
     return VerifierTargets(probs.view(b, s, -1), top, valid)
+
+
+def batch_targets(head: VerifierHead, batch: dict) -> VerifierTargets:
+    """`verifier_targets` of a loader's batch (its stored top-1 ids when it has them)."""
+    return verifier_targets(head, batch["last_hidden_state"], batch["loss_mask"], batch.get("verifier_top_ids"))
 
 
 def add_feature_noise(hidden_states: Tensor, std: float, generator: torch.Generator | None = None) -> Tensor:
@@ -51,33 +67,6 @@ def add_feature_noise(hidden_states: Tensor, std: float, generator: torch.Genera
     if std <= 0:
         return hidden_states
     return hidden_states + torch.empty_like(hidden_states).uniform_(-std, std, generator=generator)
-
-
-class _SoftCrossEntropy(torch.autograd.Function):
-    """Per-row -sum(p * log_softmax(z)) for rows `rows` of a shared probability table.
-
-    Saves only the logits and the row indices (not a per-step copy of the targets), and recomputes
-    the softmax in the backward pass."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
-        z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        p = probs[rows]
-        lse = z.logsumexp(-1)
-        ctx.save_for_backward(logits, probs, rows, lse)
-        return lse * p.sum(-1) - (p * z).sum(-1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        logits, probs, rows, lse = ctx.saved_tensors
-        p = probs[rows]
-        softmax = (logits.to(lse.dtype) - lse[:, None]).exp()
-        return ((softmax * p.sum(-1, keepdim=True) - p) * grad[:, None]).to(logits.dtype), None, None
-
-
-def soft_cross_entropy(logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
-    """Cross-entropy of logits [N, K] against the distributions probs[rows] ([M, K] indexed by [N])."""
-    return _SoftCrossEntropy.apply(logits, probs, rows)
 
 
 def trained_positions(targets: VerifierTargets, ttt_steps: int, position_ids: Tensor | None = None) -> list[Tensor]:
@@ -142,14 +131,14 @@ class TTTObjective(nn.Module):
             rows_b, rows_t = step_rows[k]
             target_rows = rows_b * s + rows_t + 1 + k
             logits = draft.logits(hidden[rows_b, rows_t])
-            per_position = soft_cross_entropy(logits, probs, target_rows)
+            per_position, draft_top = soft_cross_entropy(logits, probs, target_rows)
             if normalizer is None:
                 loss_k = per_position.sum() / max(per_position.numel(), 1)
             else:
                 loss_k = per_position.sum() / normalizer[k]
             loss = loss + self.step_decay**k * loss_k
             right = torch.zeros_like(chain)
-            right[rows_b, rows_t] = logits.argmax(-1) == top[target_rows]
+            right[rows_b, rows_t] = draft_top == top[target_rows]
             stats.append(
                 torch.stack([
                     loss_k.detach(),

@@ -6,7 +6,7 @@ import torch
 
 from trainer.data import BatchLoader, batch_to
 from trainer.step import packing
-from trainer.ttt import STAT_FIELDS, TTTObjective, summarize_stats, verifier_targets
+from trainer.ttt import STAT_FIELDS, TTTObjective, batch_targets, summarize_stats
 from trainer.verifier_io import VerifierHead
 
 
@@ -28,7 +28,7 @@ class Validator:
         for batch in self.loader:
             batch = batch_to(batch, self.device, self.dtype)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-                targets = verifier_targets(self.head, batch["last_hidden_state"], batch["loss_mask"])
+                targets = batch_targets(self.head, batch)
                 loss, stats = self.objective(batch["hidden_states"], batch["input_ids"], targets, **packing(batch))
             totals += torch.cat([loss.float()[None], stats.flatten(), totals.new_ones(1)])
         totals = self.all_ranks_sum(totals).cpu()

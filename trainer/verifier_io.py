@@ -16,7 +16,7 @@ the few tensors the draft needs.
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -129,6 +129,10 @@ class VerifierHead:
     draft_ids: Tensor  # [K] target id of each draft id
     target_to_draft: Tensor  # [V] draft id of each target id, -1 if absent
     input_is_normed: bool = False  # the stored last hidden state is already after the final norm (SpecForge's)
+    draft_rows: Tensor = field(init=False, repr=False)  # [K, H] the lm_head's rows of the draft vocabulary
+
+    def __post_init__(self):
+        self.draft_rows = self.lm_head_weight[self.draft_ids.to(self.lm_head_weight.device)]
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "VerifierHead":
         return VerifierHead(
@@ -142,10 +146,17 @@ class VerifierHead:
 
     def logits(self, last_hidden_state: Tensor) -> Tensor:
         """Verifier logits over the full vocabulary from its last decoder layer's output (before norm)."""
+        return self._normed(last_hidden_state) @ self.lm_head_weight.T
+
+    def draft_logits(self, last_hidden_state: Tensor) -> Tensor:
+        """The same logits, only at the draft vocabulary's ids (`logits(x)[:, draft_ids]`)."""
+        return self._normed(last_hidden_state) @ self.draft_rows.T
+
+    def _normed(self, last_hidden_state: Tensor) -> Tensor:
         x = last_hidden_state.float()
         if not self.input_is_normed:
             x = torch.nn.functional.rms_norm(x, (x.shape[-1],), self.norm_weight, self.norm_eps)
-        return x.to(self.lm_head_weight.dtype) @ self.lm_head_weight.T
+        return x.to(self.lm_head_weight.dtype)
 
 
 def load_verifier_head(verifier_path: str | Path, d2t: Tensor, t2d: Tensor) -> tuple[VerifierHead, Tensor]:
@@ -242,15 +253,26 @@ def capture_hidden_states(
     input_ids: Tensor,
     attention_mask: Tensor | None,
     layer_ids: Sequence[int],
-) -> tuple[Tensor, Tensor]:
-    """Run the verifier's decoder once: (inputs of `layer_ids` concatenated [B, S, 3H], last layer output [B, S, H]).
+    top_ids: bool = False,
+    chunk_rows: int = 4096,
+) -> tuple[Tensor, ...]:
+    """Run the verifier's decoder once: (inputs of `layer_ids` concatenated [B, S, 3H], last layer output [B, S, H]),
+    and with `top_ids` the verifier's top-1 token id at every position [B, S] (its lm_head over the decoder's
+    normed output, in chunks of rows, so that no [B, S, vocab] tensor exists at once).
 
     The last layer output is taken before the final norm; HF's `hidden_states[-1]` is after it in
     transformers 5, so it is read with a hook rather than from `output_hidden_states`.
     """
     with capture_layers(decoder_layers(model), layer_ids, last_output=True) as captured:
-        decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return concat_features(captured, layer_ids), captured["last"]
+        output = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    features = concat_features(captured, layer_ids), captured["last"]
+    if not top_ids:
+        return features
+    head = model.get_output_embeddings()
+    normed = output[0]
+    flat = normed.reshape(-1, normed.shape[-1]).to(head.weight.device)
+    top = torch.cat([head(flat[i : i + chunk_rows]).argmax(-1) for i in range(0, flat.shape[0], chunk_rows)])
+    return *features, top.view(normed.shape[:-1])
 
 
 def layer_devices(model: PreTrainedModel) -> list[str]:

@@ -33,7 +33,7 @@ def test_dataset_truncates_to_max_seq_len(prepared_data: Path) -> None:
     short = HiddenStatesDataset(prepared_data / "hidden_states", max_seq_len=10)
     assert len(full) == len(short) == len(list_samples(prepared_data))
     item, cut = full[0], short[0]
-    assert set(item) == {"input_ids", "loss_mask", "hidden_states", "last_hidden_state"}
+    assert set(item) == {"input_ids", "loss_mask", "hidden_states", "last_hidden_state", "verifier_top_ids"}
     assert cut["input_ids"].shape == (10,) and cut["hidden_states"].shape == (
         10,
         item["hidden_states"].shape[1],

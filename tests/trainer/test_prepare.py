@@ -17,7 +17,8 @@ from tests.trainer.conftest import (
     one_cpu_thread,
 )
 from trainer.prepare import iter_samples, prepare, tokenize_chat
-from trainer.verifier_io import capture_hidden_states, default_layer_ids
+from trainer.ttt import verifier_targets
+from trainer.verifier_io import capture_hidden_states, default_layer_ids, load_verifier_head
 from trainer.vocab import draft_to_target_ids, load_vocab_mapping
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,6 +104,28 @@ def test_last_hidden_state_is_before_final_norm_and_gives_the_logits(verifier, p
         reference = model(sample["input_ids"][None]).logits[0]
     torch.testing.assert_close(stored, reference, atol=0.1, rtol=0.05)
     assert (stored.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+def test_stored_top_ids_are_the_verifiers_top_token_and_the_trainer_takes_its_targets_from_them(
+    verifier, tiny_verifier: Path, prepared_data: Path
+) -> None:
+    """`prepare` stores the verifier's top-1 at every position; the trainer's targets from them (draft rows of
+    the head only) are those of the full head."""
+    model, _ = verifier
+    sample = _samples(prepared_data)[0]
+    with torch.no_grad():
+        reference = model(sample["input_ids"][None]).logits[0]
+    assert sample["verifier_top_ids"].dtype == torch.int32
+    assert torch.equal(sample["verifier_top_ids"].long(), reference.argmax(-1))
+    _, _, top = capture_hidden_states(model, sample["input_ids"][None], None, [2, 4, 5], top_ids=True, chunk_rows=7)
+    assert torch.equal(top[0], reference.argmax(-1))
+
+    head, _ = load_verifier_head(tiny_verifier, *load_vocab_mapping(prepared_data / "vocab_mapping"))
+    last, mask = sample["last_hidden_state"][None].float(), sample["loss_mask"][None]
+    full = verifier_targets(head, last, mask)
+    stored = verifier_targets(head, last, mask, sample["verifier_top_ids"][None])
+    assert torch.equal(stored.top, full.top) and torch.equal(stored.valid, full.valid)
+    torch.testing.assert_close(stored.probs, full.probs)
 
 
 def _assistant_text(tokenizer, ids: list[int], mask: list[int]) -> str:

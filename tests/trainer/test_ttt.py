@@ -5,11 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.fused_loss import soft_cross_entropy
 from trainer.ttt import (
     STAT_FIELDS,
     TTTObjective,
     VerifierTargets,
-    soft_cross_entropy,
     summarize_stats,
     verifier_targets,
 )
@@ -105,10 +105,32 @@ def test_soft_cross_entropy_matches_reference_and_gradients():
     logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     probs = torch.randn(10, 9, dtype=torch.float64).softmax(-1)
     rows = torch.tensor([0, 3, 3, 9, 5, 1])
-    got = soft_cross_entropy(logits, probs, rows)
+    got, top = soft_cross_entropy(logits, probs, rows, fused=False)
     want = -(probs[rows] * F.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(got, want)
-    assert torch.autograd.gradcheck(lambda z: soft_cross_entropy(z, probs, rows), (logits,))
+    assert torch.equal(top, logits.argmax(-1))
+    assert torch.autograd.gradcheck(lambda z: soft_cross_entropy(z, probs, rows, fused=False)[0], (logits,))
+
+
+def test_verifier_targets_from_stored_top_ids_multiply_only_draft_rows_and_match_the_full_head():
+    """With the top-1 ids that `prepare` stores, the targets are those of the full head: same distributions,
+    same top-1 draft ids, same valid positions (a top-1 outside the draft vocabulary is not trained)."""
+    torch.manual_seed(0)
+    vocab, hidden, s = 12, 8, 9
+    draft_ids = torch.tensor([0, 2, 5, 6, 11])
+    target_to_draft = torch.full((vocab,), -1)
+    target_to_draft[draft_ids] = torch.arange(5)
+    head = VerifierHead(torch.rand(hidden) + 0.5, 1e-6, torch.randn(vocab, hidden), draft_ids, target_to_draft)
+    last = torch.randn(2, s, hidden)
+    loss_mask = torch.randint(0, 2, (2, s))
+    top_ids = head.logits(last).argmax(-1).int()
+    assert (target_to_draft[top_ids.long()] < 0).any() and (target_to_draft[top_ids.long()] >= 0).any()
+    full = verifier_targets(head, last, loss_mask, chunk_rows=4)
+    stored = verifier_targets(head, last, loss_mask, top_ids, chunk_rows=4)
+    torch.testing.assert_close(stored.probs, full.probs)
+    assert torch.equal(stored.top, full.top)
+    assert torch.equal(stored.valid, full.valid)
+    torch.testing.assert_close(head.draft_logits(last), head.logits(last)[..., draft_ids])
 
 
 @pytest.mark.parametrize("steps", [1, 3, 5])

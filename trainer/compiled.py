@@ -1,0 +1,43 @@
+"""torch.compile for the elementwise glue of a training step on the GPU: RMSNorm, RoPE, SwiGLU and the
+merge of the TTT attention's diagonal keys.
+
+Eager, each of these is several kernels, each a pass over a [positions, width] tensor (casts to float32 and
+back, the halves of RoPE, the gate and its product): at 8192 positions they took about a quarter of an
+8B-shaped draft's step on an H200 (docs/benchmarks.md). Compiled, each becomes one or two fused kernels,
+forward and backward. Matrix products and the flash attention stay as they are.
+
+`compiled(fn)` runs `fn` compiled only where it pays and is safe: on CUDA tensors, when the caller says the
+call is training (the decode path runs eagerly and under CUDA graphs), and unless `LONGRUN_COMPILE=0`.
+Elsewhere, the CPU tests included, `fn` runs as written, so the eager code is the reference the compiled one
+is checked against on the GPU.
+"""
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+COMPILE_ENV = "LONGRUN_COMPILE"
+ENABLED = os.environ.get(COMPILE_ENV, "1") != "0"
+
+
+def compiled(fn: Callable) -> Callable:
+    """`fn`, compiled when its first argument is a CUDA tensor and autograd records (training); `.on_cuda` is
+    the variant for callers that know they are training where autograd does not record (an autograd
+    Function's own forward and backward)."""
+    state = {}
+
+    def on_cuda(*args):
+        if not (ENABLED and args[0].is_cuda):
+            return fn(*args)
+        if "fn" not in state:
+            state["fn"] = torch.compile(fn, dynamic=None)
+        return state["fn"](*args)
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return on_cuda(*args) if torch.is_grad_enabled() else fn(*args)
+
+    wrapper.on_cuda = on_cuda
+    return wrapper
