@@ -9,11 +9,13 @@ forward and backward. Matrix products and the flash attention stay as they are.
 `compiled(fn)` runs `fn` compiled only where it pays and is safe: on CUDA tensors, when the caller says the
 call is training (the decode path runs eagerly and under CUDA graphs), and unless `LONGRUN_COMPILE=0`.
 Elsewhere, the CPU tests included, `fn` runs as written, so the eager code is the reference the compiled one
-is checked against on the GPU.
+is checked against on the GPU. A host whose compiler fails (no C compiler for Triton's launcher, say) warns
+once and runs eagerly rather than stopping the run.
 """
 
 import functools
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -33,7 +35,13 @@ def compiled(fn: Callable) -> Callable:
             return fn(*args)
         if "fn" not in state:
             state["fn"] = torch.compile(fn, dynamic=None)
-        return state["fn"](*args)
+        try:
+            return state["fn"](*args)
+        except torch._dynamo.exc.TorchDynamoException as e:  # no working compiler on this host: a run goes on eagerly
+            warnings.warn(f"torch.compile of {fn.__name__} failed, it runs eagerly: {type(e).__name__}: {str(e)[:300]}",
+                          stacklevel=2)
+            state["fn"] = fn
+            return fn(*args)
 
     @functools.wraps(fn)
     def wrapper(*args):
