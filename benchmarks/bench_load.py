@@ -4,7 +4,8 @@
     python benchmarks/bench_load.py --stores postgres --runs 50 --workers 4 --rate 530 --points 1000000
 
 Per store, on a fresh database:
-  lifecycle  `--runs` sleep-and-report jobs submitted at once on the `local` host: submit -> running (seen by a
+  lifecycle  `--runs` sleep-and-report jobs submitted at once, round-robin over the `local` host and `--ssh-hosts`
+             SSH hosts (each a real sshd in a network namespace of its own): submit -> running (seen by a
              client polling every 50 ms), then each cancelled: cancel -> cancelled (the worker's verdict that
              no process of the run remains);
   poll       `--pollers` clients each calling GET /v1/runs/{id} once a second for `--seconds`, while a job writes
@@ -21,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,12 +63,13 @@ def _until(svc: Service, run_ids: list[str], statuses: set[str], timeout: float)
     return seen
 
 
-def bench_lifecycle(svc: Service, runs: int, script: Path) -> dict:
-    spec = {"host": "local", "nproc_per_node": 1, "entrypoint": str(script)}
+def bench_lifecycle(svc: Service, runs: int, script: Path, hosts: list[str]) -> dict:
+    """`runs` runs spread round-robin over `hosts`."""
+    spec = {"nproc_per_node": 1, "entrypoint": str(script)}
     submitted = {}
     for i in range(runs):
         t = time.perf_counter()
-        submitted[svc.submit({**spec, "name": f"load-{i}"})["id"]] = t
+        submitted[svc.submit({**spec, "host": hosts[i % len(hosts)], "name": f"load-{i}"})["id"]] = t
     running = _until(svc, list(submitted), {"running"}, timeout=600)
     asked = {}
     for run_id in submitted:
@@ -75,7 +78,29 @@ def bench_lifecycle(svc: Service, runs: int, script: Path) -> dict:
     gone = _until(svc, list(submitted), {"cancelled"}, timeout=600)
     start = [running[r] - submitted[r] for r in submitted]
     cancel = [gone[r] - asked[r] for r in submitted]
-    return {"bench": "lifecycle", "runs": runs, "submit_to_running": _ms(start), "cancel_to_gone": _ms(cancel)}
+    return {"bench": "lifecycle", "runs": runs, "hosts": len(hosts), "submit_to_running": _ms(start),
+            "cancel_to_gone": _ms(cancel)}
+
+
+def ssh_hosts(svc: Service, count: int, stack: ExitStack) -> list[str]:
+    """`count` SSH hosts, each a real sshd in a network namespace of its own on one private bridge,
+    registered with the service (its workspace a directory of this machine: namespaces share the filesystem)."""
+    if count == 0:
+        return []
+    from tests.netns import PrivateNetwork
+    from tests.sshd import SshServer
+
+    net = stack.enter_context(PrivateNetwork())
+    names = []
+    for n in range(count):
+        sshd = stack.enter_context(SshServer(netns=stack.enter_context(net.namespace())))
+        workspace = svc.home.parent / f"ssh{n}"
+        workspace.mkdir()
+        stack.callback(kill_leftovers, workspace)
+        body = {"name": f"ssh{n}", **sshd.host_fields, "workspace": str(workspace), "python": sys.executable}
+        svc.client.post("/v1/hosts", json=body).raise_for_status()
+        names.append(f"ssh{n}")
+    return names
 
 
 def bench_poll(svc: Service, pollers: int, seconds: float, rate: float, script: Path) -> dict:
@@ -146,11 +171,15 @@ def run_store(store: str, args: argparse.Namespace, tmp: Path) -> None:
     (tmp / "firehose.py").write_text(FIREHOSE)
     workers = []
     try:
-        svc.start(worker=False)
-        workers = [start_worker(svc, f"worker{n}") for n in range(args.workers)]
-        for result in (bench_lifecycle(svc, args.runs, tmp / "report.py"),
-                       bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py")):
-            print(json.dumps({"store": store, "workers": args.workers, **result}), flush=True)
+        with ExitStack() as hosts:
+            svc.start(worker=False)
+            workers = [start_worker(svc, f"worker{n}") for n in range(args.workers)]
+            names = ["local", *ssh_hosts(svc, args.ssh_hosts, hosts)]
+            for result in (bench_lifecycle(svc, args.runs, tmp / "report.py", names),
+                           bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py")):
+                print(json.dumps({"store": store, "workers": args.workers, **result}), flush=True)
+            stop_processes(workers)
+            svc.stop()
     finally:
         stop_processes(workers)
         svc.stop()
@@ -167,6 +196,8 @@ def main() -> int:
     p.add_argument("--stores", nargs="+", choices=["sqlite", "postgres"], default=["sqlite", "postgres"])
     p.add_argument("--runs", type=int, default=20, help="sleep-and-report runs submitted at once")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ssh-hosts", type=int, default=0,
+                   help="SSH hosts besides `local`, each an sshd in a network namespace (root, iproute2, openssh-server)")
     p.add_argument("--pollers", type=int, default=100)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--rate", type=float, default=530, help="metric lines/s of 19 fields the firehose job writes")
