@@ -170,20 +170,18 @@ def run_store(store: str, args: argparse.Namespace, tmp: Path) -> None:
     (tmp / "report.py").write_text(SLEEP_AND_REPORT)
     (tmp / "firehose.py").write_text(FIREHOSE)
     workers = []
-    try:
-        with ExitStack() as hosts:
+    with ExitStack() as hosts:  # the SSH hosts go last, once the workers that reach them have stopped
+        try:
             svc.start(worker=False)
             workers = [start_worker(svc, f"worker{n}") for n in range(args.workers)]
             names = ["local", *ssh_hosts(svc, args.ssh_hosts, hosts)]
             for result in (bench_lifecycle(svc, args.runs, tmp / "report.py", names),
                            bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py")):
                 print(json.dumps({"store": store, "workers": args.workers, **result}), flush=True)
+        finally:
             stop_processes(workers)
             svc.stop()
-    finally:
-        stop_processes(workers)
-        svc.stop()
-        kill_leftovers(svc.workspace)
+            kill_leftovers(svc.workspace)
     try:
         print(json.dumps({"store": store, **bench_size(url, args.points, size_of)}), flush=True)
     finally:

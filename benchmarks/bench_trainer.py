@@ -7,7 +7,8 @@
 Draft: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, verifier vocab 128256, draft vocab
 32000. Synthetic verifier features on the device, bf16 autocast over fp32 weights, AdamW, clip 0.5.
 Each step is the trainer's own `TrainingStep`: verifier targets (final norm + the lm_head's draft-vocabulary
-rows, the top-1 ids stored as `prepare` stores them; `--no-stored-top`: the full head), T TTT steps, backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
+rows, with the top-1 ids stored as `prepare` stores them; `--no-stored-top`: the full head), T TTT steps,
+backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 
 - ms_per_step, tokens_per_s (sequence tokens per second), peak_gib;
 - gflop_per_token_step: matrix FLOPs of one TTT step per token, forward and backward (3x forward):

@@ -24,12 +24,11 @@ except ImportError:  # the trainer runs without triton (CPU hosts); the torch pa
     triton = None
 
 FUSED_LOSS_ENV = "LONGRUN_FUSED_LOSS"
+ENABLED = triton is not None and os.environ.get(FUSED_LOSS_ENV, "1") != "0"
 
 
 def fused_available(logits: Tensor) -> bool:
-    if triton is None or os.environ.get(FUSED_LOSS_ENV, "1") == "0":
-        return False
-    return logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return ENABLED and logits.is_cuda
 
 
 if triton is not None:

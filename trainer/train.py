@@ -208,7 +208,7 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
 @torch.no_grad()
 def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
     """Row i of the draft's lm_head := the verifier's lm_head row of draft id i's target id (i + d2t[i])."""
-    draft.lm_head.weight.copy_(head.lm_head_weight[head.draft_ids].to(draft.lm_head.weight.dtype))
+    draft.lm_head.weight.copy_(head.draft_rows.to(draft.lm_head.weight.dtype))
 
 
 def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:

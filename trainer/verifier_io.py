@@ -16,7 +16,8 @@ the few tensors the draft needs.
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -129,10 +130,11 @@ class VerifierHead:
     draft_ids: Tensor  # [K] target id of each draft id
     target_to_draft: Tensor  # [V] draft id of each target id, -1 if absent
     input_is_normed: bool = False  # the stored last hidden state is already after the final norm (SpecForge's)
-    draft_rows: Tensor = field(init=False, repr=False)  # [K, H] the lm_head's rows of the draft vocabulary
 
-    def __post_init__(self):
-        self.draft_rows = self.lm_head_weight[self.draft_ids.to(self.lm_head_weight.device)]
+    @cached_property
+    def draft_rows(self) -> Tensor:
+        """[K, H] the lm_head's rows of the draft vocabulary, copied once, where the head is used."""
+        return self.lm_head_weight[self.draft_ids.to(self.lm_head_weight.device)]
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "VerifierHead":
         return VerifierHead(
