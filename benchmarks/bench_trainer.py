@@ -101,7 +101,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
-          stored_top: bool = True, profile: bool = False) -> dict:
+          stored_top: bool = True, profile: bool | str = False) -> dict:
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -147,14 +147,8 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         torch.cuda.synchronize()
     warmup_s = time.time() - t0
     seconds = timed(step, device, steps)
-    if profile:  # where the device time of three more steps goes, by op
-        from torch.profiler import ProfilerActivity
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-        print(f"# profile {seq}x{ttt}\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25),
-              file=sys.stderr, flush=True)
+    if profile:  # where the device time of three more steps goes, by op, and whether the GPU waits for the host
+        profile_steps(step, f"{seq}x{ttt}", profile if isinstance(profile, str) else None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     per_token_step, total = flops(cfg, seq, ttt, full_head=not stored_top)
     return dict(
@@ -162,6 +156,56 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
         tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
     )
+
+
+def profile_steps(step, cell: str, directory: str | None) -> None:
+    """Three steps under torch.profiler: wall time per step, the share in which the device was busy, and the
+    host's own time (until a step's call returns, then the device's tail after it: a tail near zero means
+    the device waited for launches); the ops that took the most device time to stderr, and with `directory`
+    the Chrome trace and the per-kernel totals (JSON) of the cell there."""
+    import gzip
+    import shutil
+    import tempfile
+
+    from torch.profiler import ProfilerActivity
+
+    from trainer.profiling import device_busy_seconds
+
+    host, tail = [], []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(t1 - t0)
+        tail.append(time.perf_counter() - t1)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / 3
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace_path))
+        busy = device_busy_seconds(json.loads(trace_path.read_text())) / 3
+        if directory:  # the timeline itself, for Perfetto or chrome://tracing
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            with trace_path.open("rb") as src, gzip.open(Path(directory) / f"trace_{cell}.json.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    kernels = {}
+    for e in prof.key_averages():
+        if e.self_device_time_total > 0:
+            kernels[e.key] = [e.count / 3, e.self_device_time_total / 3 / 1000]  # per step: calls, ms
+    summary = dict(cell=cell, wall_ms=round(wall * 1000, 2), device_busy_ms=round(busy * 1000, 2),
+                   busy_share=round(busy / wall, 3), host_ms=round(sum(host) / 3 * 1000, 2),
+                   device_tail_ms=round(sum(tail) / 3 * 1000, 2))
+    print("# profile " + json.dumps(summary), file=sys.stderr, flush=True)
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30), file=sys.stderr, flush=True)
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"kernels_{cell}.json").write_text(json.dumps(dict(summary=summary, kernels=kernels), indent=1))
 
 
 def main(argv=None) -> None:
@@ -174,6 +218,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-stored-top", action="store_true",
                    help="batches without the verifier's top-1 ids (other tools' data): the full verifier head each step")
     p.add_argument("--profile", action="store_true", help="print the ops that take the most device time (stderr)")
+    p.add_argument("--profile-dir", help="with --profile: write each cell's Chrome trace and kernel totals here")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
@@ -187,7 +232,7 @@ def main(argv=None) -> None:
     for seq, ttt in configs:
         try:
             result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents, not args.no_stored_top,
-                           args.profile and device.type == "cuda")
+                           (args.profile_dir or True) if args.profile and device.type == "cuda" else False)
             if ttt == 1:
                 one_step_seconds.setdefault(seq, result["seconds"])
             elif seq not in one_step_seconds:

@@ -1,10 +1,12 @@
-"""torch.compile for the elementwise glue of a training step on the GPU: RMSNorm, RoPE, SwiGLU and the
-merge of the TTT attention's diagonal keys.
+"""torch.compile for the parts of a training step on the GPU that are many small kernels: the two regions of
+each TTT step's layer around its attention (`trainer/model.py`: hidden norm, q/k/v and RoPE; o_proj, residual,
+norm, SwiGLU MLP, residual), the final norm, and the merge of the TTT attention's diagonal keys.
 
-Eager, each of these is several kernels, each a pass over a [positions, width] tensor (casts to float32 and
-back, the halves of RoPE, the gate and its product): at 8192 positions they took about a quarter of an
-8B-shaped draft's step on an H200 (docs/benchmarks.md). Compiled, each becomes one or two fused kernels,
-forward and backward. Matrix products and the flash attention stay as they are.
+Eager, these are a hundred or more kernels and host calls per TTT step (casts to float32 and back, the halves of
+RoPE, the gate and its product, the residual adds). At 8192 positions their passes over memory took about a
+quarter of an 8B-shaped draft's step on an H200; at 2048 positions the host took longer to launch them than the GPU
+to run them (docs/benchmarks.md). Compiled, each region is a few fused kernels around its matrix products, forward
+and backward, and one host call. The flash attention stays outside, as written.
 
 `compiled(fn)` runs `fn` compiled only where it pays and is safe: on CUDA tensors, when the caller says the
 call is training (the decode path runs eagerly and under CUDA graphs), and unless `LONGRUN_COMPILE=0`.

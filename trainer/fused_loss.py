@@ -9,10 +9,12 @@ Written with torch ops this is ten or more passes over [N, K] tensors, several i
 gathered targets, their product, the softmax of the backward): at 8192 positions x 32k draft tokens each pass
 moves about 1 GB, milliseconds per TTT step. The Triton kernels read the bf16 logits and the targets once
 each way and write the gradient once. Where Triton cannot run (no GPU, no triton) `soft_cross_entropy`
-falls back to the torch ops; `LONGRUN_FUSED_LOSS=0` asks for them on the GPU too.
+falls back to the torch ops; `LONGRUN_FUSED_LOSS=0` asks for them on the GPU too. A host where the kernels
+cannot be built (no C compiler for Triton's launcher, say) warns once and goes on with the torch ops.
 """
 
 import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -27,8 +29,29 @@ FUSED_LOSS_ENV = "LONGRUN_FUSED_LOSS"
 ENABLED = triton is not None and os.environ.get(FUSED_LOSS_ENV, "1") != "0"
 
 
+# whether the kernels have been built and run on this host (None: not tried yet; False: they failed)
+_KERNELS_WORK: dict[str, bool | None] = {"forward": None, "backward": None}
+
+
 def fused_available(logits: Tensor) -> bool:
-    return ENABLED and logits.is_cuda
+    return ENABLED and logits.is_cuda and _KERNELS_WORK["forward"] is not False
+
+
+def _first_launch(which: str, launch) -> bool:
+    """Runs `launch()`; the first time, a failure (the kernel cannot be built here) warns and returns False,
+    and the torch ops take over for the rest of the run. Later failures are real errors and propagate."""
+    if _KERNELS_WORK[which]:
+        launch()
+        return True
+    try:
+        launch()
+    except Exception as e:  # noqa: BLE001 - a compiler or driver error at the first build; the torch path is exact
+        _KERNELS_WORK[which] = False
+        warnings.warn(f"the fused TTT loss ({which}) could not run here, the torch ops take over: "
+                      f"{type(e).__name__}: {str(e)[:300]}", stacklevel=3)
+        return False
+    _KERNELS_WORK[which] = True
+    return True
 
 
 if triton is not None:
@@ -100,22 +123,27 @@ class _FusedSoftCrossEntropy(torch.autograd.Function):
         lse, psum = torch.empty_like(loss), torch.empty_like(loss)
         top = torch.empty(n, dtype=torch.int32, device=logits.device)
         block, warps = _block(k)
-        if n:
-            _forward_kernel[(n,)](logits, logits.stride(0), probs, probs.stride(0), rows, loss, lse, psum, top, k,
-                                  BLOCK=block, num_warps=warps)
+        if n and not _first_launch("forward", lambda: _forward_kernel[(n,)](
+                logits, logits.stride(0), probs, probs.stride(0), rows, loss, lse, psum, top, k,
+                BLOCK=block, num_warps=warps)):
+            loss, top = _SoftCrossEntropy.forward(ctx, logits, probs, rows)
+            return loss, top
         ctx.save_for_backward(logits, probs, rows, lse, psum)
         ctx.mark_non_differentiable(top)
         return loss, top.long()
 
     @staticmethod
     def backward(ctx, grad: Tensor, _top_grad):
+        if len(ctx.saved_tensors) == 4:  # the forward fell back to the torch ops
+            return _SoftCrossEntropy.backward(ctx, grad, _top_grad)
         logits, probs, rows, lse, psum = ctx.saved_tensors
         n, k = logits.shape
         out = torch.empty_like(logits)
         block, warps = _block(k)
-        if n:
-            _backward_kernel[(n,)](grad.float().contiguous(), logits, logits.stride(0), probs, probs.stride(0), rows,
-                                   lse, psum, out, out.stride(0), k, BLOCK=block, num_warps=warps)
+        if n and not _first_launch("backward", lambda: _backward_kernel[(n,)](
+                grad.float().contiguous(), logits, logits.stride(0), probs, probs.stride(0), rows, lse, psum, out,
+                out.stride(0), k, BLOCK=block, num_warps=warps)):
+            return _soft_cross_entropy_grad(logits, probs, rows, lse, grad), None, None
         return out, None, None
 
 
@@ -136,9 +164,13 @@ class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor, _top_grad):
         logits, probs, rows, lse = ctx.saved_tensors
-        p = probs[rows]
-        softmax = (logits.to(lse.dtype) - lse[:, None]).exp()
-        return ((softmax * p.sum(-1, keepdim=True) - p) * grad[:, None]).to(logits.dtype), None, None
+        return _soft_cross_entropy_grad(logits, probs, rows, lse, grad), None, None
+
+
+def _soft_cross_entropy_grad(logits: Tensor, probs: Tensor, rows: Tensor, lse: Tensor, grad: Tensor) -> Tensor:
+    p = probs[rows]
+    softmax = (logits.to(lse.dtype) - lse[:, None]).exp()
+    return ((softmax * p.sum(-1, keepdim=True) - p) * grad[:, None]).to(logits.dtype)
 
 
 def soft_cross_entropy(logits: Tensor, probs: Tensor, rows: Tensor, fused: bool | None = None) -> tuple[Tensor, Tensor]:

@@ -120,9 +120,11 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-@compiled
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+
+
+rms_norm = compiled(_rms_norm)
 
 
 def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
@@ -144,7 +146,6 @@ def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
     return inv_freq.float()
 
 
-@compiled
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [B, Q, heads, d]; cos/sin [Q, d] (or [B, Q, d]: packed rows) for the positions of those Q rows."""
     cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
@@ -160,12 +161,7 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-@compiled
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return F.silu(gate) * up
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 @dataclass
@@ -192,23 +188,23 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
         self.scale = d**-0.5
 
-    def forward(self, qkv: Tensor, cos: Tensor, sin: Tensor, cache: TTTCache) -> Tensor:
-        """qkv [B, Q, n_qkv] is the summed projection of this step's input; the step's keys join `cache`."""
-        b, nq, _ = qkv.shape
-        q, k, v = qkv.split(self.qkv_sizes, dim=-1)
-        q = apply_rotary(q.view(b, nq, self.heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(b, nq, self.kv_heads, self.head_dim), cos, sin)
-        v = v.view(b, nq, self.kv_heads, self.head_dim)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: TTTCache) -> Tensor:
+        """The TTT attention of this step's q [B, Q, heads, d] (RoPE applied) after its k/v join `cache`;
+        returns [B, Q, heads, d] (before o_proj)."""
         if cache.keys is None:
             cache.keys, cache.values = k, v
         else:
             cache.diag_keys.append(k)
             cache.diag_values.append(v)
-        out = ttt_attention(q, cache.keys, cache.values, cache.diag_keys, cache.diag_values, self.scale, cache.documents)
-        return self.o_proj(out.reshape(b, nq, self.heads * self.head_dim))
+        return ttt_attention(q, cache.keys, cache.values, cache.diag_keys, cache.diag_values, self.scale, cache.documents)
 
 
 class DraftDecoderLayer(nn.Module):
+    """One TTT step runs as two functions around the attention: `attention_inputs` (hidden norm, the hidden
+    half of q/k/v plus the token half, RoPE) and `attention_output_and_mlp` (o_proj, residual, norm, SwiGLU
+    MLP, residual). While training on a GPU each is one compiled region, so a step is a handful of kernels
+    and host calls rather than a hundred (at 2048 positions the host's launches, not the GPU, set the pace)."""
+
     def __init__(self, config: DraftConfig):
         super().__init__()
         eps = config.rms_norm_eps
@@ -218,10 +214,51 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = DraftMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor, cache: TTTCache) -> Tensor:
-        qkv = token_qkv + self.self_attn.qkv_hidden(self.hidden_norm(hidden))
-        hidden = hidden + self.self_attn(qkv, cos, sin, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def step_weights(self) -> tuple[Tensor, ...]:
+        """The weights a step multiplies by. While training under autocast they are cast once here, to the
+        autocast dtype: a TTT chain takes them once and passes them to each of its steps, so the compiled
+        regions neither cast per step nor hand back a full-precision gradient per step (what autocast's own
+        cache does for eager modules). Elsewhere (no grad: validation, decoding) autocast casts as usual."""
+        attn, mlp = self.self_attn, self.mlp
+        weights = (attn.qkv_hidden.weight, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                   mlp.down_proj.weight)
+        device = weights[0].device.type
+        if torch.is_grad_enabled() and torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            weights = tuple(w.to(dtype) for w in weights)
+        return (self.hidden_norm.weight, self.post_attention_layernorm.weight, *weights)
+
+    def forward(self, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor, cache: TTTCache,
+                weights: tuple[Tensor, ...] | None = None) -> Tensor:
+        hidden_norm, post_norm, qkv_w, o_w, gate_w, up_w, down_w = weights or self.step_weights()
+        attn, eps = self.self_attn, self.hidden_norm.eps
+        q, k, v = attention_inputs(hidden, token_qkv, cos, sin, hidden_norm, qkv_w, eps, attn.qkv_sizes,
+                                   attn.heads, attn.kv_heads, attn.head_dim)
+        out = attn.attend(q, k, v, cache)
+        return attention_output_and_mlp(hidden, out, o_w, post_norm, gate_w, up_w, down_w, eps)
+
+
+@compiled
+def attention_inputs(hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor, norm_weight: Tensor,
+                     qkv_weight: Tensor, eps: float, sizes: list[int], heads: int, kv_heads: int, head_dim: int):
+    """(q, k, v) [B, Q, heads or kv_heads, d] of a step: the token half `token_qkv` plus the projection of the
+    normed hidden input, RoPE on q and k."""
+    b, nq, _ = hidden.shape
+    qkv = token_qkv + F.linear(_rms_norm(hidden, norm_weight, eps), qkv_weight)
+    q, k, v = qkv.split(sizes, dim=-1)
+    q = apply_rotary(q.reshape(b, nq, heads, head_dim), cos, sin)
+    k = apply_rotary(k.reshape(b, nq, kv_heads, head_dim), cos, sin)
+    return q, k, v.reshape(b, nq, kv_heads, head_dim)
+
+
+@compiled
+def attention_output_and_mlp(hidden: Tensor, attention: Tensor, o_weight: Tensor, norm_weight: Tensor,
+                             gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, eps: float) -> Tensor:
+    """The step's output hidden state from its input and its attention [B, Q, heads, d]."""
+    b, nq = attention.shape[:2]
+    hidden = hidden + F.linear(attention.reshape(b, nq, -1), o_weight)
+    x = _rms_norm(hidden, norm_weight, eps)
+    return hidden + F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
 
 
 class EagleDraft(nn.Module):
@@ -265,11 +302,16 @@ class EagleDraft(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 
-    def step(self, cache: TTTCache, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def step(self, cache: TTTCache, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor,
+             weights: tuple[Tensor, ...] | None = None) -> Tensor:
         """One TTT step. `hidden` [B, Q, H] is the fused verifier features at step 0 and the previous
         step's output after that; `token_qkv` [B, Q, n_qkv] the token half for the tokens these
-        positions read; cos/sin the RoPE of their positions. Returns the step's output hidden state."""
-        return self.midlayer(hidden, token_qkv, cos, sin, cache)
+        positions read; cos/sin the RoPE of their positions; `weights` the layer's `step_weights()`, taken
+        once per chain (each step takes them itself without). Returns the step's output hidden state."""
+        return self.midlayer(hidden, token_qkv, cos, sin, cache, weights)
+
+    def step_weights(self) -> tuple[Tensor, ...]:
+        return self.midlayer.step_weights()
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(self.norm(hidden))

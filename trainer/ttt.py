@@ -118,16 +118,16 @@ class TTTObjective(nn.Module):
         top = targets.top.reshape(-1)
 
         cache = TTTCache(documents=documents)
+        weights = draft.step_weights()  # cast once for the whole chain
         hidden = draft.fuse(hidden_states)
-        chain = torch.ones(b, s, dtype=torch.bool, device=device)  # all earlier steps right at this position
         loss = hidden.new_zeros((), dtype=torch.float32)
-        stats = []
+        losses, rights = [], []
         for k in range(steps):
             if position_ids is None:
                 step_cos, step_sin = cos[k : k + s], sin[k : k + s]
             else:  # RoPE positions restart with each packed sample
                 step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
-            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin)
+            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin, weights)
             rows_b, rows_t = step_rows[k]
             target_rows = rows_b * s + rows_t + 1 + k
             logits = draft.logits(hidden[rows_b, rows_t])
@@ -137,19 +137,19 @@ class TTTObjective(nn.Module):
             else:
                 loss_k = per_position.sum() / normalizer[k]
             loss = loss + self.step_decay**k * loss_k
-            right = torch.zeros_like(chain)
+            right = torch.zeros(b, s, dtype=torch.bool, device=device)
             right[rows_b, rows_t] = draft_top == top[target_rows]
-            stats.append(
-                torch.stack([
-                    loss_k.detach(),
-                    step_valid[k].sum().float(),
-                    right.sum().float(),
-                    (step_valid[k] & chain).sum().float(),
-                    (right & chain).sum().float(),
-                ])
-            )
-            chain = chain & right
-        return loss, torch.stack(stats)
+            losses.append(loss_k.detach())
+            rights.append(right)
+        return loss, step_stats(torch.stack(losses), torch.stack(step_valid), torch.stack(rights))
+
+
+def step_stats(losses: Tensor, valid: Tensor, right: Tensor) -> Tensor:
+    """[T, len(STAT_FIELDS)] from each step's loss [T], trained positions and right top-1s [T, B, S] (bool), in a
+    few kernels for all steps at once: `chain_*` count the positions where every earlier step was right."""
+    chain = torch.cat([torch.ones_like(right[:1]), right[:-1].to(torch.uint8).cumprod(0).bool()])
+    counts = torch.stack([valid, right, valid & chain, right & chain], dim=1).flatten(2).sum(-1)
+    return torch.cat([losses[:, None].float(), counts.float()], dim=1)
 
 
 def summarize_stats(stats: Tensor, prefix: str = "") -> dict[str, float]:

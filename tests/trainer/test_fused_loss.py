@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer import fused_loss
 from trainer.fused_loss import soft_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,3 +56,51 @@ def test_fused_loss_kernels_match_torch_ops_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _inputs(n=6, k=40):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(n, k, generator=g)
+    probs = torch.randn(n + 2, k, generator=g).softmax(-1)
+    return logits, probs, torch.randint(0, n + 2, (n,), generator=g)
+
+
+def _loss_and_grad(logits, probs, rows, fused):
+    z = logits.clone().requires_grad_()
+    loss, top = soft_cross_entropy(z, probs, rows, fused=fused)
+    loss.sum().backward()
+    return loss.detach(), top, z.grad
+
+
+def assert_fused_falls_back(which: str) -> None:
+    """The fused call warns that its `which` kernel could not run, and gives the torch ops' loss, top-1 and gradient."""
+    logits, probs, rows = _inputs()
+    want = _loss_and_grad(logits, probs, rows, fused=False)
+    with pytest.warns(UserWarning, match=rf"fused TTT loss \({which}\) could not run here"):
+        got = _loss_and_grad(logits, probs, rows, fused=True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_kernels_that_cannot_run_here_warn_once_and_the_torch_ops_take_over(monkeypatch):
+    """CPU tensors outside Triton's interpreter: the kernels cannot launch, as on a host without a compiler."""
+    monkeypatch.setattr(fused_loss, "_KERNELS_WORK", {"forward": None, "backward": None})
+    assert_fused_falls_back("forward")
+    assert fused_loss._KERNELS_WORK["forward"] is False  # `fused_available` now says no: a run does not retry
+
+
+def test_a_backward_kernel_that_cannot_run_falls_back_to_the_torch_gradient(monkeypatch):
+    class ForwardInTorch:  # the forward kernel's outputs, written with torch ops (it "runs")
+        def __getitem__(self, grid):
+            def run(z, _zs, p, _ps, rows, loss, lse, psum, top, _k, BLOCK, num_warps):
+                target = p[rows]
+                lse.copy_(z.float().logsumexp(-1))
+                psum.copy_(target.sum(-1))
+                loss.copy_(lse * psum - (target * z.float()).sum(-1))
+                top.copy_(z.argmax(-1))
+            return run
+
+    monkeypatch.setattr(fused_loss, "_forward_kernel", ForwardInTorch())
+    monkeypatch.setattr(fused_loss, "_KERNELS_WORK", {"forward": None, "backward": None})
+    assert_fused_falls_back("backward")
+    assert fused_loss._KERNELS_WORK == {"forward": True, "backward": False}

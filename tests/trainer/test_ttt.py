@@ -35,7 +35,10 @@ class PositionEcho(nn.Module):
     def rope(self, positions):
         return positions.float(), positions.float()
 
-    def step(self, cache, hidden, token_qkv, cos, sin):
+    def step_weights(self):
+        return None
+
+    def step(self, cache, hidden, token_qkv, cos, sin, weights=None):
         return hidden * 0 + cos[None, :, None]
 
     def logits(self, hidden):
