@@ -112,8 +112,10 @@ class TTTObjective(nn.Module):
         next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
         token_qkv = draft.token_qkv(next_ids)
         cos, sin = draft.rope(torch.arange(s + steps - 1, device=device))
-        step_valid = trained_positions(targets, steps, position_ids)
-        step_rows = [valid.nonzero(as_tuple=True) for valid in step_valid]
+        step_valid = torch.stack(trained_positions(targets, steps, position_ids))  # [T, B, S]
+        # each step's trained positions as flat indices b * s + t, read from the GPU in two syncs for all steps
+        counts = step_valid.flatten(1).sum(1).tolist()
+        step_rows = step_valid.flatten(1).nonzero()[:, 1].split(counts)
         probs = targets.probs.reshape(b * s, -1)
         top = targets.top.reshape(-1)
 
@@ -128,20 +130,20 @@ class TTTObjective(nn.Module):
             else:  # RoPE positions restart with each packed sample
                 step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
             hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin, weights)
-            rows_b, rows_t = step_rows[k]
-            target_rows = rows_b * s + rows_t + 1 + k
-            logits = draft.logits(hidden[rows_b, rows_t])
+            rows = step_rows[k]
+            target_rows = rows + (1 + k)
+            logits = draft.logits(hidden.reshape(b * s, -1)[rows])
             per_position, draft_top = soft_cross_entropy(logits, probs, target_rows)
             if normalizer is None:
                 loss_k = per_position.sum() / max(per_position.numel(), 1)
             else:
                 loss_k = per_position.sum() / normalizer[k]
             loss = loss + self.step_decay**k * loss_k
-            right = torch.zeros(b, s, dtype=torch.bool, device=device)
-            right[rows_b, rows_t] = draft_top == top[target_rows]
+            right = torch.zeros(b * s, dtype=torch.bool, device=device)
+            right[rows] = draft_top == top[target_rows]
             losses.append(loss_k.detach())
             rights.append(right)
-        return loss, step_stats(torch.stack(losses), torch.stack(step_valid), torch.stack(rights))
+        return loss, step_stats(torch.stack(losses), step_valid, torch.stack(rights).view(steps, b, s))
 
 
 def step_stats(losses: Tensor, valid: Tensor, right: Tensor) -> Tensor:

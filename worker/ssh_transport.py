@@ -246,6 +246,29 @@ class SSHTransport(Transport):
             finally:
                 channel.close()
 
+    @staticmethod
+    def _start(client: paramiko.SSHClient, channel: paramiko.Channel, command: str, deadline: float) -> None:
+        """`channel.exec_command` within the deadline. paramiko waits for the host's reply to the request without
+        a limit, so a link that dies right after the channel opened would hold the caller until TCP gives up
+        (minutes): past the deadline the connection is closed, which ends that wait, and the command times out."""
+        fired = threading.Event()
+
+        def give_up() -> None:
+            fired.set()
+            client.close()
+
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), give_up)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            channel.exec_command(command)
+        except (OSError, EOFError, paramiko.SSHException):
+            if fired.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            watchdog.cancel()
+
     def _run(self, client: paramiko.SSHClient, channel: paramiko.Channel, command: str, stdin: bytes,
              timeout: float) -> CommandResult:
         deadline = time.monotonic() + timeout
@@ -253,7 +276,7 @@ class SSHTransport(Transport):
         out, err = bytearray(), bytearray()
         try:
             # the login shell may be fish or csh: hand the command to /bin/sh, as LocalTransport does
-            channel.exec_command(f"exec /bin/sh -c {shlex.quote(command)}")
+            self._start(client, channel, f"exec /bin/sh -c {shlex.quote(command)}", deadline)
             pending = memoryview(stdin)
             if not pending:
                 channel.shutdown_write()

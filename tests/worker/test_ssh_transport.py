@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ import threading
 import time
 import uuid
 
+import paramiko
 import pytest
 
 from server.config import Settings
@@ -207,6 +209,37 @@ def test_connection_cut_during_a_command_is_a_transport_error_not_an_exit_status
             server.start()
             assert t.exec("echo hi; kill -9 $$").returncode == -1
         finally:
+            t.close()
+
+
+def test_a_host_that_goes_silent_as_a_command_starts_times_the_command_out(monkeypatch):
+    """The link dies between the channel's opening and the start of the command, a window in which paramiko waits
+    for the host's reply without a limit: the command still gives up at its timeout, and the next one reconnects."""
+    with SshServer() as server:
+        t = server.transport(connect_timeout=2, command_timeout=3)
+        frozen: list[int] = []
+        try:
+            t.exec("true")
+            real_open = paramiko.Transport.open_session
+
+            def open_then_go_silent(self, *args, **kwargs):
+                channel = real_open(self, *args, **kwargs)
+                monkeypatch.setattr(paramiko.Transport, "open_session", real_open)
+                for pid in server.session_pids():  # each connection's sshd processes, stopped: no answer, no reset
+                    os.killpg(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+                return channel
+
+            monkeypatch.setattr(paramiko.Transport, "open_session", open_then_go_silent)
+            started = time.monotonic()
+            with pytest.raises(HostUnreachable, match="did not finish within 3s"):
+                t.exec("echo hi")
+            assert time.monotonic() - started < 6
+            assert frozen, "no sshd session was stopped"
+            assert t.exec("echo back").stdout == "back\n"  # a new connection, to the sshd that still listens
+        finally:
+            for pid in frozen:
+                os.killpg(pid, signal.SIGCONT)
             t.close()
 
 
