@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.model import DraftConfig, EagleDraft  # noqa: E402
 from trainer.optim import build_optimizer, build_scheduler  # noqa: E402
 from trainer.step import TrainingStep  # noqa: E402
-from trainer.ttt import TTTObjective  # noqa: E402
+from trainer.ttt import TTTObjective, plan_trained_rows  # noqa: E402
 from trainer.verifier_io import VerifierHead  # noqa: E402
 
 LLAMA_8B = dict(
@@ -101,7 +101,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
-          stored_top: bool = True, profile: bool | str = False) -> dict:
+          stored_top: bool = True, profile: bool | str = False, plan_rows: bool = True) -> dict:
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -132,6 +132,10 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         lengths = [seq // documents] * (documents - 1) + [seq - seq // documents * (documents - 1)]
         batch["documents"] = (tuple(lengths),)
         batch["position_ids"] = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    if stored_top and plan_rows:  # each step's trained rows, found on the CPU as the training loader does
+        planned = plan_trained_rows({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+                                    target_to_draft, ttt)
+        batch.update(trained_rows=planned["trained_rows"].to(device), trained_counts=planned["trained_counts"])
     noise = torch.Generator(device).manual_seed(0)
     train_step = TrainingStep(objective, objective, head, optimizer, scheduler, 0.05, noise, 0.5)
 
@@ -217,6 +221,9 @@ def main(argv=None) -> None:
     p.add_argument("--documents", type=int, default=1, help="samples packed in each sequence (1: not packed)")
     p.add_argument("--no-stored-top", action="store_true",
                    help="batches without the verifier's top-1 ids (other tools' data): the full verifier head each step")
+    p.add_argument("--device-rows", action="store_true",
+                   help="find each step's trained rows on the device (two reads that wait for the GPU) instead of "
+                        "taking them planned on the CPU, as the training loader does")
     p.add_argument("--profile", action="store_true", help="print the ops that take the most device time (stderr)")
     p.add_argument("--profile-dir", help="with --profile: write each cell's Chrome trace and kernel totals here")
     args = p.parse_args(argv)
@@ -232,12 +239,13 @@ def main(argv=None) -> None:
     for seq, ttt in configs:
         try:
             result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents, not args.no_stored_top,
-                           (args.profile_dir or True) if args.profile and device.type == "cuda" else False)
+                           (args.profile_dir or True) if args.profile and device.type == "cuda" else False,
+                           not args.device_rows)
             if ttt == 1:
                 one_step_seconds.setdefault(seq, result["seconds"])
             elif seq not in one_step_seconds:
                 one_step_seconds[seq] = bench(shape, seq, 1, device, args.steps, args.warmup, args.documents,
-                                              not args.no_stored_top)["seconds"]
+                                              not args.no_stored_top, plan_rows=not args.device_rows)["seconds"]
             extra = result["seconds"] - one_step_seconds[seq] if ttt > 1 else None
             marginal = (ttt - 1) * seq * result["per_token_step"] / extra / 1e12 if extra and extra > 0 else None
             result.update(

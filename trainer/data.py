@@ -11,7 +11,7 @@ A batch from `make_loader`:
 import json
 import random
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from functools import partial
@@ -363,14 +363,20 @@ def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
     return out
 
 
-def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torch.dtype) -> Iterator[dict]:
+def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torch.dtype,
+                       plan: Callable[[dict], dict] | None = None) -> Iterator[dict]:
     """The loader's batches on `device`; on a GPU, batch i+1 is copied on a side stream while step i runs.
 
     A 4096-token sample of an 8B verifier carries ~130 MB of features: copied in line, that is milliseconds
-    of idle GPU every step."""
+    of idle GPU every step. `plan(batch)` adds entries computed from the batch while it is still on the CPU
+    (`ttt.plan_trained_rows`)."""
+
+    def staged(batch: dict) -> dict:
+        return batch_to({**batch, **plan(batch)} if plan else batch, device, dtype)
+
     if device.type != "cuda":
         for batch in loader:
-            yield batch_to(batch, device, dtype)
+            yield staged(batch)
         return
     copies = torch.cuda.Stream(device)
 
@@ -378,7 +384,7 @@ def prefetch_to_device(loader: Iterable[dict], device: torch.device, dtype: torc
         if batch is None:
             return None
         with torch.cuda.stream(copies):
-            return batch_to(batch, device, dtype)
+            return staged(batch)
 
     batches = iter(loader)
     pending = issue(next(batches, None))

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.ttt import TTTObjective, add_feature_noise, batch_targets, trained_position_counts
+from trainer.ttt import TTTObjective, add_feature_noise, batch_targets, planned_rows, trained_position_counts
 from trainer.verifier_io import VerifierHead
 
 
@@ -30,8 +30,9 @@ class StepResult:
 
 
 def packing(batch: dict) -> dict:
-    """The objective's arguments for packed rows (None for one sample per row)."""
-    return {"position_ids": batch.get("position_ids"), "documents": batch.get("documents")}
+    """The objective's arguments for packed rows (None for one sample per row), and the trained rows where the
+    loader planned them."""
+    return {"position_ids": batch.get("position_ids"), "documents": batch.get("documents"), "rows": planned_rows(batch)}
 
 
 class TrainingStep:

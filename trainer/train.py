@@ -10,6 +10,7 @@ code 143.
 """
 
 import argparse
+import functools
 import math
 import os
 import signal
@@ -33,7 +34,7 @@ from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StepProfiler
 from trainer.step import TrainingStep
 from trainer.trackers import TRACKERS, open_trackers, parse_report_to
-from trainer.ttt import TTTObjective
+from trainer.ttt import TTTObjective, plan_trained_rows
 from trainer.validation import Validator
 from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
@@ -361,6 +362,9 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
     metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, args.ttt_steps)
     validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype)
     profiler = StepProfiler(ctx.rank)
+    # each batch's trained rows found on the CPU, so that a step never waits for the GPU before it is queued
+    plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=args.ttt_steps,
+                             pin=ctx.device.type == "cuda")
 
     def stopped() -> int:
         metrics.publish()  # the step after the one that saw the request ran too
@@ -371,7 +375,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         while position.step < total_steps and position.epoch < args.epochs:
             data.train.batch_sampler.set_epoch(position.epoch, position.batch)
             epoch_batches = data.micro_batches(position.epoch)
-            for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype),
+            for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype, plan),
                                                  data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
                 result = train_step(micro_batches)

@@ -53,8 +53,13 @@ def verifier_targets(
             top[start : start + chunk_rows] = head.target_to_draft[logits.argmax(-1)]
             probs[start : start + chunk_rows] = logits[:, head.draft_ids].float().softmax(-1)
     top = top.view(b, s)
-    valid = F.pad(loss_mask[:, 1:].bool(), (0, 1)) & (top >= 0)
-    return VerifierTargets(probs.view(b, s, -1), top, valid)
+    return VerifierTargets(probs.view(b, s, -1), top, target_valid(loss_mask, top))
+
+
+def target_valid(loss_mask: Tensor, top: Tensor) -> Tensor:
+    """[B, S] bool, at the verifier's position j: the token j+1 has its loss mask on and the verifier's top-1
+    there (`top`, as a draft id, -1 outside the draft vocabulary) is in the draft vocabulary."""
+    return F.pad(loss_mask[:, 1:].bool(), (0, 1)) & (top >= 0)
 
 
 def batch_targets(head: VerifierHead, batch: dict) -> VerifierTargets:
@@ -69,10 +74,11 @@ def add_feature_noise(hidden_states: Tensor, std: float, generator: torch.Genera
     return hidden_states + torch.empty_like(hidden_states).uniform_(-std, std, generator=generator)
 
 
-def trained_positions(targets: VerifierTargets, ttt_steps: int, position_ids: Tensor | None = None) -> list[Tensor]:
-    """Per TTT step k, the positions t [B, S] bool that step trains: those whose target (row t+1+k) is valid
-    and, in packed rows (`position_ids` restarting at 0 for each sample), lies in the same sample as t."""
-    masks = [F.pad(targets.valid[:, 1 + k :], (0, 1 + k)) for k in range(ttt_steps)]
+def trained_positions(valid: Tensor, ttt_steps: int, position_ids: Tensor | None = None) -> list[Tensor]:
+    """Per TTT step k, the positions t [B, S] bool that step trains: those whose target (row t+1+k) is `valid`
+    (`VerifierTargets.valid`) and, in packed rows (`position_ids` restarting at 0 for each sample), lies in the
+    same sample as t."""
+    masks = [F.pad(valid[:, 1 + k :], (0, 1 + k)) for k in range(ttt_steps)]
     if position_ids is not None:
         # the token t+2+k is in t's sample exactly when its position is t's plus 2+k (a new sample restarts at 0)
         masks = [m & (F.pad(position_ids[:, 2 + k :], (0, 2 + k), value=-1) == position_ids + 2 + k)
@@ -82,7 +88,40 @@ def trained_positions(targets: VerifierTargets, ttt_steps: int, position_ids: Te
 
 def trained_position_counts(targets: VerifierTargets, ttt_steps: int, position_ids: Tensor | None = None) -> Tensor:
     """[T] float: how many positions each TTT step trains (on the device, not read)."""
-    return torch.stack([m.sum() for m in trained_positions(targets, ttt_steps, position_ids)]).float()
+    return torch.stack([m.sum() for m in trained_positions(targets.valid, ttt_steps, position_ids)]).float()
+
+
+def trained_rows(step_valid: Tensor) -> tuple[Tensor, ...]:
+    """Per TTT step, the flat indices b * S + t of the positions it trains, from `step_valid` [T, B, S] bool. On a
+    GPU this reads the device twice (the counts, then `nonzero`), and the host waits there for all the work queued
+    before it: `plan_trained_rows` does it on the CPU instead, before the batch is copied."""
+    flat = step_valid.flatten(1)
+    return flat.nonzero()[:, 1].split(flat.sum(1).tolist())
+
+
+def plan_trained_rows(batch: dict, target_to_draft: Tensor, ttt_steps: int, pin: bool = False) -> dict:
+    """For a batch still on the CPU that carries the verifier's stored top-1 ids: each TTT step's trained rows
+    (`trained_rows`, all steps' flat indices in one tensor, and `trained_counts`, how many per step), as the
+    objective would find them on the device. With them a training step needs no read from the GPU, so the host
+    queues it while the GPU still runs the one before. `target_to_draft` [V] is the head's, on the CPU. A batch
+    without stored top-1 ids gets nothing: its targets need the verifier head first."""
+    if batch.get("verifier_top_ids") is None:
+        return {}
+    top = target_to_draft[batch["verifier_top_ids"].long()]
+    valid = target_valid(batch["loss_mask"], top)
+    step_valid = torch.stack(trained_positions(valid, ttt_steps, batch.get("position_ids"))).flatten(1)
+    counts = tuple(step_valid.sum(1).tolist())
+    rows = step_valid.nonzero()[:, 1]
+    if pin:
+        rows = rows.pin_memory()
+    return {"trained_rows": rows, "trained_counts": counts}
+
+
+def planned_rows(batch: dict) -> tuple[Tensor, ...] | None:
+    """The per-step trained rows `plan_trained_rows` put in a batch (None when it did not)."""
+    if "trained_rows" not in batch:
+        return None
+    return batch["trained_rows"].split(batch["trained_counts"])
 
 
 class TTTObjective(nn.Module):
@@ -99,12 +138,14 @@ class TTTObjective(nn.Module):
     def forward(
         self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets, position_ids: Tensor | None = None,
         documents: tuple[tuple[int, ...], ...] | None = None, normalizer: Tensor | None = None,
+        rows: tuple[Tensor, ...] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """hidden_states [B, S, 3H], input_ids [B, S]. Returns (Σ_k w^k loss_k, stats [T, len(STAT_FIELDS)]).
 
         Packed rows pass `position_ids` [B, S] (restarting at 0 for each sample) and `documents` (per row,
         its samples' lengths). loss_k is the mean over the positions step k trains, or their sum over
-        `normalizer[k]` when given (the count of a whole accumulated batch)."""
+        `normalizer[k]` when given (the count of a whole accumulated batch). `rows`: each step's trained rows as
+        `plan_trained_rows` found them on the CPU (found here otherwise, which waits for the GPU)."""
         draft, steps = self.draft, self.ttt_steps
         b, s = input_ids.shape
         device = input_ids.device
@@ -112,10 +153,8 @@ class TTTObjective(nn.Module):
         next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
         token_qkv = draft.token_qkv(next_ids)
         cos, sin = draft.rope(torch.arange(s + steps - 1, device=device))
-        step_valid = torch.stack(trained_positions(targets, steps, position_ids))  # [T, B, S]
-        # each step's trained positions as flat indices b * s + t, read from the GPU in two syncs for all steps
-        counts = step_valid.flatten(1).sum(1).tolist()
-        step_rows = step_valid.flatten(1).nonzero()[:, 1].split(counts)
+        step_valid = torch.stack(trained_positions(targets.valid, steps, position_ids))  # [T, B, S]
+        step_rows = rows if rows is not None else trained_rows(step_valid)
         probs = targets.probs.reshape(b * s, -1)
         top = targets.top.reshape(-1)
 

@@ -142,3 +142,64 @@ def test_metrics_have_one_entry_per_ttt_step(steps):
     metrics = summarize_stats(stats)
     assert sorted(metrics) == sorted(f"{name}_{k}" for k in range(steps) for name in ("loss", "acc", "cond_acc"))
     assert metrics["acc_0"] == 0.5
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+])
+@pytest.mark.parametrize("packed", [False, True])
+def test_rows_planned_on_the_cpu_train_exactly_what_the_device_would_find(device, packed):
+    """`plan_trained_rows` on the loader's CPU batch (so that a GPU step needs no read before it is queued) gives
+    each step the rows the objective finds itself from the verifier targets: same loss, stats and gradients."""
+    from tests.trainer.test_model import tiny_config, tiny_draft
+    from trainer.data import prefetch_to_device
+    from trainer.ttt import plan_trained_rows, planned_rows, trained_positions, trained_rows
+
+    config = tiny_config()
+    draft = tiny_draft(config).to(device)
+    vocab, k, steps, b, s = config.vocab_size, config.draft_vocab_size, 4, 2, 15
+    g = torch.Generator().manual_seed(5)
+    draft_ids = torch.randperm(vocab, generator=g)[:k].sort().values
+    target_to_draft = torch.full((vocab,), -1)
+    target_to_draft[draft_ids] = torch.arange(k)
+    head = VerifierHead(torch.rand(config.hidden_size, generator=g) + 0.5, 1e-6, torch.randn(vocab, config.hidden_size,
+                        generator=g), draft_ids, target_to_draft).to(device, torch.float32)
+    batch = {
+        "hidden_states": torch.randn(b, s, 3 * config.target_hidden_size, generator=g),
+        "last_hidden_state": torch.randn(b, s, config.hidden_size, generator=g),
+        "input_ids": torch.randint(0, vocab, (b, s), generator=g),
+        "loss_mask": (torch.rand(b, s, generator=g) > 0.25).long(),
+        "verifier_top_ids": torch.randint(0, vocab, (b, s), generator=g).int(),  # some outside the draft vocabulary
+    }
+    if packed:
+        batch["position_ids"] = torch.stack([torch.cat([torch.arange(6), torch.arange(9)]), torch.arange(15)])
+        batch["documents"] = ((6, 9), (15,))
+    plan = lambda cpu_batch: plan_trained_rows(cpu_batch, target_to_draft, steps, pin=device == "cuda")  # noqa: E731
+    (staged,) = prefetch_to_device(iter([batch]), torch.device(device), torch.float32, plan)
+    assert staged["trained_rows"].device.type == device and sum(staged["trained_counts"]) > 0
+
+    targets = verifier_targets(head, staged["last_hidden_state"], staged["loss_mask"], staged["verifier_top_ids"])
+    found = trained_rows(torch.stack(trained_positions(targets.valid, steps, staged.get("position_ids"))))
+    planned = planned_rows(staged)
+    assert [r.tolist() for r in planned] == [r.tolist() for r in found]
+
+    results = []
+    for rows in (None, planned):
+        draft.zero_grad()
+        objective = TTTObjective(draft, steps, 0.8)
+        loss, stats = objective(staged["hidden_states"], staged["input_ids"], targets, staged.get("position_ids"),
+                                staged.get("documents"), rows=rows)
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in draft.parameters() if p.grad is not None]))
+    (loss_a, stats_a, grads_a), (loss_b, stats_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b) and torch.equal(stats_a, stats_b)
+    for a, c in zip(grads_a, grads_b, strict=True):
+        assert torch.equal(a, c)
+
+
+def test_a_batch_without_stored_top_ids_is_not_planned():
+    from trainer.ttt import plan_trained_rows, planned_rows
+
+    batch = {"loss_mask": torch.ones(1, 5, dtype=torch.long)}
+    assert plan_trained_rows(batch, torch.zeros(10, dtype=torch.long), 3) == {}
+    assert planned_rows(batch) is None
