@@ -190,26 +190,26 @@ def profile_steps(step, cell: str, directory: str | None) -> None:
             step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / 3
+    out = Path(directory) if directory else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace_path))
         busy = device_busy_seconds(json.loads(trace_path.read_text())) / 3
-        if directory:  # the timeline itself, for Perfetto or chrome://tracing
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            with trace_path.open("rb") as src, gzip.open(Path(directory) / f"trace_{cell}.json.gz", "wb") as dst:
+        if out:  # the timeline itself, for Perfetto or chrome://tracing
+            with trace_path.open("rb") as src, gzip.open(out / f"trace_{cell}.json.gz", "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    kernels = {}
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            kernels[e.key] = [e.count / 3, e.self_device_time_total / 3 / 1000]  # per step: calls, ms
+    ops = prof.key_averages()
+    kernels = {e.key: [e.count / 3, e.self_device_time_total / 3 / 1000]  # per step: calls, ms
+               for e in ops if e.self_device_time_total > 0}
     summary = dict(cell=cell, wall_ms=round(wall * 1000, 2), device_busy_ms=round(busy * 1000, 2),
                    busy_share=round(busy / wall, 3), host_ms=round(sum(host) / 3 * 1000, 2),
                    device_tail_ms=round(sum(tail) / 3 * 1000, 2))
     print("# profile " + json.dumps(summary), file=sys.stderr, flush=True)
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30), file=sys.stderr, flush=True)
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"kernels_{cell}.json").write_text(json.dumps(dict(summary=summary, kernels=kernels), indent=1))
+    print(ops.table(sort_by="self_cuda_time_total", row_limit=30), file=sys.stderr, flush=True)
+    if out:
+        (out / f"kernels_{cell}.json").write_text(json.dumps(dict(summary=summary, kernels=kernels), indent=1))
 
 
 def main(argv=None) -> None:

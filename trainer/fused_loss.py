@@ -40,12 +40,11 @@ def fused_available(logits: Tensor) -> bool:
 def _first_launch(which: str, launch) -> bool:
     """Runs `launch()`; the first time, a failure (the kernel cannot be built here) warns and returns False,
     and the torch ops take over for the rest of the run. Later failures are real errors and propagate."""
-    if _KERNELS_WORK[which]:
-        launch()
-        return True
     try:
         launch()
     except Exception as e:  # noqa: BLE001 - a compiler or driver error at the first build; the torch path is exact
+        if _KERNELS_WORK[which]:
+            raise
         _KERNELS_WORK[which] = False
         warnings.warn(f"the fused TTT loss ({which}) could not run here, the torch ops take over: "
                       f"{type(e).__name__}: {str(e)[:300]}", stacklevel=3)

@@ -91,12 +91,19 @@ def trained_position_counts(targets: VerifierTargets, ttt_steps: int, position_i
     return torch.stack([m.sum() for m in trained_positions(targets.valid, ttt_steps, position_ids)]).float()
 
 
+def _flat_rows(step_valid: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    """(every step's flat indices b * S + t of the positions it trains, in one tensor; how many per step), from
+    `step_valid` [T, B, S] bool."""
+    flat = step_valid.flatten(1)
+    return flat.nonzero()[:, 1], tuple(flat.sum(1).tolist())
+
+
 def trained_rows(step_valid: Tensor) -> tuple[Tensor, ...]:
     """Per TTT step, the flat indices b * S + t of the positions it trains, from `step_valid` [T, B, S] bool. On a
     GPU this reads the device twice (the counts, then `nonzero`), and the host waits there for all the work queued
     before it: `plan_trained_rows` does it on the CPU instead, before the batch is copied."""
-    flat = step_valid.flatten(1)
-    return flat.nonzero()[:, 1].split(flat.sum(1).tolist())
+    rows, counts = _flat_rows(step_valid)
+    return rows.split(counts)
 
 
 def plan_trained_rows(batch: dict, target_to_draft: Tensor, ttt_steps: int, pin: bool = False) -> dict:
@@ -107,14 +114,9 @@ def plan_trained_rows(batch: dict, target_to_draft: Tensor, ttt_steps: int, pin:
     without stored top-1 ids gets nothing: its targets need the verifier head first."""
     if batch.get("verifier_top_ids") is None:
         return {}
-    top = target_to_draft[batch["verifier_top_ids"].long()]
-    valid = target_valid(batch["loss_mask"], top)
-    step_valid = torch.stack(trained_positions(valid, ttt_steps, batch.get("position_ids"))).flatten(1)
-    counts = tuple(step_valid.sum(1).tolist())
-    rows = step_valid.nonzero()[:, 1]
-    if pin:
-        rows = rows.pin_memory()
-    return {"trained_rows": rows, "trained_counts": counts}
+    valid = target_valid(batch["loss_mask"], target_to_draft[batch["verifier_top_ids"].long()])
+    rows, counts = _flat_rows(torch.stack(trained_positions(valid, ttt_steps, batch.get("position_ids"))))
+    return {"trained_rows": rows.pin_memory() if pin else rows, "trained_counts": counts}
 
 
 def planned_rows(batch: dict) -> tuple[Tensor, ...] | None:
