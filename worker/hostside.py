@@ -48,8 +48,10 @@ LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 CONTAINMENT_FILE = "containment"
 EXIT_FILE = "exit_code"
-# written when the wrapper starts, so that the exit code finds room on a disk the job has filled since
+# written at launch, so that the exit code finds room on a disk the job has filled since
 EXIT_RESERVE = "exit_code.reserve"
+# written by a stop before it signals: a wrapper still starting then stops the job it starts (or starts none)
+STOP_FILE = "stop_requested"
 # less free space than this where an attempt ended badly is named as a likely cause
 LOW_SPACE = 1 << 20
 # how long a probe gives what is left of an attempt whose job is over (or whose wrapper died) before SIGKILL
@@ -226,26 +228,40 @@ def _enter_cgroup(path):
 
 
 def _start_wrapper(d, env, cwd, layer):
-    """Start the detached wrapper in the containment `layer`; returns the Popen, or None if that layer failed."""
+    """Start the detached wrapper in the containment `layer`; returns (the Popen, its cgroup directory or None), or
+    None if that layer failed. Popen returns once the wrapper has exec'd, so it is in its session (and cgroup) by
+    then. It starts with SIGTERM and SIGHUP ignored: a cancel that comes while its interpreter starts must not stop
+    it before it has started the job (it gives the job the default handlers back)."""
     # -S: the wrapper needs only the standard library, and a venv's site hooks would double its start-up
     argv = [sys.executable, "-S", os.path.abspath(__file__), "wrap", d, layer]
     unit = _unit_name(env[TOKEN_VAR], d)
-    enter = cgroup = None
+    cgroup = None
     if layer == "systemd-scope":
         argv = _systemd_scope(unit) + argv
     elif layer == "cgroup":
         cgroup = _new_cgroup(unit)
         if cgroup is None:
             return None
-        enter = _enter_cgroup(cgroup)
+
+    def enter():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if cgroup:
+            _enter_cgroup(cgroup)()
+
     devnull = open(os.devnull, "r+b")
     try:
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=devnull, stdout=devnull, stderr=devnull,
-                                start_new_session=True, close_fds=True, preexec_fn=enter)
+                                start_new_session=True, close_fds=True, preexec_fn=enter), cgroup
     except (OSError, subprocess.SubprocessError):
         if cgroup:
             _remove_cgroup(cgroup)
         return None
+
+
+def _record_containment(d, layer, pid, cgroup):
+    _write_atomic(os.path.join(d, CONTAINMENT_FILE), json.dumps({
+        "layer": layer, "cgroup": cgroup, "session": pid, "session_start": _start_time(pid)}))
 
 
 def _layers():
@@ -279,9 +295,18 @@ def launch(req):
     env[TOKEN_VAR] = req["token"]
     env["LONGRUN_METRICS_FILE"] = os.path.join(d, METRICS_FILE)
     env[DIR_VAR] = d
+    # the bytes an exit code needs, taken while there is room (see _record_exit)
+    _write_atomic(os.path.join(d, EXIT_RESERVE), " " * 8)
     for layer in _layers():
-        proc = _start_wrapper(d, env, req.get("cwd") or d, layer)
-        if proc is not None and _wait_contained(d, proc):
+        started = _start_wrapper(d, env, req.get("cwd") or d, layer)
+        if started is None:
+            continue
+        proc, cgroup = started
+        if layer != "systemd-scope":
+            # its session and cgroup are known here: record them now rather than wait for its interpreter to start
+            _record_containment(d, layer, proc.pid, cgroup)
+            break
+        if _wait_contained(d, proc):  # systemd chooses the scope's cgroup: the wrapper records it
             break
     else:
         return {"error": f"could not start the job's wrapper in {d}"}
@@ -317,14 +342,13 @@ def _start_time(pid):
 
 
 def wrap(d, layer):
-    """Runs detached: record the containment, start the job in this session, wait, record its exit code."""
+    """Runs detached: start the job in this session, wait, record its exit code (and, in a systemd scope, first
+    the containment: only there is the cgroup not known before it runs)."""
     job = json.loads(_read(os.path.join(d, "job.json")))
-    pid = os.getpid()
-    _write_atomic(os.path.join(d, EXIT_RESERVE), " " * 8)
-    _write_atomic(os.path.join(d, CONTAINMENT_FILE), json.dumps({
-        "layer": layer, "cgroup": _cgroup_of() if layer != "session" else None,
-        "session": pid, "session_start": _start_time(pid)}))
-    # the group gets SIGTERM on cancel; the wrapper must outlive the job to record its exit
+    if layer == "systemd-scope":
+        _record_containment(d, layer, os.getpid(), _cgroup_of())
+    # the group gets SIGTERM on cancel; the wrapper must outlive the job to record its exit (the launch already
+    # started it with both ignored; this holds when it is run by hand)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     umask = int(job.get("umask", 0o022))
@@ -333,6 +357,10 @@ def wrap(d, layer):
         _default_signals()
         os.umask(umask)
 
+    stop = os.path.join(d, STOP_FILE)
+    if os.path.exists(stop):  # stopped before the job started: it never does
+        _record_exit(d, 128 + signal.SIGTERM)
+        return
     with open(os.path.join(d, LOG_FILE), "ab", buffering=0) as log:
         try:
             child = subprocess.Popen(job["argv"], stdout=log, stderr=subprocess.STDOUT,
@@ -341,6 +369,9 @@ def wrap(d, layer):
             log.write(f"longrun: could not start {job['argv'][0]!r}: {exc}\n".encode())
             _record_exit(d, 127)
             return
+        if os.path.exists(stop):
+            # the stop's signals may have come before the job existed; a stop that comes later finds it
+            child.send_signal(signal.SIGTERM)
         rc = child.wait()
     _record_exit(d, 128 - rc if rc < 0 else rc)
 
@@ -578,6 +609,11 @@ def _stop(d, grace, record_exit=True):
     token = _read(os.path.join(d, "token"))
     if token is None:
         return {"remaining": [], "signalled": [], "exit_code": None}
+    try:
+        with open(os.path.join(d, STOP_FILE), "a"):
+            pass
+    except OSError:  # a full disk must not stop a stop; only a wrapper still starting would miss it
+        pass
     cgroup = _containment(d)["cgroup"]
     signalled = sorted(_members(d, token))
     _signal_all(signalled, signal.SIGTERM)

@@ -1,7 +1,9 @@
 """The host-side agent on this machine: launch, probe, cancel and clean without the service."""
 
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +45,44 @@ def test_cancel_reaches_processes_in_their_own_session(tmp_path: Path) -> None:
     answer = agent.cancel(d, grace=2)
     assert answer.remaining == [] and pids_with_token("tok123") == []
     assert agent.probe(d, ReadFrom()).state == "exited"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def test_a_cancel_while_the_wrapper_is_still_starting_stops_the_job_it_starts(tmp_path: Path) -> None:
+    """The launch answers once the wrapper is in its session, before its interpreter has started the job. A cancel
+    in that window still stops the job on request at once, not by SIGKILL when the grace period runs out."""
+    agent = _agent(tmp_path)
+    job = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(600)\n"
+    for attempt in range(1, 6):  # freeze the wrapper before it has started its job (its interpreter takes ~30 ms)
+        d = agent.layout.attempt_dir("early", attempt)
+        wrapper = agent.launch(LaunchRequest(d, f"tok-early-{attempt}", [sys.executable, "-c", job], {})).pid
+        os.kill(wrapper, signal.SIGSTOP)
+        if not _children(wrapper):
+            break
+        os.kill(wrapper, signal.SIGCONT)
+        agent.cancel(d, grace=5)
+    else:
+        pytest.fail("the wrapper had started its job every time before the test could freeze it")
+    resume = threading.Timer(0.5, os.kill, (wrapper, signal.SIGCONT))  # after the cancel's signals went out
+    resume.start()
+    started = time.monotonic()
+    answer = agent.cancel(d, grace=5)
+    took = time.monotonic() - started
+    resume.join()
+    assert answer.remaining == [] and answer.exit_code == 143, answer
+    assert took < 4, f"the cancel waited out the grace period ({took:.1f} s): the job it started was never told"
+    assert pids_with_token(f"tok-early-{attempt}") == []
 
 
 def test_exit_code_and_partial_lines(tmp_path: Path) -> None:
