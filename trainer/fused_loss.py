@@ -122,18 +122,18 @@ class _FusedSoftCrossEntropy(torch.autograd.Function):
         lse, psum = torch.empty_like(loss), torch.empty_like(loss)
         top = torch.empty(n, dtype=torch.int32, device=logits.device)
         block, warps = _block(k)
-        if n and not _first_launch("forward", lambda: _forward_kernel[(n,)](
-                logits, logits.stride(0), probs, probs.stride(0), rows, loss, lse, psum, top, k,
-                BLOCK=block, num_warps=warps)):
-            loss, top = _SoftCrossEntropy.forward(ctx, logits, probs, rows)
-            return loss, top
+        ctx.fused = not n or _first_launch("forward", lambda: _forward_kernel[(n,)](
+            logits, logits.stride(0), probs, probs.stride(0), rows, loss, lse, psum, top, k,
+            BLOCK=block, num_warps=warps))
+        if not ctx.fused:
+            return _SoftCrossEntropy.forward(ctx, logits, probs, rows)
         ctx.save_for_backward(logits, probs, rows, lse, psum)
         ctx.mark_non_differentiable(top)
         return loss, top.long()
 
     @staticmethod
     def backward(ctx, grad: Tensor, _top_grad):
-        if len(ctx.saved_tensors) == 4:  # the forward fell back to the torch ops
+        if not ctx.fused:  # the forward fell back to the torch ops
             return _SoftCrossEntropy.backward(ctx, grad, _top_grad)
         logits, probs, rows, lse, psum = ctx.saved_tensors
         n, k = logits.shape

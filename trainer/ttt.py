@@ -171,9 +171,9 @@ class TTTObjective(nn.Module):
             else:  # RoPE positions restart with each packed sample
                 step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
             hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin, weights)
-            rows = step_rows[k]
-            target_rows = rows + (1 + k)
-            logits = draft.logits(hidden.reshape(b * s, -1)[rows])
+            trained = step_rows[k]
+            target_rows = trained + (1 + k)
+            logits = draft.logits(hidden.reshape(b * s, -1)[trained])
             per_position, draft_top = soft_cross_entropy(logits, probs, target_rows)
             if normalizer is None:
                 loss_k = per_position.sum() / max(per_position.numel(), 1)
@@ -181,7 +181,7 @@ class TTTObjective(nn.Module):
                 loss_k = per_position.sum() / normalizer[k]
             loss = loss + self.step_decay**k * loss_k
             right = torch.zeros(b * s, dtype=torch.bool, device=device)
-            right[rows] = draft_top == top[target_rows]
+            right[trained] = draft_top == top[target_rows]
             losses.append(loss_k.detach())
             rights.append(right)
         return loss, step_stats(torch.stack(losses), step_valid, torch.stack(rights).view(steps, b, s))
