@@ -16,7 +16,7 @@ backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 - tflops: all matrix FLOPs of the step (TTT steps + fc + token half of q/k/v + verifier lm_head) / time;
 - tflops_marginal: the FLOPs of the extra T-1 TTT steps over the extra time against the same
   sequence at T=1 (what one more TTT step costs), and mfu_marginal: that over the measured bf16
-  matmul rate of this GPU (matmul_tflops) — the score TRAINER.md asks for.
+  matmul rate of this GPU (matmul_tflops) — the score docs/trainer.md describes.
 """
 
 import argparse

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-# the statuses a run stays in until restarted (DESIGN.md); the client does not import the server's lifecycle
+# the statuses a run stays in until restarted (docs/api.md); the client does not import the server's lifecycle
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -129,7 +129,7 @@ class Client:
     # runs
 
     def submit(self, spec: Mapping[str, Any] | bytes, idempotency_key: str | None = None) -> dict[str, Any]:
-        """Submit a run (a spec as in DESIGN.md, or its JSON as bytes); with the same idempotency key and body,
+        """Submit a run (a spec as in docs/api.md, or its JSON as bytes); with the same idempotency key and body,
         the run submitted first comes back."""
         headers = {"Content-Type": "application/json"}
         if idempotency_key:

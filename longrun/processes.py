@@ -3,7 +3,9 @@
 The one place where server and worker meet; `server` never imports `worker`.
 """
 
+import logging
 import signal
+from importlib.metadata import version
 
 from sqlalchemy.exc import IntegrityError
 
@@ -47,7 +49,14 @@ def serve(host: str | None = None, port: int | None = None, with_worker: bool = 
         supervisor = Supervisor(db, settings)
     app = create_app(db, settings, on_startup=supervisor.start if supervisor else None,
                      on_shutdown=supervisor.stop if supervisor else None, bind_host=bind)
-    uvicorn.run(app, host=bind, port=port or settings.port, log_level="warning")
+    port = port or settings.port
+    shown = f"[{bind}]" if ":" in bind else bind
+    # uvicorn runs at log level warning (its access log would cost a line per poll): say where to go ourselves
+    logging.getLogger("longrun").info(
+        "longrun %s: serving on http://%s:%d (the page at /, the API under /v1, its schema at /docs); "
+        "the host `local` runs jobs on this machine under %s", version("longrun"), shown, port,
+        settings.local_workspace)
+    uvicorn.run(app, host=bind, port=port, log_level="warning")
 
 
 def work() -> None:

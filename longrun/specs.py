@@ -1,4 +1,4 @@
-"""Run specs as files: YAML or JSON (DESIGN.md's fields either way), or `-` for standard input."""
+"""Run specs as files: YAML or JSON (docs/api.md's fields either way), or `-` for standard input."""
 
 import json
 import sys

@@ -268,7 +268,7 @@ def teacher_forced_runs(
 ) -> list[list[int]]:
     """Per sample of dataset text, a round at every position t whose chain fits in it: how many of the
     draft's proposals for tokens t+2.. match the verifier's top-1 there, reading the dataset's tokens
-    (TRAINER.md's TTT chain, as training's `cond_acc_k` counts it on the validation split)."""
+    (docs/trainer.md's TTT chain, as training's `cond_acc_k` counts it on the validation split)."""
     device = draft.d2t.device
     runs_by_sample = []
     for ids, mask in samples:

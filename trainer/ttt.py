@@ -1,6 +1,6 @@
 """The training objective: T test-time-training steps of the draft against the verifier's distributions.
 
-Indexing (TRAINER.md, "One training step"): position t of step k reads the token t+1+k and is
+Indexing (docs/trainer.md, "Why test-time-training steps"): position t of step k reads the token t+1+k and is
 trained on the verifier's distribution computed at position t+1+k, i.e. for the token t+2+k.
 Step 0's hidden input is the fused verifier features; step k's is the draft's own output of step
 k-1 at the same position. The verifier targets are computed once per batch and shifted per step.

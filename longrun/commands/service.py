@@ -29,7 +29,11 @@ def configure_logging(as_json: bool) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLineFormatter() if as_json else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=os.environ.get("LONGRUN_LOG_LEVEL", "INFO"), handlers=[handler], force=True)
+    level = os.environ.get("LONGRUN_LOG_LEVEL", "INFO")
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    if level.upper() != "DEBUG":
+        # alembic lists each plugin it sets up at INFO, a dozen lines before the one that says where to go
+        logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 @app.command()

@@ -218,7 +218,7 @@ def random_cost(rng: random.Random, table, tp: int, **fixed) -> CostModel:
 
 
 def test_pcie_is_never_shallower_than_nvlink_when_it_costs_more_per_call():
-    # The premise of DESIGN.md: a slower link is a larger fixed cost per all-reduce. Same evaluation, same
+    # The premise of the advisor (docs/trainer.md): a slower link is a larger fixed cost per all-reduce. Same evaluation, same
     # verifier and draft; PCIe's table is NVLink's plus a per-call excess.
     rng = random.Random(20261130)
     deeper = 0

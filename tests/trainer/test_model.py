@@ -1,5 +1,5 @@
 """The draft model: the TTT attention against a dense-mask reference, the whole TTT chain against a
-step-by-step implementation of TRAINER.md, and the engine format on disk."""
+step-by-step implementation of docs/trainer.md, and the engine format on disk."""
 
 import json
 
@@ -175,7 +175,7 @@ def rope_reference(x, positions, theta):
 
 
 def naive_ttt_loss(draft: EagleDraft, hidden_states, input_ids, targets, steps, decay):
-    """TRAINER.md read literally: each step rebuilds its full 2H input from the shifted tokens, keeps every
+    """docs/trainer.md read literally: each step rebuilds its full 2H input from the shifted tokens, keeps every
     step's keys, and attends through a dense mask; targets are picked position by position."""
     cfg, layer = draft.config, draft.midlayer
     attn = layer.self_attn

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
 
 
 def train_command(tiny, output_dir, nproc=1, **flags) -> list[str]:
-    """The production flag set (TRAINER.md), with values small enough for two CPU cores."""
+    """The production flag set (docs/trainer.md, README), with values small enough for two CPU cores."""
     values = {
         "verifier-path": tiny["verifier"], "data-dir": tiny["data"], "vocab-mapping-dir": tiny["vocab"],
         "output-dir": output_dir, "epochs": 4, "lr": 3e-3, "max-seq-len": 48, "num-workers": 0,

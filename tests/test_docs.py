@@ -1,0 +1,39 @@
+"""The README stands on its own: every file it names is in the repository, it links nothing outside it, and
+the example specs it points to are specs the server accepts."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from longrun.specs import read_spec
+from server.schemas import RunCreate
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_no_page_points_outside_the_repository():
+    for page in DOCS:
+        text = page.read_text()
+        assert "../shared" not in text, f"{page.name} points outside the repository"
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if "://" in target:
+                continue
+            assert (page.parent / target).resolve().is_relative_to(ROOT), f"{page.name} links {target}"
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which is not there"
+
+
+def test_every_example_and_doc_the_readme_names_exists():
+    named = set(re.findall(r"\b((?:examples|docs|benchmarks)/[\w./-]+\.(?:ya?ml|json|py|md))", README))
+    assert "examples/eagle3-ttt3.yaml" in named
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"README names files that are not in the repository: {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "examples").iterdir()
+                                        if p.suffix in (".yaml", ".yml", ".json")))
+def test_example_specs_are_valid_run_specs(path):
+    spec = read_spec(str(ROOT / "examples" / path))
+    RunCreate.model_validate(spec)
