@@ -6,7 +6,8 @@
         sshd.start()                              # back on the same port, same keys
 
 `sshd.host_fields` is what a host registration needs (address, port, username, key_path, host_key).
-`SshServer(netns=ns)` runs it inside a tests.netns.NetNamespace, listening on the namespace address.
+`SshServer(netns=ns)` runs it inside a tests.netns.NetNamespace, listening on the namespace address
+(`ns_loopback=True`: on the namespace's own 127.0.0.1, which only processes inside it reach: a host behind a bastion).
 `SshServer(env={...})` sets those variables in every session (sshd's SetEnv: PATH included), as a host's own
 environment would be.
 """
@@ -82,12 +83,13 @@ def _keygen(path: Path, comment: str) -> None:
 
 class SshServer(Resource):
     def __init__(self, listen: str = "127.0.0.1", port: int | None = None, netns: Any = None,
-                 username: str | None = None, env: dict[str, str] | None = None, extra_config: str = ""):
+                 username: str | None = None, env: dict[str, str] | None = None, extra_config: str = "",
+                 ns_loopback: bool = False):
         self.netns = netns
         self.env = env or {}
         # more sshd_config lines (SetEnv: what a login node's profile would set)
         self.extra_config = extra_config
-        self.address = netns.address if netns is not None else listen
+        self.address = netns.address if netns is not None and not ns_loopback else listen
         self.port = port
         self.username = username or getpass.getuser()
         self.proc: subprocess.Popen | None = None
