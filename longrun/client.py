@@ -4,7 +4,7 @@
 
     client = Client("http://127.0.0.1:8080", token="s3cret")    # or LONGRUN_URL / LONGRUN_API_TOKEN
     run = client.submit({"name": "toy", "host": "local", "entrypoint": "/abs/train.py", "args": ["--steps", "40"]})
-    for snapshot in client.watch(run["id"]):                    # polls until the run ends
+    for snapshot in client.watch(run["id"]):                    # follows the run's events until it ends
         print(snapshot["status"], snapshot["progress"])
     client.restart(run["id"], ttt_steps=5, clean=True, dry_run=True)   # the predicted duration, nothing changed
 
@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import httpx_sse
+import tenacity
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # the statuses a run stays in until restarted (docs/api.md); the client does not import the server's lifecycle
@@ -75,6 +77,10 @@ class Unavailable(APIError):
     """503: the answer is not there yet (a host's first GPU snapshot)."""
 
 
+class _ServerError(APIError):
+    """5xx other than 503: the server failed (or is going down); a follower waits for it to come back."""
+
+
 _ERRORS: dict[int, type[APIError]] = {401: Unauthorized, 404: NotFound, 409: Conflict, 422: InvalidRequest,
                                       503: Unavailable}
 
@@ -87,7 +93,8 @@ def _readable(detail: Any) -> str:
 
 @dataclass(frozen=True)
 class Event:
-    """One Server-Sent Event of a run: `kind` is "status" or "metrics"."""
+    """One Server-Sent Event of a run: `kind` is "status", "metrics" or "stall" (and "resumed" where a follower
+    reconnected: what came meanwhile follows it)."""
 
     id: int
     kind: str
@@ -150,33 +157,94 @@ class Client:
             params["cursor"] = cursor
         return self._call("GET", "/v1/runs", params=params)
 
-    def watch(self, run_id: str, interval: float = 1.0) -> Iterator[dict[str, Any]]:
-        """The run every `interval` seconds, until (and including) the snapshot where it has ended."""
-        while True:
-            run = self.get(run_id)
-            yield run
-            if run["status"] in TERMINAL:
-                return
-            time.sleep(interval)
+    def watch(self, run_id: str, interval: float = 1.0, reconnect_for: float = 600.0,
+              on_reconnect: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+        """The run as it changes, until (and including) the snapshot where it has ended.
 
-    def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Event]:
-        """The run's status changes and metric points as they are stored, until it ends (Server-Sent Events)."""
-        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        Follows the run's event stream: a fresh snapshot on each status change at once, and on metric points
+        at most every `interval` seconds. A server that goes away (restarted, say) is waited for up to
+        `reconnect_for` seconds with backoff, and the stream resumes after the last event seen, so nothing
+        that happened meanwhile is missed; `on_reconnect` hears each wait."""
+        run = self.get(run_id)
+        yield run
+        if run["status"] in TERMINAL:
+            return
+        fetched, seen = time.monotonic(), None
+        while True:
+            for event in self.events(run_id, seen, reconnect_for=reconnect_for, on_reconnect=on_reconnect):
+                seen = event.id or seen
+                if event.kind in ("status", "resumed") or time.monotonic() - fetched >= interval:
+                    run = self.through_restarts(lambda: self.get(run_id), reconnect_for, on_reconnect)
+                    fetched = time.monotonic()
+                    yield run
+                    if run["status"] in TERMINAL:
+                        return
+            # the stream ended: the server closes it once the run has ended (else it was cut: follow on)
+            run = self.through_restarts(lambda: self.get(run_id), reconnect_for, on_reconnect)
+            if run["status"] in TERMINAL:
+                yield run
+                return
+
+    def events(self, run_id: str, last_event_id: int | None = None, reconnect_for: float = 0.0,
+               on_reconnect: Callable[[str], None] | None = None) -> Iterator[Event]:
+        """The run's status changes and metric points as they are stored, until it ends (Server-Sent Events).
+
+        With `reconnect_for` > 0 a dropped stream (a server restart) is reopened with backoff for up to that
+        many seconds without an answer, from the last event id seen (Last-Event-ID), and an Event of kind
+        `resumed` marks the seam."""
+        seen, resumed = last_event_id, False
+        while True:
+            headers = {"Last-Event-ID": str(seen)} if seen is not None else {}
+            try:
+                with httpx_sse.connect_sse(self._http, "GET", f"/v1/runs/{run_id}/events", headers=headers,
+                                           timeout=httpx.Timeout(self._http.timeout.connect, read=60.0)) as source:
+                    response = source.response
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    if resumed:
+                        yield Event(seen or 0, "resumed", {})
+                        resumed = False
+                    for sse in source.iter_sse():
+                        if sse.id:
+                            seen = int(sse.id)
+                        yield Event(seen or 0, sse.event, json.loads(sse.data) if sse.data else {})
+                    return
+            except (httpx.TransportError, Unavailable, _ServerError) as exc:
+                if reconnect_for <= 0:
+                    if isinstance(exc, httpx.ConnectError):
+                        raise ServerUnreachable(self.url) from None
+                    raise
+                self._wait_for_server(reconnect_for, on_reconnect)
+                resumed = True
+
+    def _wait_for_server(self, reconnect_for: float, on_reconnect: Callable[[str], None] | None) -> None:
+        """Back off (0.25 s doubling to 5 s) until /healthz answers, for at most reconnect_for seconds."""
+        if on_reconnect is not None:
+            on_reconnect(f"lost the server at {self.url}; reconnecting for up to {reconnect_for:g}s")
         try:
-            with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    _raise_for(response)
-                event_id, kind = None, None
-                for line in response.iter_lines():
-                    if line.startswith("id: "):
-                        event_id = int(line[4:])
-                    elif line.startswith("event: "):
-                        kind = line[7:]
-                    elif line.startswith("data: "):
-                        yield Event(event_id or 0, kind or "message", json.loads(line[6:]))
-        except httpx.ConnectError:
+            for attempt in tenacity.Retrying(wait=tenacity.wait_exponential(multiplier=0.25, max=5),
+                                             stop=tenacity.stop_after_delay(reconnect_for), reraise=True,
+                                             retry=tenacity.retry_if_exception_type((httpx.TransportError,
+                                                                                     _ServerError))):
+                with attempt:
+                    response = self._http.get("/healthz", timeout=2.0)
+                    if response.status_code >= 500:
+                        raise _ServerError(response.status_code, response.text)
+        except (httpx.TransportError, _ServerError):
             raise ServerUnreachable(self.url) from None
+
+    def through_restarts(self, call: Callable[[], Any], reconnect_for: float = 600.0,
+                         on_reconnect: Callable[[str], None] | None = None) -> Any:
+        """call() (a request of this client's), waiting for the server to come back as `events` does when it
+        cannot be reached."""
+        try:
+            return call()
+        except (ServerUnreachable, httpx.TransportError, Unavailable, _ServerError):
+            if reconnect_for <= 0:
+                raise
+        self._wait_for_server(reconnect_for, on_reconnect)
+        return call()
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         """Stop the run on every node; it goes to `cancelling`, then `cancelled` once nothing is left."""
@@ -271,7 +339,7 @@ def _raise_for(response: httpx.Response) -> None:
     except ValueError:
         body = {"detail": response.text}
     detail = body.get("detail") if isinstance(body, dict) else body
-    error = _ERRORS.get(response.status_code, APIError)
+    error = _ERRORS.get(response.status_code, _ServerError if response.status_code >= 500 else APIError)
     if error is Conflict:
         raise Conflict(response.status_code, detail, body.get("status"))
     raise error(response.status_code, detail)

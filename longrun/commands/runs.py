@@ -38,20 +38,25 @@ Every = Annotated[float, typer.Option(help="Seconds between progress lines when 
                                       min=0)]
 
 
+def _reconnecting(message: str) -> None:
+    stderr().print(Text(message))
+
+
 def follow_run(client: Client, run_id: str, interval: float, every: float, as_json: bool) -> ExitCode:
     """Show the run until it ends: a live panel on a terminal, lines on a pipe, JSON lines with --json;
-    the exit code says how it ended. Ctrl-C stops watching, not the run."""
+    the exit code says how it ended, also when the server restarted meanwhile (the stream is resumed).
+    Ctrl-C stops watching, not the run."""
     try:
         if as_json:
             last: dict[str, Any] | None = None
-            for run in client.watch(run_id, interval=interval):
+            for run in client.watch(run_id, interval=interval, on_reconnect=_reconnecting):
                 if run != last:
                     print_json(run, lines=True)
                 last = run
         elif stdout().is_terminal:
             console = stdout()
             with Live(console=console, auto_refresh=False) as live:  # drawn once per look at the run
-                for run in client.watch(run_id, interval=interval):
+                for run in client.watch(run_id, interval=interval, on_reconnect=_reconnecting):
                     live.update(run_panel(run, min(console.width, 120)), refresh=True)
         else:
             run = _print_lines(client, run_id, interval, every)
@@ -64,7 +69,7 @@ def follow_run(client: Client, run_id: str, interval: float, every: float, as_js
 def _print_lines(client: Client, run_id: str, interval: float, every: float) -> dict[str, Any]:
     """A line per state change and a progress line every `every` seconds, for logs and pipes."""
     last_state, last_print = None, 0.0
-    for run in client.watch(run_id, interval=interval):
+    for run in client.watch(run_id, interval=interval, on_reconnect=_reconnecting):
         state = (run["status"], run["attempt"])
         if state != last_state:
             print(f"{run['name']} [{run['id']}]: {run['status']} (attempt {run['attempt']})"
@@ -153,7 +158,7 @@ def cancel(
     with connect(ctx) as client:
         run = client.cancel(run_id)
         if wait:
-            *_, run = client.watch(run_id, interval=interval)
+            *_, run = client.watch(run_id, interval=interval, on_reconnect=_reconnecting)
         emit(run, as_json, Text.assemble(run["id"], ": ", run["status"]))
         if not wait or run["status"] == "cancelled":
             return ExitCode.OK
@@ -230,12 +235,13 @@ def logs(
         show(current, page["lines"])
         while follow:
             time.sleep(interval)
-            page = client.logs(run_id, since_offset=offset, attempt=current, node=node)
+            page = client.through_restarts(lambda at=offset, number=current: client.logs(
+                run_id, since_offset=at, attempt=number, node=node), on_reconnect=_reconnecting)
             show(current, page["lines"])
             offset = page["next_offset"]
             if page["lines"]:
                 continue
-            run = client.get(run_id)
+            run = client.through_restarts(lambda: client.get(run_id), on_reconnect=_reconnecting)
             if attempt is None and run["attempt"] > current:
                 current, offset = current + 1, 0
                 if not as_json:
