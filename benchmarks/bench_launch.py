@@ -30,8 +30,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     sys.path.insert(0, str(args.root.resolve()))
     from worker.host_agent import HostAgent
+    from worker.local_transport import LocalTransport
     from worker.protocol import LaunchRequest
-    from worker.transport import LocalTransport
 
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,7 @@ from trainer.model import DraftConfig, EagleDraft  # noqa: E402
 from trainer.optim import build_optimizer, build_scheduler  # noqa: E402
 from trainer.step import TrainingStep  # noqa: E402
 from trainer.ttt import TTTObjective, plan_trained_rows  # noqa: E402
-from trainer.verifier_io import VerifierHead  # noqa: E402
+from trainer.verifier_model import VerifierHead  # noqa: E402
 
 LLAMA_8B = dict(
     hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,

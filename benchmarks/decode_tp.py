@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.model import DraftConfig, EagleDraft, apply_rotary, load_draft_weights, read_draft_config  # noqa: E402
-from trainer.verifier_io import default_layer_ids  # noqa: E402
+from trainer.verifier_model import default_layer_ids  # noqa: E402
 from worker.allreduce_sweep import DEFAULT_SIZES, allreduce_table  # noqa: E402
 
 # Llama-3-8B's shapes; --layers cuts the depth (the all-reduces per layer are what matters here)

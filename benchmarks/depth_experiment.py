@@ -164,7 +164,7 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     verifier = args.work / f"verifier-{args.size}"
-    timings = {"verifier_s": run([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier),
+    timings = {"verifier_s": run([sys.executable, "-m", "trainer.demo_verifier", "--output-dir", str(verifier),
                                   "--size", args.size], args.out / "verifier.log")}
     variants = {"both": [False, True], "yes": [True], "no": [False]}[args.regenerate]
     data = {}

@@ -107,7 +107,7 @@ def link_samples(data: Path, to: Path, samples: int) -> Path:
 
 def prepare_demo_data(args: argparse.Namespace, verifier: Path, data: Path, report: dict[str, Any]) -> None:
     """The demo verifier, trained here, and its hidden states over its own corpus."""
-    report["verifier_build_s"] = sh([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier),
+    report["verifier_build_s"] = sh([sys.executable, "-m", "trainer.demo_verifier", "--output-dir", str(verifier),
                                      "--size", args.verifier_size], args.out / "verifier.log")
     report["prepare_s"] = sh([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
                               "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),

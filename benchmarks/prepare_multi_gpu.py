@@ -4,7 +4,7 @@ killed mid-way and resumed.
     python benchmarks/prepare_multi_gpu.py --work DIR              # GPUs: every visible one (device_map auto)
     python benchmarks/prepare_multi_gpu.py --work DIR --tiny       # CPU, a tiny verifier, in a minute
 
-Builds a demo verifier (trainer/verifier.py; a few training steps: its quality does not matter here),
+Builds a demo verifier (trainer/demo_verifier.py; a few training steps: its quality does not matter here),
 re-saves it in shards with an index (as large releases ship), runs `python -m trainer.prepare` on its
 corpus, SIGKILLs it once a quarter of the samples are on disk, relaunches the same command, and prints a
 JSON summary: the device of every decoder layer, the samples written, those on disk at the kill, those the
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.verifier import PRESETS, VerifierPreset, build_verifier, stdlib_root  # noqa: E402
+from trainer.demo_verifier import PRESETS, VerifierPreset, build_verifier, stdlib_root  # noqa: E402
 
 TINY = VerifierPreset(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8, num_heads=4,
                       num_kv_heads=2, seq_len=64, batch_size=4, steps=2, lr=3e-3, sources="top-level")

@@ -95,7 +95,7 @@ def prepare_inputs(regenerate: bool) -> tuple[Path, Path]:
     verifier, data = DEMO / "verifier", DEMO / ("data-regenerated" if regenerate else "data")
     say("1. a verifier that needs no download: a small Llama trained on this machine's Python sources")
     t = time.time()
-    subprocess.run([sys.executable, "-m", "trainer.verifier", "--output-dir", str(verifier), "--size", "tiny"],
+    subprocess.run([sys.executable, "-m", "trainer.demo_verifier", "--output-dir", str(verifier), "--size", "tiny"],
                    cwd=ROOT, check=True)
     print(f"  ready in {time.time() - t:.0f}s: {verifier}")
     if not (data / "prepare.json").exists():

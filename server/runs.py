@@ -1,6 +1,6 @@
 """Run commands: what changes a run (submit, cancel, restart), each inside the caller's transaction.
 
-The worker uses `get_run` and `open_attempt` too; reads for responses live in server/queries.py.
+The worker imports none of this (it changes runs through server/lifecycle.py); reads live in server/queries.py.
 """
 
 import hashlib

@@ -1,5 +1,6 @@
 """Which package may import which (docs/architecture.md): checked on every module, in a fresh interpreter."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,77 @@ def test_the_client_needs_neither_server_nor_worker() -> None:
     loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.split())
     assert not loaded & {"server", "worker", "trainer", "fastapi", "sqlalchemy"}
+
+
+PACKAGES = ("server", "worker", "trainer", "longrun")
+# What the worker may use of the server: the domain without the web framework or the API's commands.
+WORKER_USES = {"server.lifecycle", "server.models", "server.db", "server.layout", "server.config", "server.eta",
+               "server.log_patterns", "server.wakeup"}
+# The only modules of longrun that reach into the other packages, and what each may reach.
+LONGRUN_REACHES = {
+    "longrun.processes": ("server", "worker"),
+    "longrun.commands.advise": ("server.advisor",),
+    "longrun.tensorboard_export": ("trainer.trackers",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module `module` imports, at the top or inside a function; `from a import b` counts as a.b when
+    a.b is a module of the tree."""
+    path = MODULES[module]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = module.split(".")[: len(module.split(".")) - node.level + (path.name == "__init__.py")]
+            source = ".".join([*base, node.module] if node.level and node.module else base if node.level
+                              else [node.module or ""])
+            for alias in node.names:
+                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source)
+    return found
+
+
+def reaches(module: str, packages: tuple[str, ...]) -> set[str]:
+    return {name for name in imports_of(module) if name.split(".")[0] in packages}
+
+
+def test_the_worker_uses_only_the_servers_domain_modules_the_architecture_names() -> None:
+    used = {name: reaches(name, ("server",)) - WORKER_USES for name in MODULES if name.startswith("worker")}
+    assert {name: extra for name, extra in used.items() if extra} == {}
+
+
+def test_longrun_reaches_the_other_packages_only_where_the_architecture_says() -> None:
+    reached = {name: reaches(name, ("server", "worker", "trainer")) for name in MODULES
+               if name.startswith("longrun")}
+    stray = {name: {m for m in found if not m.startswith(LONGRUN_REACHES.get(name, ("-",)))}
+             for name, found in reached.items()}
+    assert {name: found for name, found in stray.items() if found} == {}
+
+
+def test_the_server_and_the_trainer_import_no_other_package_of_the_tree() -> None:
+    stray = {name: reaches(name, tuple(p for p in PACKAGES if p != name.split(".")[0])) for name in MODULES
+             if name.split(".")[0] in ("server", "trainer")}
+    assert {name: found for name, found in stray.items() if found} == {}
+
+
+def test_the_host_side_agent_needs_only_the_standard_library() -> None:
+    """It is copied to hosts and run there alone."""
+    assert {name for name in imports_of("worker.hostside") if name.split(".")[0] not in sys.stdlib_module_names} == set()
+
+
+def test_the_tensorboard_export_shares_the_trainers_tags_without_loading_torch() -> None:
+    """The export names and numbers scalars with trainer/trackers.py, as the trainer's live tracker does; that
+    module loads torch only inside the tracker that writes."""
+    code = "import sys, longrun.tensorboard_export; print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "trainer.trackers" in loaded and not {n for n in loaded if n.split(".")[0] in ("torch", "server", "worker")}

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
 from trainer.prepare import iter_samples
-from trainer.verifier_io import capture_layers, concat_features, decoder_layers, load_verifier
+from trainer.verifier_model import capture_layers, concat_features, decoder_layers, load_verifier
 
 GREEDY_MEASUREMENT = "verifier_greedy_decoding"
 DATASET_MEASUREMENT = "dataset_text_teacher_forced"

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainer.data import SAMPLE_PATTERN, TENSOR_NAMES, HiddenStatesDataset, list_samples
-from trainer.verifier_io import default_layer_ids
+from trainer.verifier_model import default_layer_ids
 
 DATA_FORMATS = ("longrun", "speculators", "specforge")
 

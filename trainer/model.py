@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from trainer.attention import ttt_attention
 from trainer.compiled import compiled
-from trainer.verifier_io import default_layer_ids
+from trainer.verifier_model import default_layer_ids
 
 
 @dataclass

@@ -42,7 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.utils import logging as hf_logging
 
-from trainer.verifier_io import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
+from trainer.verifier_model import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
 SAMPLE_PATTERN = "sample_*.safetensors"

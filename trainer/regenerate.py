@@ -39,7 +39,7 @@ from trainer.prepare import (
     tokenize_text_record,
     tokenize_text_stream,
 )
-from trainer.verifier_io import load_verifier
+from trainer.verifier_model import load_verifier
 
 REGENERATED_FILE = "regenerated.jsonl"
 SETTINGS_FILE = "regenerate.json"

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.ttt import TTTObjective, add_feature_noise, batch_targets, planned_rows, trained_position_counts
-from trainer.verifier_io import VerifierHead
+from trainer.verifier_model import VerifierHead
 
 
 @dataclass

@@ -36,7 +36,7 @@ from trainer.step import TrainingStep
 from trainer.trackers import TRACKERS, open_trackers, parse_report_to
 from trainer.ttt import TTTObjective, plan_trained_rows
 from trainer.validation import Validator
-from trainer.verifier_io import VerifierHead, load_verifier_head, read_verifier_config
+from trainer.verifier_model import VerifierHead, load_verifier_head, read_verifier_config
 from trainer.vocab import load_vocab_mapping
 
 EXIT_TERMINATED = 128 + signal.SIGTERM

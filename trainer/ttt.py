@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from trainer.fused_loss import soft_cross_entropy
 from trainer.model import EagleDraft, TTTCache
-from trainer.verifier_io import VerifierHead
+from trainer.verifier_model import VerifierHead
 
 # Per TTT step, summed over positions (then over ranks): what the metrics are made of.
 STAT_FIELDS = ("loss", "positions", "correct", "chain_before", "chain_after")

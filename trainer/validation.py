@@ -7,7 +7,7 @@ import torch
 from trainer.data import BatchLoader, batch_to
 from trainer.step import packing
 from trainer.ttt import STAT_FIELDS, TTTObjective, batch_targets, summarize_stats
-from trainer.verifier_io import VerifierHead
+from trainer.verifier_model import VerifierHead
 
 
 class Validator:

@@ -1,5 +1,5 @@
 """The connection warmer: opens the connection to each registered host before its first command, so that the first
-submit, cancel or restart on it pays no SSH handshake. The connection then stays open (worker/transports.py keeps
+submit, cancel or restart on it pays no SSH handshake. The connection then stays open (worker/transport_pool.py keeps
 one per host, with keepalives) and the next command re-makes it after a failure."""
 
 import logging
@@ -10,7 +10,7 @@ from sqlalchemy import select
 from server.db import Database
 from server.models import Host
 from worker.host_errors import HostError
-from worker.transports import TransportPool, settings_of
+from worker.transport_pool import TransportPool, settings_of
 
 log = logging.getLogger("longrun.worker")
 

@@ -32,7 +32,7 @@ from worker.protocol import (
     ReadFrom,
     Request,
 )
-from worker.transport import CommandResult, Transport
+from worker.transport_interface import CommandResult, Transport
 
 HOSTSIDE_SOURCE = (Path(__file__).parent / "hostside.py").read_bytes()
 HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_SOURCE).hexdigest()[:12]}.py"

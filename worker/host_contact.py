@@ -16,7 +16,7 @@ from worker.clock import Clock
 from worker.host_agent import HostAgent
 from worker.host_errors import HostError
 from worker.protocol import GpuView, Request
-from worker.transports import TransportPool
+from worker.transport_pool import TransportPool
 
 # how often a host's last_seen_at is refreshed while it keeps answering
 SEEN_REFRESH_SECONDS = 10.0

@@ -49,7 +49,7 @@ from worker.jobs import job_argv
 from worker.protocol import GpuView, LaunchRequest
 from worker.run_rows import attempt_numbered, fresh_run, read_run
 from worker.slurm import queue_message, slurm_batch
-from worker.transports import LOCAL_ADDRESS
+from worker.transport_pool import LOCAL_ADDRESS
 
 log = logging.getLogger("longrun.worker")
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import paramiko
 
 from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
-from worker.transport import CommandResult, Transport
+from worker.transport_interface import CommandResult, Transport
 
 # OpenSSH allows 10 sessions per connection by default (MaxSessions): queue beyond that
 MAX_CHANNELS = 8

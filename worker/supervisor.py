@@ -35,7 +35,7 @@ from worker.lease_claimer import LeaseClaimer
 from worker.notifier import WebhookNotifier
 from worker.orphan_reaper import OrphanReaper
 from worker.run_driver import RunDriver
-from worker.transports import TransportPool
+from worker.transport_pool import TransportPool
 
 log = logging.getLogger("longrun.worker")
 

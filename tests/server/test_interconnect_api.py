@@ -15,7 +15,7 @@ from tests.server.test_api_routes import EVALUATION, evaluated_run, locs
 from worker.clock import Clock
 from worker.host_contact import HostContact
 from worker.interconnect import InterconnectResponder
-from worker.transports import TransportPool
+from worker.transport_pool import TransportPool
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKEGPU = ROOT / "tests" / "fakegpu"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.demo_verifier import VerifierPreset, build_verifier, stdlib_root
 from trainer.prepare import prepare
-from trainer.verifier import VerifierPreset, build_verifier, stdlib_root
 
 # Small stdlib modules present in every CPython 3.11+; a few kilobytes to a few tens each.
 TOKENIZER_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py")

@@ -30,7 +30,7 @@ from tests.trainer.conftest import one_cpu_thread
 from trainer.formats import open_training_data
 from trainer.model import DraftConfig, EagleDraft, read_draft_config, save_draft
 from trainer.prepare import prepare
-from trainer.verifier_io import read_verifier_config
+from trainer.verifier_model import read_verifier_config
 
 
 def vllm_capture_layers(draft_dir: Path, verifier_layers: int) -> list[int]:

@@ -31,7 +31,7 @@ from trainer.evaluate import (
 from trainer.evaluate import main as evaluate_main
 from trainer.model import DraftConfig, EagleDraft, TTTCache, load_draft, read_draft_config, save_draft
 from trainer.train import main as train_main
-from trainer.verifier_io import load_verifier
+from trainer.verifier_model import load_verifier
 
 MAX_DEPTH = 4
 

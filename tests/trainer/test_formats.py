@@ -16,7 +16,7 @@ from trainer.data import HiddenStatesDataset, list_samples
 from trainer.formats import detect_format, open_training_data
 from trainer.model import read_draft_config
 from trainer.train import parse_args
-from trainer.verifier_io import load_verifier_head
+from trainer.verifier_model import load_verifier_head
 from trainer.vocab import load_vocab_mapping
 from worker.jobs import trainer_flags
 

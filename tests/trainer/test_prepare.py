@@ -18,7 +18,7 @@ from tests.trainer.conftest import (
 )
 from trainer.prepare import iter_samples, prepare, tokenize_chat
 from trainer.ttt import verifier_targets
-from trainer.verifier_io import capture_hidden_states, default_layer_ids, load_verifier_head
+from trainer.verifier_model import capture_hidden_states, default_layer_ids, load_verifier_head
 from trainer.vocab import draft_to_target_ids, load_vocab_mapping
 
 REPO = Path(__file__).resolve().parents[2]

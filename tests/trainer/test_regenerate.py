@@ -9,7 +9,7 @@ from tests.trainer.conftest import one_cpu_thread
 from trainer.prepare import FALLBACK_CHAT_TEMPLATE, _adds_bos, tokenize_text_stream
 from trainer.prepare import main as prepare_main
 from trainer.regenerate import REGENERATED_FILE, regenerate_corpus
-from trainer.verifier_io import load_verifier
+from trainer.verifier_model import load_verifier
 
 SEQ = 32
 

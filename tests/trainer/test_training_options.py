@@ -15,7 +15,7 @@ from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import TrainingStep, packing
 from trainer.train import build_draft, micro_batches_per_step, optimizer_steps, parse_args
 from trainer.ttt import STAT_FIELDS, TTTObjective, verifier_targets
-from trainer.verifier_io import VerifierHead
+from trainer.verifier_model import VerifierHead
 
 HIDDEN, VOCAB, DRAFT_VOCAB, TTT_STEPS = 32, 96, 40, 3
 LENGTHS = (7, 12, 5, 9, 11, 6)

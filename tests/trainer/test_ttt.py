@@ -13,7 +13,7 @@ from trainer.ttt import (
     summarize_stats,
     verifier_targets,
 )
-from trainer.verifier_io import VerifierHead
+from trainer.verifier_model import VerifierHead
 
 
 class PositionEcho(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainer.verifier_io import capture_hidden_states, default_layer_ids
+from trainer.verifier_model import capture_hidden_states, default_layer_ids
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
 VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 512, 64, 8, 192

@@ -17,8 +17,8 @@ from server.layout import HostLayout
 from server.models import Host
 from worker.clock import Clock
 from worker.host_errors import HostError, HostUnreachable
-from worker.transport import CommandResult, Transport
-from worker.transports import TransportPool
+from worker.transport_interface import CommandResult, Transport
+from worker.transport_pool import TransportPool
 
 
 class FakeClock(Clock):

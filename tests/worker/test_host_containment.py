@@ -20,8 +20,9 @@ from tests.service import ROOT, alive
 from worker import hostside
 from worker.gpu_placement import gpu_holders
 from worker.host_agent import HostAgent
+from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom
-from worker.transport import CommandResult, LocalTransport
+from worker.transport_interface import CommandResult
 
 SLEEP = "import time; time.sleep(600)"
 # a job with three helpers: one in a session of its own (as torchrun's workers), one started with a fresh

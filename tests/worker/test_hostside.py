@@ -13,8 +13,8 @@ from worker import hostside
 from worker.host_agent import HostAgent
 from worker.host_errors import CommandFailed
 from worker.hostside import pids_with_token
+from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom
-from worker.transport import LocalTransport
 
 JOB = """
 import json, os, time, subprocess, sys

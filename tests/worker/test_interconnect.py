@@ -15,8 +15,8 @@ import torch
 from server.layout import HostLayout
 from worker.host_agent import HostAgent
 from worker.interconnect import SWEEP_NAME, SWEEP_SOURCE, ProbeFailed, measurement, parse_topology, read_sweep
+from worker.local_transport import LocalTransport
 from worker.protocol import CommandOutput, InterconnectRequest
-from worker.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "h200x2"

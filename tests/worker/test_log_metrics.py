@@ -13,6 +13,7 @@ from server.db import Database
 from server.models import Attempt, MetricPoint, Run
 from worker.host_agent import HostAgent
 from worker.ingest import store_log_metrics, store_metrics
+from worker.local_transport import LocalTransport
 from worker.log_metrics import (
     MAX_STEP,
     RICH_CONTINUATION_RE,
@@ -23,7 +24,6 @@ from worker.log_metrics import (
     read_log,
 )
 from worker.protocol import LaunchRequest, ReadFrom
-from worker.transport import LocalTransport
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "trainer_logs"
 DEFAULT = LogMetricsConfig()

@@ -11,8 +11,9 @@ from server import layout
 from worker import hostside
 from worker.host_agent import MAX_ANSWER_BYTES, HostAgent
 from worker.host_errors import CommandFailed
+from worker.local_transport import LocalTransport
 from worker.protocol import CancelRequest, GpuQuery, LaunchRequest, ProbeAnswer, ProbeRequest, ReadFrom
-from worker.transport import CommandResult, LocalTransport, Transport
+from worker.transport_interface import CommandResult, Transport
 
 
 def test_the_layouts_file_names_are_the_ones_the_host_side_writes() -> None:

@@ -14,8 +14,8 @@ import pytest
 from tests.slurm import SlurmCluster
 from worker.host_agent import HostAgent
 from worker.hostside import pids_with_token
+from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom, SlurmBatch
-from worker.transport import LocalTransport
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster
 

@@ -24,7 +24,7 @@ from worker.hostside import pids_with_token
 from worker.protocol import CleanAnswer, LaunchRequest, ReadFrom
 from worker.ssh_transport import SSHTransport
 from worker.supervisor import Supervisor
-from worker.transports import TransportPool, transport_for
+from worker.transport_pool import TransportPool, transport_for
 
 pytestmark = pytest.mark.slow  # a real sshd
 

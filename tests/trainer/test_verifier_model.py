@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trainer.verifier_io import load_verifier_head, read_verifier_config
+from trainer.verifier_model import load_verifier_head, read_verifier_config
 from trainer.vocab import build_vocab_mapping
 
 VOCAB, HIDDEN, LAYERS = 96, 16, 2

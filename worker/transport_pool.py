@@ -3,8 +3,9 @@
 import threading
 from typing import Any, Protocol
 
+from worker.local_transport import LocalTransport
 from worker.ssh_transport import SSHTransport
-from worker.transport import LocalTransport, Transport
+from worker.transport_interface import Transport
 
 LOCAL_ADDRESS = "local"
 

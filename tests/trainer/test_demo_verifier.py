@@ -10,7 +10,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaConfig
 
 from tests.trainer.conftest import TINY_VERIFIER_PRESET, TOKENIZER_SOURCES, one_cpu_thread
-from trainer.verifier import STAMP_FILE, build_verifier, stdlib_root
+from trainer.demo_verifier import STAMP_FILE, build_verifier, stdlib_root
 
 HF_FILES = (
     "config.json",
@@ -55,7 +55,7 @@ def test_cli_tiny_builds_then_returns_from_cache(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "trainer.verifier",
+        "trainer.demo_verifier",
         "--size",
         "tiny",
         "--steps",

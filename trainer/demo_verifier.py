@@ -1,6 +1,6 @@
 """A demo verifier that needs no download: a small Llama trained briefly on the Python standard library.
 
-    python -m trainer.verifier --output-dir DIR [--size tiny|small|base] [--corpus-dir DIR] [--steps N]
+    python -m trainer.demo_verifier --output-dir DIR [--size tiny|small|base] [--corpus-dir DIR] [--steps N]
 
 Writes a standard Hugging Face directory (config.json, model.safetensors, generation_config.json,
 tokenizer.json + tokenizer_config.json with a ChatML chat template) plus `corpus/train.jsonl` and
@@ -357,7 +357,7 @@ def build_verifier(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.verifier", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.demo_verifier", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--size", choices=sorted(PRESETS), default="tiny")
     parser.add_argument(
