@@ -25,11 +25,11 @@ setup: $(VENV)/.installed
 system-deps:
 	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null \
 		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
-		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
+		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v docker-compose >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql slurm-wlm munge >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql slurm-wlm munge docker-compose >/dev/null; \
 	else \
-		echo "The SSH, browser, PostgreSQL and Slurm tests need OpenSSH's server, iproute2, Chromium, PostgreSQL, Slurm and munge: run 'sudo apt-get install openssh-server iproute2 chromium postgresql slurm-wlm munge', then 'make test' again." >&2; exit 1; \
+		echo "The SSH, browser, PostgreSQL and Slurm tests need OpenSSH's server, iproute2, Chromium, PostgreSQL, Slurm, munge and docker-compose: run 'sudo apt-get install openssh-server iproute2 chromium postgresql slurm-wlm munge docker-compose', then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

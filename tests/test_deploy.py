@@ -1,6 +1,7 @@
 """The container deployment (Dockerfile, docker-compose.yml, .dockerignore), checked without a container runtime:
-the compose file read as Compose reads it, and the image's Python environment built the way the Dockerfile
-builds it, from the files the build context would hold, then run."""
+the compose file read by Compose itself (`docker-compose config`, Debian's package) and as written, and the
+image's Python environment built the way the Dockerfile builds it, from the files the build context would hold,
+then run."""
 
 import fnmatch
 import os
@@ -57,12 +58,28 @@ def build_context(destination: Path) -> Path:
     return destination
 
 
-def dockerfile_pip_install() -> list[str]:
-    """The Dockerfile's `RUN pip install ...`, as an argument list."""
-    runs = [line.removeprefix("RUN ").strip() for line in (ROOT / "Dockerfile").read_text().splitlines()
-            if line.startswith("RUN pip install")]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+DEFAULT_EXTRAS = re.search(r"^ARG EXTRAS=(\S+)$", DOCKERFILE, re.M).group(1)
+
+
+def dockerfile_pip_install(extras: str = DEFAULT_EXTRAS) -> list[str]:
+    """The Dockerfile's `RUN pip install ...` of the package, as an argument list, for a build with `extras`."""
+    runs = [line.removeprefix("RUN ").strip() for line in DOCKERFILE.splitlines() if line.startswith("RUN pip install")]
     assert len(runs) == 1, "one pip install makes the image's environment"
-    return shlex.split(runs[0])
+    return [a.replace("${EXTRAS}", extras) for a in shlex.split(runs[0])]
+
+
+def compose_config(tmp_path: Path, dotenv: str) -> dict:
+    """The compose file as Compose reads it, beside a .env holding `dotenv`."""
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose not installed: `make system-deps` installs Debian's (apt-get install "
+                    "docker-compose)", pytrace=False)
+    shutil.copy(ROOT / "docker-compose.yml", tmp_path / "docker-compose.yml")
+    (tmp_path / ".env").write_text(dotenv)
+    done = subprocess.run(["docker-compose", "config"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
 
 
 def test_postgres_is_healthy_before_one_migration_job_and_the_service_waits_for_that_job() -> None:
@@ -86,24 +103,62 @@ def test_every_service_uses_the_same_database_and_it_needs_a_password_from_the_o
     with pytest.raises(ValueError, match="LONGRUN_DB_PASSWORD"):
         environment("api", {})
     env = {"LONGRUN_DB_PASSWORD": "pw"}
+    env["LONGRUN_API_TOKEN"] = "t0ken"
     urls = {environment(name, env)["LONGRUN_DATABASE_URL"] for name in LONGRUN_SERVICES}
-    assert urls == {"postgresql+psycopg://longrun:pw@127.0.0.1:55432/longrun"}
-    published = [interpolate(p, env) for p in SERVICES["postgres"]["ports"]]
-    assert published == ["127.0.0.1:55432:5432"], "the database is reachable from this machine only"
+    assert urls == {"postgresql+psycopg://longrun:pw@postgres:5432/longrun"}
+    assert "ports" not in SERVICES["postgres"], "the database is reachable from compose's network only"
 
 
-def test_the_api_listens_on_loopback_unless_the_operator_sets_a_token_and_an_address() -> None:
+def test_the_api_needs_a_token_and_is_published_on_loopback_unless_the_operator_says_otherwise() -> None:
     api = SERVICES["api"]
-    # on the host's network the server's own bind address is what others can reach: no port mapping around it
-    assert api["network_mode"] == "host" and "ports" not in api
-    plain = environment("api", {"LONGRUN_DB_PASSWORD": "pw"})
-    assert is_loopback(plain["LONGRUN_BIND_HOST"]) and not plain["LONGRUN_API_TOKEN"]
-    team = environment("api", {"LONGRUN_DB_PASSWORD": "pw", "LONGRUN_BIND_HOST": "0.0.0.0",
-                               "LONGRUN_API_TOKEN": "t0ken"})
-    assert team["LONGRUN_BIND_HOST"] == "0.0.0.0" and team["LONGRUN_API_TOKEN"] == "t0ken"
-    # and without the token such a bind is refused by the server itself (tests/server/test_service_api.py)
+    # compose's own network on every platform (host networking is Linux-only)
+    assert all("network_mode" not in s for s in SERVICES.values())
+    with pytest.raises(ValueError, match="LONGRUN_API_TOKEN"):
+        environment("api", {"LONGRUN_DB_PASSWORD": "pw"})
+    # it listens on every address of its container, which the server allows only with a token
+    env = {"LONGRUN_DB_PASSWORD": "pw", "LONGRUN_API_TOKEN": "t0ken"}
+    inside = environment("api", env)
+    assert not is_loopback(inside["LONGRUN_BIND_HOST"]) and inside["LONGRUN_API_TOKEN"] == "t0ken"
+    assert [interpolate(p, env) for p in api["ports"]] == ["127.0.0.1:8080:8080"]
+    assert [interpolate(p, {**env, "LONGRUN_PUBLISH": "0.0.0.0", "LONGRUN_PORT": "9000"})
+            for p in api["ports"]] == ["0.0.0.0:9000:8080"]
     for name, service in SERVICES.items():
-        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", [])), name
+        if name != "api":
+            assert "ports" not in service, name
+
+
+def test_every_longrun_setting_in_dotenv_reaches_the_containers_as_compose_reads_them(tmp_path: Path) -> None:
+    config = compose_config(tmp_path, "LONGRUN_DB_PASSWORD=pw\nLONGRUN_API_TOKEN=t0ken\n"
+                                      "LONGRUN_WEBHOOK_URL=https://hooks.example/longrun\nLONGRUN_CANCEL_GRACE=30\n")
+    for name in LONGRUN_SERVICES:
+        env = config["services"][name]["environment"]
+        assert env["LONGRUN_WEBHOOK_URL"] == "https://hooks.example/longrun", name
+        assert env["LONGRUN_CANCEL_GRACE"] == "30" and env["LONGRUN_API_TOKEN"] == "t0ken", name
+        assert env["LONGRUN_DATABASE_URL"] == "postgresql+psycopg://longrun:pw@postgres:5432/longrun", name
+    assert [p["host_ip"] for p in _ports(config["services"]["api"])] == ["127.0.0.1"]
+
+
+def _ports(service: dict) -> list[dict]:
+    # Compose 1.x prints "ip:published:target/tcp", 2.x a mapping
+    out = []
+    for port in service.get("ports", []):
+        if isinstance(port, str):
+            ip, published, target = port.split(":")
+            port = {"host_ip": ip, "published": published, "target": target}
+        out.append(port)
+    return out
+
+
+def test_the_worker_image_has_the_trainer_with_torchs_cpu_build_and_the_api_image_has_no_torch() -> None:
+    assert DEFAULT_EXTRAS == "postgres"
+    assert dockerfile_pip_install()[-1] == "/src[postgres]"
+    worker = SERVICES["worker"]
+    assert worker["build"]["args"]["EXTRAS"] == "postgres,trainer"
+    assert dockerfile_pip_install("postgres,trainer")[-1] == "/src[postgres,trainer]"
+    torch_line = next(line for line in DOCKERFILE.splitlines() if "torch" in line and line.startswith("RUN"))
+    assert '--index-url "${TORCH_INDEX_URL}" torch' in torch_line and "*,trainer,*" in torch_line
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu$", DOCKERFILE, re.M)
+    assert SERVICES["api"].get("build") == "." and "args" not in str(SERVICES["api"].get("build"))
 
 
 def test_the_build_context_holds_the_package_and_none_of_the_repositorys_bulk(tmp_path: Path) -> None:
@@ -119,6 +174,8 @@ def test_the_build_context_holds_the_package_and_none_of_the_repositorys_bulk(tm
 def test_the_images_environment_serves_on_postgresql_without_torch(tmp_path: Path, postgres: PostgresCluster) -> None:
     argv = dockerfile_pip_install()
     assert argv[-1] == "/src[postgres]" and not any("torch" in a or "trainer" in a for a in argv)
+    env_file = {"LONGRUN_DB_PASSWORD": "pw", "LONGRUN_API_TOKEN": "t0ken"}
+    assert environment("api", env_file)["LONGRUN_BIND_HOST"] == "0.0.0.0"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     context = build_context(tmp_path / "src")
