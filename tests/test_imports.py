@@ -107,3 +107,37 @@ def test_the_tensorboard_export_shares_the_trainers_tags_without_loading_torch()
     loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.split())
     assert "trainer.trackers" in loaded and not {n for n in loaded if n.split(".")[0] in ("torch", "server", "worker")}
+
+
+def import_cycles() -> list[list[str]]:
+    """Every strongly connected group of two or more modules of the tree (Tarjan), each sorted."""
+    graph = {name: {m for m in imports_of(name) if m in MODULES and m != name} for name in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return cycles
+
+
+def test_no_module_of_the_tree_imports_itself_through_others() -> None:
+    assert import_cycles() == []

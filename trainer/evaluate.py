@@ -53,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.corpus import iter_samples
 from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
-from trainer.prepare import iter_samples
 from trainer.verifier_model import capture_layers, concat_features, decoder_layers, load_verifier
 
 GREEDY_MEASUREMENT = "verifier_greedy_decoding"

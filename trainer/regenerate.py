@@ -32,13 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
-from trainer.prepare import (
-    FALLBACK_CHAT_TEMPLATE,
-    _adds_bos,
-    _normalise_messages,
-    tokenize_text_record,
-    tokenize_text_stream,
-)
+from trainer.corpus import TextChunk, adds_bos, read_corpus, render_chat
 from trainer.verifier_model import load_verifier
 
 REGENERATED_FILE = "regenerated.jsonl"
@@ -93,7 +87,7 @@ class TextSample:
         self.continuation = generated
 
     def record(self, tokenizer) -> dict:
-        body = self.prompt[1:] if self.prompt[:1] == [tokenizer.bos_token_id] and _adds_bos(tokenizer) else self.prompt
+        body = self.prompt[1:] if self.prompt[:1] == [tokenizer.bos_token_id] and adds_bos(tokenizer) else self.prompt
         return {"index": self.index, "text": tokenizer.decode(body + self.continuation)}
 
 
@@ -116,9 +110,7 @@ class ChatSample:
     def next_prompt(self) -> tuple[list[int], int] | None:
         while self.remaining:
             self.turn = self.remaining.pop(0)
-            template = None if self.tokenizer.chat_template else FALLBACK_CHAT_TEMPLATE
-            text = self.tokenizer.apply_chat_template(
-                self.messages[: self.turn], chat_template=template, tokenize=False, add_generation_prompt=True)
+            text = render_chat(self.tokenizer, self.messages[: self.turn], add_generation_prompt=True)
             prompt = self.tokenizer(text, add_special_tokens=False, verbose=False).input_ids
             room = self.max_seq_len - len(prompt)
             if room > 0:  # a turn past max-seq-len is truncated away by prepare: left as written
@@ -136,35 +128,16 @@ def iter_regeneration_samples(
     tokenizer, corpus: Path, max_seq_len: int, max_new_tokens: int | None
 ) -> Iterator[TextSample | ChatSample]:
     """The corpus's samples in prepare's order, each with what is kept and what is regenerated."""
-    bos = tokenizer.bos_token_id if _adds_bos(tokenizer) else None
     index = 0
-
-    def text_sample(ids: list[int]) -> TextSample:
-        keep = max(1, int(len(ids) * PROMPT_FRACTION))
-        room = max(1, max_seq_len - keep - 1)  # one place for the EOS prepare appends to a text record
-        return TextSample(index, ids[:keep], min(room, max_new_tokens or room))
-
-    if corpus.suffix not in (".jsonl", ".json"):
-        for ids, _ in tokenize_text_stream(tokenizer, corpus, max_seq_len, bos):
-            yield text_sample(ids)
+    for item in read_corpus(tokenizer, corpus, max_seq_len):
+        if isinstance(item, TextChunk):
+            keep = max(1, int(len(item.ids) * PROMPT_FRACTION))
+            room = max(1, max_seq_len - keep - 1)  # one place for the EOS prepare appends to a text record
+            yield TextSample(index, item.ids[:keep], min(room, max_new_tokens or room))
             index += 1
-        return
-    with open(corpus, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            messages = _normalise_messages(record)
-            if messages is not None:
-                if any(m["role"] == "assistant" for m in messages):
-                    yield ChatSample(index, messages, tokenizer, max_seq_len, max_new_tokens)
-                    index += 1
-            elif "text" in record:
-                for ids, _ in tokenize_text_record(tokenizer, record["text"], max_seq_len, bos):
-                    yield text_sample(ids)
-                    index += 1
-            else:
-                raise ValueError(f"{corpus}:{line_number}: a record needs a 'text', 'messages' or 'conversations' field")
+        elif any(m["role"] == "assistant" for m in item.messages):
+            yield ChatSample(index, item.messages, tokenizer, max_seq_len, max_new_tokens)
+            index += 1
 
 
 def regenerate_samples(samples: list[TextSample | ChatSample], generate: Generate, seed: int) -> None:

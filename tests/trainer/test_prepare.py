@@ -16,7 +16,8 @@ from tests.trainer.conftest import (
     PREPARED_MAX_SEQ_LEN,
     one_cpu_thread,
 )
-from trainer.prepare import iter_samples, prepare, tokenize_chat
+from trainer.corpus import iter_samples, tokenize_chat
+from trainer.prepare import prepare
 from trainer.ttt import verifier_targets
 from trainer.verifier_model import capture_hidden_states, default_layer_ids, load_verifier_head
 from trainer.vocab import draft_to_target_ids, load_vocab_mapping

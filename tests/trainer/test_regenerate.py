@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.trainer.conftest import one_cpu_thread
-from trainer.prepare import FALLBACK_CHAT_TEMPLATE, _adds_bos, tokenize_text_stream
+from trainer.corpus import FALLBACK_CHAT_TEMPLATE, adds_bos, tokenize_text_stream
 from trainer.prepare import main as prepare_main
 from trainer.regenerate import REGENERATED_FILE, regenerate_corpus
 from trainer.verifier_model import load_verifier
@@ -43,7 +43,7 @@ def test_greedy_regeneration_is_the_verifiers_own_continuation(verifier, tiny_ve
                                  devices=["cpu"])
         regenerated = records(path)
         assert [r["index"] for r in regenerated] == [0, 1, 2, 3]
-        bos = tokenizer.bos_token_id if _adds_bos(tokenizer) else None
+        bos = tokenizer.bos_token_id if adds_bos(tokenizer) else None
         chunks = [ids for ids, _ in tokenize_text_stream(tokenizer, tiny_corpus, SEQ, bos)][:4]
         for record, chunk in zip(regenerated, chunks, strict=True):
             prompt = chunk[: SEQ // 2]
