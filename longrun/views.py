@@ -1,7 +1,9 @@
 """How runs and hosts look on a terminal: rich renderables for people, one plain line for logs and pipes.
 
 The watch panel fits the width it is given at any TTT depth and GPU count: the accuracies per TTT step and
-the GPUs wrap into rows, and the first line (state, attempt, ETA, step rate) never wraps away."""
+the GPUs wrap into rows, and the first line (state, attempt, ETA, step rate) never wraps away. Every string the
+server holds (names, ids, hosts, workspaces, messages, paths) goes in as `Text`, never as rich markup: a run named
+`[/]` is shown as it is named."""
 
 import re
 from typing import Any
@@ -144,7 +146,7 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
         rows.append(_wrapped_grid(cells, GPU_CELL, inner, "gpu"))
     if run.get("message"):
         rows.append(Text(run["message"], style="dim", no_wrap=True, overflow="ellipsis"))
-    title = f"{run['name']} [{run['id']}]"
+    title = Text(f"{run['name']} [{run['id']}]", no_wrap=True)
     if len(title) > inner - 2:
         title = title[: inner - 3] + "…"
     return Panel(Group(*rows), title=title, title_align="left", width=width, padding=(0, 1))
@@ -159,7 +161,8 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
         table.add_column(name, **options)
     for run in runs:
         p, loss = run.get("progress"), (run.get("latest") or {}).get("loss")
-        table.add_row(run["id"], run["name"], state_text(run["status"]), ",".join(run.get("hosts") or []),
+        table.add_row(Text(run["id"]), Text(run["name"]), state_text(run["status"]),
+                      Text(",".join(run.get("hosts") or [])),
                       str(run["attempt"]), "" if p is None else f"{p * 100:.0f}%", duration(run.get("eta_seconds")),
                       str(ttt_depth(run) or ""), "" if loss is None else f"{loss:.4f}")
     return table
@@ -172,7 +175,8 @@ def attempts_table(run: dict[str, Any]) -> Table:
     for a in run["attempts"]:
         steps = f"{a.get('last_step') or 0}/{a.get('total_steps') or '?'}"
         table.add_row(str(a["number"]), state_text(a["status"]), "" if a["exit_code"] is None else str(a["exit_code"]),
-                      steps, duration(a.get("actual_duration_seconds")), a.get("log_path") or "", a.get("message") or "")
+                      steps, duration(a.get("actual_duration_seconds")), Text(a.get("log_path") or ""),
+                      Text(a.get("message") or ""))
     return table
 
 
@@ -184,5 +188,5 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
         state = {True: Text("reachable", style="green"), False: Text("UNREACHABLE", style="bold red"),
                  None: Text("not contacted yet", style="dim")}[h["reachable"]]
         address = f"{h['address']}:{h['port']}" if h.get("port") else h["address"]  # the local host has no port
-        table.add_row(h["name"], address, h["workspace"], state)
+        table.add_row(Text(h["name"]), Text(address), Text(h["workspace"]), state)
     return table

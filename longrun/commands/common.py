@@ -35,14 +35,18 @@ class OutputMode:
 OUTPUT = OutputMode()
 
 
+# what is printed holds the server's strings (run names, host fields, messages): text, never markup or emoji codes
+PLAIN = {"highlight": False, "markup": False, "emoji": False}
+
+
 def stdout() -> Console:
     # a pipe gets wide lines, not rich's 80-column default: nothing that scripts read is cut
-    console = Console(highlight=False, soft_wrap=False)
-    return console if console.is_terminal else Console(highlight=False, width=200)
+    console = Console(soft_wrap=False, **PLAIN)
+    return console if console.is_terminal else Console(width=200, **PLAIN)
 
 
 def stderr() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, **PLAIN)
 
 
 def begin(as_json: bool) -> None:

@@ -19,7 +19,7 @@ import yaml
 from longrun.cli import app, main
 from longrun.exit_codes import ExitCode
 from server.lifecycle import RunStatus as S
-from server.models import LogChunk
+from server.models import LogChunk, Run
 from tests.inprocess import App
 from tests.service import ROOT, Service, free_port, toy_spec
 
@@ -358,3 +358,31 @@ def test_the_service_processes_log_json_lines_and_migrate_answers_json(tmp_path:
             proc.communicate(timeout=60)
         # uvicorn shuts down and then re-raises the SIGTERM it caught; the worker returns
         assert proc.returncode == (-signal.SIGTERM if argv[0] == "serve" else 0), argv
+
+
+HOSTILE = ["[/]", "toy [/x] run", "[bold red]loud[/]", ":smile: [link=x]y"]
+
+
+def test_names_workspaces_and_messages_that_read_like_markup_print_as_they_are(cli: App, capsys, monkeypatch) -> None:
+    runs = [cli.submit(name=name) for name in HOSTILE]
+    assert main(["hosts", "add", "odd", "--address", "10.0.0.9", "--workspace", "/srv/[/]/[bold]ws"]) == 0
+    assert "workspace /srv/[/]/[bold]ws" in capsys.readouterr().out
+    cli.move(runs[0]["id"], S.LAUNCHING, S.RUNNING, S.FAILED)
+    with cli.session() as s:
+        s.get(Run, runs[0]["id"]).message = "[/] the job said [red]no[/red]"
+    assert main(["status"]) == 0
+    table = capsys.readouterr().out
+    assert all(name in table for name in HOSTILE[:2]), table
+    for run, name in zip(runs, HOSTILE, strict=True):
+        assert main(["status", run["id"]]) == 0
+        assert f"{name} [{run['id']}]" in capsys.readouterr().out
+    assert main(["hosts"]) == 0
+    assert "/srv/[/]/[bold]ws" in capsys.readouterr().out
+    assert main(["hosts", "show", "odd"]) == 0
+    assert "/srv/[/]/[bold]ws" in capsys.readouterr().out
+    monkeypatch.setenv("FORCE_COLOR", "1")  # the watch panel, as on a terminal
+    assert exit_code(["watch", runs[0]["id"], "--interval", "0.05"]) == ExitCode.FAILED
+    shown = ANSI.sub("", capsys.readouterr().out)
+    assert f"[/] [{runs[0]['id']}]" in shown and "the job said [red]no[/red]" in shown
+    assert exit_code(["watch", runs[0]["id"], "--every", "0"]) == ExitCode.FAILED
+    assert "the job said [red]no[/red]" in capsys.readouterr().out

@@ -98,3 +98,9 @@ def test_watch_on_an_80_column_terminal_draws_the_panel_within_it(cli: App, monk
     assert any("running  attempt 1  ETA" in line for line in lines)
     assert any("succeeded  attempt 1" in line for line in lines)
     assert "ttt16-eight-gpus" in out and " 15 0.57" in out and "7  97%" in out
+
+
+@pytest.mark.parametrize("run_id", ["abcdef012345", "f00", "deadbeef"])
+def test_an_id_that_reads_like_a_colour_stays_in_the_title(run_id: str) -> None:
+    run = {**a_run(2, 1), "id": run_id, "name": "toy [/x] [bold]run"}
+    assert f"toy [/x] [bold]run [{run_id}]" in rendered(run_panel(run, 80))[0]
