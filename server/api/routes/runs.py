@@ -2,9 +2,9 @@ import asyncio
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.orm import Session
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from server import queries, runs, views
@@ -122,10 +122,9 @@ def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", 
     return queries.run_advice(session, run_id, interconnect, tp, attempt, deploy_host)
 
 
-@router.get("/{run_id}/events", response_class=StreamingResponse,
+@router.get("/{run_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
-async def run_events(run_id: str, request: Request, db: DB,
-                     last_event_id: Annotated[int | None, Header()] = None) -> StreamingResponse:
+async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header()] = None) -> EventSourceResponse:
     """Server-Sent Events: `status`, `metrics` and `stall` events as they are stored; resumable with Last-Event-ID."""
 
     def fetch(after: int) -> tuple[list[Event], str]:
@@ -136,7 +135,7 @@ async def run_events(run_id: str, request: Request, db: DB,
 
     async def stream():
         after = last_event_id or 0
-        while not await request.is_disconnected():
+        while True:
             events, state = await run_in_threadpool(fetch, after)
             for e in events:
                 after = e.id
@@ -144,12 +143,12 @@ async def run_events(run_id: str, request: Request, db: DB,
                 if isinstance(payload.get("overrides"), dict):
                     # events stored before env values were redacted at the source
                     payload["overrides"] = without_env_values(payload["overrides"])
-                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(payload)}\n\n"
+                yield ServerSentEvent(json.dumps(payload), event=e.kind, id=str(e.id))
             if not events:
                 if state in TERMINAL:
                     return
-                yield ": keep-alive\n\n"
                 await asyncio.sleep(0.5)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    # sse-starlette frames the events, sends a comment every `ping` seconds so proxies keep the stream open, and
+    # ends the generator when the client goes away or the server shuts down
+    return EventSourceResponse(stream(), ping=5, sep="\n", headers={"Cache-Control": "no-cache"})
