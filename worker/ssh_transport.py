@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 import paramiko
+import tenacity
 
 from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
 from worker.transport_interface import CommandResult, Transport
@@ -104,6 +105,12 @@ def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
         host, _, number = rest.partition(":")
         port = int(number)
     return user or None, host, port
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """A connect that failed on the way (no answer, a dropped link) is tried again; a refused key is final."""
+    refused = (HostKeyRefused, AuthRefused, paramiko.BadHostKeyException, paramiko.AuthenticationException)
+    return isinstance(exc, (OSError, EOFError, paramiko.SSHException)) and not isinstance(exc, refused)
 
 
 class SSHTransport(Transport):
@@ -261,33 +268,31 @@ class SSHTransport(Transport):
         return client
 
     def _connect(self) -> paramiko.SSHClient:
-        """Connect, retrying with exponential backoff until connect_timeout has passed."""
+        """Connect, retrying with exponential backoff (0.1 s doubling to 2 s) until connect_timeout has passed;
+        a refused host key or SSH key is final at once."""
         deadline = time.monotonic() + self.connect_timeout
-        delay = 0.1
-        while True:
-            try:
-                return self._connect_once(deadline)
-            except HostKeyRefused:
-                raise
-            except paramiko.BadHostKeyException as exc:
-                raise HostKeyRefused(
-                    f"host {self.host_name} presented the host key {describe_key(exc.key)}, but "
-                    f"{describe_key(exc.expected_key)} is the one trusted for it; refusing to connect "
-                    f"(the host was reinstalled, or someone is in between). "
-                    f"{self._trust_advice(exc.key, changed=True)}"
-                ) from exc
-            except paramiko.AuthenticationException as exc:
-                key = self.key_path or "the default keys in ~/.ssh and the SSH agent"
-                raise AuthRefused(f"{self.username}@{self.host_name} refused the SSH key ({key}): "
-                                f"{str(exc).rstrip('.')}. "
-                                f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
-                                "or register the host with the right username and key_path") from exc
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                if time.monotonic() + delay >= deadline:
-                    raise HostUnreachable(f"cannot connect to {self.username}@{self.address}:{self.port}: "
-                                         f"{exc or type(exc).__name__}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        try:
+            for attempt in tenacity.Retrying(wait=tenacity.wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+                                             stop=tenacity.stop_before_delay(self.connect_timeout),
+                                             retry=tenacity.retry_if_exception(_worth_retrying), reraise=True):
+                with attempt:
+                    return self._connect_once(deadline)
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyRefused(
+                f"host {self.host_name} presented the host key {describe_key(exc.key)}, but "
+                f"{describe_key(exc.expected_key)} is the one trusted for it; refusing to connect "
+                f"(the host was reinstalled, or someone is in between). "
+                f"{self._trust_advice(exc.key, changed=True)}"
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            key = self.key_path or "the default keys in ~/.ssh and the SSH agent"
+            raise AuthRefused(f"{self.username}@{self.host_name} refused the SSH key ({key}): "
+                            f"{str(exc).rstrip('.')}. "
+                            f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
+                            "or register the host with the right username and key_path") from exc
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostUnreachable(f"cannot connect to {self.username}@{self.address}:{self.port}: "
+                                 f"{exc or type(exc).__name__}") from exc
 
     def _connection(self) -> paramiko.SSHClient:
         asked = time.monotonic()
