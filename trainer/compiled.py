@@ -5,8 +5,9 @@ norm, SwiGLU MLP, residual), the final norm, and the merge of the TTT attention'
 Eager, these are a hundred or more kernels and host calls per TTT step (casts to float32 and back, the halves of
 RoPE, the gate and its product, the residual adds). At 8192 positions their passes over memory took about a
 quarter of an 8B-shaped draft's step on an H200; at 2048 positions the host took longer to launch them than the GPU
-to run them (docs/benchmarks.md). Compiled, each region is a few fused kernels around its matrix products, forward
-and backward, and one host call. The flash attention stays outside, as written.
+to run them (the profiles are in the git history of docs/benchmarks.md). Compiled, each region is a few fused
+kernels around its matrix products, forward and backward, and one host call. The flash attention stays outside,
+as written.
 
 `compiled(fn)` runs `fn` compiled only where it pays and is safe: on CUDA tensors, when the caller says the
 call is training (the decode path runs eagerly and under CUDA graphs), and unless `LONGRUN_COMPILE=0`.
