@@ -29,12 +29,17 @@ for NVLink, at any tp. The NCCL_P2P_DISABLE=1 measurement (bandwidth-bound: no s
 byte) stays available as the optional table "pcie-p2p-disabled"; it can make PCIe shallower, and
 compare_interconnects says so when it does.
 
-Rooms: tables (the measured data and defaults), cost (CostModel), depth (the algorithm), results (what it
+The serving engine (server/advisor/engine.py): `sglang` runs the draft at the target's tp, so each draft forward
+pays its all-reduces; `vllm` with draft_tp=1 replicates it; `measured` takes the round's cost as timed. With an
+engine, every depth's answer carries its terms (verifier pass, draft forwards, all-reduces).
+
+Rooms: tables (the measured data and defaults), cost (CostModel), engine (Drafting, EngineCost), depth (the algorithm), results (what it
 answers, typed). The `longrun advise` command and GET /v1/runs/{id}/advice both call advise().
 """
 
 from server.advisor.cost import CostModel
 from server.advisor.depth import RETRAIN_ASSUMPTION, advise, compare_interconnects, improved_positions
+from server.advisor.engine import ENGINES, Drafting, EngineCost, RoundTerms
 from server.advisor.results import Advice, DepthSpeed, InterconnectComparison, NoSpeculation, RetrainAdvice
 from server.advisor.tables import (
     INTERCONNECTS,
@@ -47,7 +52,7 @@ from server.advisor.tables import (
 )
 
 __all__ = [
-    "INTERCONNECTS", "NAMED_ALLREDUCE_TABLES", "NVLINK_ALLREDUCE_US", "PCIE_P2P_DISABLED_ALLREDUCE_US",
+    "ENGINES", "Drafting", "EngineCost", "RoundTerms", "INTERCONNECTS", "NAMED_ALLREDUCE_TABLES", "NVLINK_ALLREDUCE_US", "PCIE_P2P_DISABLED_ALLREDUCE_US",
     "RETRAIN_ASSUMPTION", "Advice", "CostModel", "DepthSpeed", "InterconnectComparison", "NoSpeculation",
     "RetrainAdvice", "advise", "compare_interconnects", "improved_positions", "load_allreduce_table",
     "pcie_allreduce_us", "pcie_extra_us_per_call",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from server.advisor.cost import CostModel, check_number
+from server.advisor.engine import Drafting, EngineCost, drafting_public
 from server.advisor.results import Advice, DepthSpeed, InterconnectComparison, NoSpeculation, RetrainAdvice
 from server.advisor.tables import (
     INTERCONNECTS,
@@ -105,17 +106,27 @@ def advise(
     retrain_seconds_by_ttt: dict[int, float] | None = None,
     min_gain: float = 0.02,
     allreduce_basis: str | None = None,
+    drafting: Drafting | None = None,
 ) -> Advice:
     """Expected tokens/s per depth, the depth to serve (0: do not speculate) and whether a deeper TTT pays off.
-    allreduce_basis says where a given cost model's all-reduce table comes from (else it is recognised)."""
+    allreduce_basis says where a given cost model's all-reduce table comes from (else it is recognised).
+    With drafting, the round is priced the way that engine runs the draft (server/advisor/engine.py) and every
+    depth shows its terms."""
     taus, positions = _read_evaluation(evaluation)
     cost = _cost_for(interconnect, tp, cost)
     check_number(min_gain, "min_gain", low=0.0)
+    rounds = EngineCost(cost, drafting) if drafting is not None else cost
+    if drafting is not None and drafting.engine == "measured":
+        taus = {d: tau for d, tau in taus.items() if d in (drafting.round_ms or {})}
+        if not taus:
+            raise ValueError(f"round_ms covers none of the evaluated depths 1..{len(positions)}")
     by_depth = [
-        DepthSpeed(depth=d, mean_accepted=tau, round_ms=cost.round_ms(d), tokens_per_second=1000 * tau / cost.round_ms(d))
+        DepthSpeed(depth=d, mean_accepted=tau, round_ms=rounds.round_ms(d),
+                   tokens_per_second=1000 * tau / rounds.round_ms(d),
+                   terms=rounds.terms(d) if drafting is not None else None)
         for d, tau in sorted(taus.items())
     ]
-    plain = 1000 / cost.round_ms(0)
+    plain = 1000 / rounds.round_ms(0)
     speeds = {0: plain, **{row.depth: row.tokens_per_second for row in by_depth}}
     depth = _shallowest_best(speeds)
     return Advice(
@@ -124,13 +135,14 @@ def advise(
         recommended_depth=depth,
         tokens_per_second=speeds[depth],
         speedup_vs_no_speculation=speeds[depth] / plain,
-        no_speculation=NoSpeculation(round_ms=cost.round_ms(0), tokens_per_second=plain),
+        no_speculation=NoSpeculation(round_ms=rounds.round_ms(0), tokens_per_second=plain),
         by_depth=by_depth,
         allreduce_basis=allreduce_basis or _allreduce_basis(cost),
         retrain=_retrain_advice(
-            cost, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt, min_gain
+            rounds, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt, min_gain
         ),
         cost_model=cost,
+        drafting=drafting_public(drafting, tp) if drafting is not None else None,
     )
 
 
@@ -165,7 +177,7 @@ def _training_seconds(ttt: int, by_ttt: dict[int, float] | None) -> tuple[float 
 
 
 def _retrain_advice(
-    cost: CostModel,
+    cost: CostModel | EngineCost,
     taus: dict[int, float],
     positions: list[float],
     depth_now: int,

@@ -3,6 +3,7 @@
 from pydantic import BaseModel, Field
 
 from server.advisor.cost import CostModel
+from server.advisor.engine import DraftingPublic, RoundTerms
 
 
 class DepthSpeed(BaseModel):
@@ -10,6 +11,7 @@ class DepthSpeed(BaseModel):
     mean_accepted: float = Field(description="tokens accepted per round at this depth (tau)")
     round_ms: float
     tokens_per_second: float
+    terms: RoundTerms | None = Field(None, description="the round's cost term by term (advice with an engine)")
 
 
 class NoSpeculation(BaseModel):
@@ -47,6 +49,7 @@ class Advice(BaseModel):
     allreduce_basis: str = Field(description="what the all-reduce times rest on")
     retrain: RetrainAdvice
     cost_model: CostModel
+    drafting: DraftingPublic | None = Field(None, description="how the serving engine runs the draft, when given")
 
 
 class InterconnectComparison(BaseModel):

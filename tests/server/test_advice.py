@@ -395,7 +395,7 @@ def test_advice_is_json_ready():
     out = advise(HAND_EVALUATION, "pcie", 8, trained_ttt=1, retrain_seconds_by_ttt={3: 10.0}).model_dump(mode="json")
     assert json.loads(json.dumps(out)) == out
     assert {"recommended_depth", "by_depth", "retrain", "speedup_vs_no_speculation", "interconnect", "tp"} <= set(out)
-    assert set(out["by_depth"][0]) == {"depth", "mean_accepted", "round_ms", "tokens_per_second"}
+    assert {"depth", "mean_accepted", "round_ms", "tokens_per_second"} <= set(out["by_depth"][0])
 
 
 @pytest.mark.parametrize(

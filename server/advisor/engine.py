@@ -1,0 +1,179 @@
+"""The serving engine in the per-round cost: how the draft runs next to a tensor-parallel verifier.
+
+Where the draft runs, read from the engines' sources:
+
+- SGLang (`sglang`): the EAGLE worker is a TpModelWorker built with the target's `tp_rank` in the target's tensor
+  group (python/sglang/srt/speculative/eagle_worker.py, `EAGLEWorker.__init__`, sgl-project/sglang at commit
+  00559eacbf0841146db7e27e445d1971e35e6294; a separate group only with dp-attention), and the EAGLE-3 draft's layers
+  are the tensor-parallel ones: VocabParallelEmbedding, QKVParallelLinear / row-parallel o_proj, LlamaMLP's
+  row-parallel down_proj, ParallelLMHead (python/sglang/srt/models/llama_eagle3.py at commit
+  03d5a7771f6082e7737a5f19cae7d1e863087013). So every draft forward pays, at the target's tp, three all-reduces of
+  its tokens x draft hidden size (embedding, attention, MLP) and one all-gather of its logits. RFC #14343 (a
+  draft tp of its own) is still open. A round at depth d runs d draft forwards: the draft-extend forward over
+  the tokens accepted last round (taken as d + 1), which gives the first top-k, and d - 1 decode forwards over
+  top-k tokens each (`EAGLEWorker.draft`: the last of speculative_num_steps selections runs no forward).
+- vLLM (`vllm`): `SpeculativeConfig._verify_and_get_draft_tp` (vllm/config/speculative.py, vllm-project/vllm at
+  commit 002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443) sets an unset `draft_tensor_parallel_size` to the target's tp
+  for every draft but mlp_speculator, and accepts only 1 or the target's tp. `draft_tp=1` (the default here, the
+  replicated draft of `draft_tensor_parallel_size: 1`) runs the whole draft on each rank: no collective, its full
+  weight read per step; `draft_tp=tp` is vLLM's own default and costs what SGLang's does.
+- `measured`: the round's cost by depth as timed on the serving box (`round_ms`), nothing modelled.
+
+A sharded draft reads 1/tp of its weights per step (draft_step_ms / tp) but pays the collectives; a replicated
+one reads all of them (draft_step_ms). Which wins depends on the interconnect's per-call time, and so does the
+depth: at tp=8 over PCIe a sharded step can cost more than a replicated one, which makes each extra depth dearer.
+
+Tree drafting (topk > 1, SGLang's speculative_eagle_topk): each decode forward runs topk tokens and the verifier
+checks topk * d + 1 tokens (all drafted tokens; SGLang's speculative_num_draft_tokens at its largest). Its
+acceptance is taken as the chain's, which the sim_acc metrics measure (greedy chain): a lower bound for a tree, so
+a tree here shows its cost, not its gain; give measured acceptance to judge a tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from server.advisor.cost import CostModel, check_number
+
+Engine = Literal["sglang", "vllm", "measured"]
+ENGINES = ("sglang", "vllm", "measured")
+# SGLang's EAGLE-3 draft layer: embedding, attention output and MLP output all-reduces per forward
+DRAFT_ALLREDUCES_PER_FORWARD = 3
+DEFAULT_DRAFT_VOCAB = 32000
+
+
+class RoundTerms(BaseModel):
+    """One round's cost, term by term, so that a user can redo it by hand (ms; all-reduce sizes in bytes)."""
+
+    verifier_ms: float = Field(description="verifier forward over the verified tokens, without communication")
+    verified_tokens: int
+    verifier_allreduces: int = Field(description="layers x all-reduces per layer")
+    verifier_allreduce_bytes: int
+    verifier_allreduce_ms: float
+    draft_forwards: int
+    draft_compute_ms: float = Field(description="draft_round_ms + forwards x per-forward weight read")
+    draft_allreduces: int = Field(0, description="collectives of a sharded draft (all-gathers counted as one call)")
+    draft_allreduce_ms: float = 0.0
+    round_ms: float
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How the engine runs the draft: engine, tree width, the draft's own tp and shape; `round_ms` for measured."""
+
+    engine: str = "sglang"
+    topk: int = 1
+    draft_tp: int | None = None  # vllm only: 1 (replicated, default) or the target's tp
+    draft_hidden: int | None = None  # default: the verifier's hidden size (EAGLE-3 drafts share it)
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    round_ms: dict[int, float] | None = None  # measured: round cost by depth (0: no speculation)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        for name in ("topk", "draft_vocab"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.draft_tp is not None and self.engine != "vllm":
+            raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size; SGLang runs the draft at the target's tp")
+        if self.engine == "measured":
+            if not self.round_ms:
+                raise ValueError("engine measured needs round_ms: the round's cost by depth, ms")
+            for depth, ms in self.round_ms.items():
+                check_number(ms, f"round_ms[{depth}]", low=1e-9)
+            object.__setattr__(self, "round_ms", {int(d): float(ms) for d, ms in self.round_ms.items()})
+
+    def sharded(self, tp: int) -> bool:
+        if self.engine == "sglang":
+            return tp > 1
+        if self.engine == "vllm":
+            draft_tp = self.draft_tp or 1
+            if draft_tp not in (1, tp):
+                raise ValueError(f"vLLM accepts draft_tensor_parallel_size 1 or the target's tp ({tp}), "
+                                 f"not {draft_tp}")
+            return draft_tp > 1
+        return False
+
+    def describe(self, tp: int) -> str:
+        if self.engine == "measured":
+            return f"measured round cost at depths {sorted(self.round_ms or {})}"
+        shape = "chain" if self.topk == 1 else f"tree, top-{self.topk} per step"
+        where = (f"draft sharded at tp={tp}: {DRAFT_ALLREDUCES_PER_FORWARD} all-reduces + 1 logits all-gather per "
+                 "draft forward" if self.sharded(tp) else "draft replicated on every rank: no collective")
+        return f"{self.engine}, {shape}, {where}"
+
+
+class EngineCost:
+    """A CostModel with the engine's drafting: round_ms(d) and its terms(d)."""
+
+    def __init__(self, cost: CostModel, drafting: Drafting):
+        self.cost, self.drafting = cost, drafting
+        drafting.sharded(cost.tp)  # validates draft_tp against tp
+        measured = drafting.round_ms or {}
+        if drafting.engine == "measured" and 0 not in measured:
+            measured = {**measured, 0: cost.round_ms(0)}
+        self._measured = measured
+
+    @property
+    def tp(self) -> int:
+        return self.cost.tp
+
+    def verified_tokens(self, depth: int) -> int:
+        return self.drafting.topk * depth + 1
+
+    def terms(self, depth: int) -> RoundTerms:
+        c, k = self.cost, self.drafting.topk
+        if self.drafting.engine == "measured":
+            if depth not in self._measured:
+                raise ValueError(f"round_ms has no depth {depth}; measured: {sorted(self._measured)}")
+            ms = self._measured[depth]
+            return RoundTerms(verifier_ms=ms, verified_tokens=depth + 1, verifier_allreduces=0,
+                              verifier_allreduce_bytes=0, verifier_allreduce_ms=0.0, draft_forwards=depth,
+                              draft_compute_ms=0.0, round_ms=ms)
+        tokens = self.verified_tokens(depth)
+        verifier_ms = c.verifier_ms(tokens - 1)
+        calls = c.layers * c.allreduces_per_layer if c.tp > 1 else 0
+        message = tokens * c.hidden * c.bytes_per_value
+        verifier_comm = c.comm_ms(tokens - 1)
+        if depth == 0:
+            return RoundTerms(verifier_ms=verifier_ms, verified_tokens=1, verifier_allreduces=calls,
+                              verifier_allreduce_bytes=message, verifier_allreduce_ms=verifier_comm,
+                              draft_forwards=0, draft_compute_ms=0.0, round_ms=verifier_ms + verifier_comm)
+        sharded = self.drafting.sharded(c.tp)
+        per_forward = c.draft_step_ms / c.tp if sharded else c.draft_step_ms
+        draft_compute = c.draft_round_ms + depth * per_forward
+        draft_calls, draft_comm = 0, 0.0
+        if sharded:
+            hidden = self.drafting.draft_hidden or c.hidden
+            # the extend forward over the accepted tokens, then depth - 1 decode forwards over top-k tokens
+            # (the extend's logits are its last token's: one row; a decode forward's are top-k rows)
+            for forward_tokens, rows in [(depth + 1, 1)] + [(k, k)] * (depth - 1):
+                draft_comm += DRAFT_ALLREDUCES_PER_FORWARD * c.allreduce_latency_us(
+                    forward_tokens * hidden * c.bytes_per_value) / 1000
+                draft_comm += c.allreduce_latency_us(rows * self.drafting.draft_vocab * c.bytes_per_value) / 1000
+                draft_calls += DRAFT_ALLREDUCES_PER_FORWARD + 1
+        total = verifier_ms + verifier_comm + draft_compute + draft_comm
+        return RoundTerms(verifier_ms=verifier_ms, verified_tokens=tokens, verifier_allreduces=calls,
+                          verifier_allreduce_bytes=message, verifier_allreduce_ms=verifier_comm,
+                          draft_forwards=depth, draft_compute_ms=draft_compute, draft_allreduces=draft_calls,
+                          draft_allreduce_ms=draft_comm, round_ms=total)
+
+    def round_ms(self, depth: int) -> float:
+        return self.terms(depth).round_ms
+
+
+class DraftingPublic(BaseModel):
+    engine: str
+    topk: int
+    draft_tp: int | None
+    sharded: bool
+    description: str
+
+
+def drafting_public(drafting: Drafting, tp: int) -> DraftingPublic:
+    return DraftingPublic(engine=drafting.engine, topk=drafting.topk, draft_tp=drafting.draft_tp,
+                          sharded=drafting.sharded(tp), description=drafting.describe(tp))
