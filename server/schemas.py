@@ -193,6 +193,9 @@ class TrainerSpec(Strict):
     scheduler: Literal["cosine", "linear", "constant"] | None = None
     warmup_ratio: float | None = Field(None, ge=0, le=1)
     val_ratio: float | None = Field(None, ge=0, lt=1)
+    sim_depth: int | None = Field(None, ge=0, le=64, description="each validation simulates chain drafting to this "
+                                  "depth: sim_acc_k, sim_tau_d (trainer default 16; 0: off)")
+    sim_samples: int | None = Field(None, ge=0, description="validation sequences the simulation reads (0: all)")
     batch_size: int | None = Field(None, gt=0)
     global_batch_size: int | None = Field(None, gt=0, description="sequences per optimizer step over all ranks")
     global_batch_tokens: int | None = Field(None, gt=0)

@@ -62,7 +62,10 @@ class MetricsReporter:
         self.write(record)
         if self.enabled:
             accs = " ".join(f"{record[k]:.3f}" for k in sorted((k for k in record if k.startswith("val_acc_")), key=_step_index))
-            print(f"[val] step {record['step']} epoch {record['epoch']:.2f} loss {record['val_loss']:.4f} acc {accs}", flush=True)
+            taus = sorted((k for k in record if k.startswith("sim_tau_")), key=_step_index)
+            sim = f" sim tau@{_step_index(taus[-1])} {record[taus[-1]]:.2f}" if taus else ""
+            print(f"[val] step {record['step']} epoch {record['epoch']:.2f} loss {record['val_loss']:.4f} acc {accs}{sim}",
+                  flush=True)
 
     def close(self) -> None:
         if self._file is not None:

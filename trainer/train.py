@@ -62,6 +62,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduler", choices=SCHEDULERS, default="cosine")
     p.add_argument("--warmup-ratio", type=float, default=0.01)
     p.add_argument("--val-ratio", type=float, default=0.05)
+    p.add_argument("--sim-depth", type=int, default=16,
+                   help="each validation also simulates chain drafting to this depth on the validation data "
+                        "(sim_acc_k, sim_tau_d: trainer/simulate.py); 0: off")
+    p.add_argument("--sim-samples", type=int, default=256,
+                   help="validation sequences (packed rows) the simulation reads, over all ranks; 0: all")
     p.add_argument("--batch-size", type=int, default=1,
                    help="sequences per rank in one forward and backward (the micro-batch)")
     batch = p.add_mutually_exclusive_group()
@@ -91,6 +96,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=8)
     p.add_argument("--eval-new-tokens", type=int, default=64)
     args = p.parse_args(argv)
+    if args.sim_depth < 0 or args.sim_samples < 0:
+        p.error("--sim-depth and --sim-samples must be at least 0")
     if args.ttt_steps < 1 or args.epochs < 1 or args.batch_size < 1 or args.max_seq_len < 2:
         p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
     if args.init_from and args.init_lm_head_from_verifier:
@@ -360,7 +367,8 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
     trackers = open_trackers(args.report_to, output_dir, args.tracking_dir) if ctx.rank == 0 else None
     reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0, trackers=trackers)
     metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, args.ttt_steps)
-    validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype)
+    validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype, args.sim_depth,
+                          math.ceil(args.sim_samples / ctx.world_size) if args.sim_samples else None)
     profiler = StepProfiler(ctx.rank)
     # each batch's trained rows found on the CPU, so that a step never waits for the GPU before it is queued
     plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=args.ttt_steps,

@@ -6,6 +6,7 @@ Step 0's hidden input is the fused verifier features; step k's is the draft's ow
 k-1 at the same position. The verifier targets are computed once per batch and shifted per step.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +127,39 @@ def planned_rows(batch: dict) -> tuple[Tensor, ...] | None:
     return batch["trained_rows"].split(batch["trained_counts"])
 
 
+class ChainObserver:
+    """What `TTTObjective` hands each step's output hidden state to (see `trainer.simulate`)."""
+
+    depth: int  # the steps it wants the chain unrolled to
+
+    def __call__(self, step: int, hidden: Tensor) -> bool:
+        """Step `step`'s output hidden state [B, S, H]; returns whether it needs more steps."""
+        raise NotImplementedError
+
+
+def unroll(
+    draft: EagleDraft, hidden_states: Tensor, input_ids: Tensor, steps: int, position_ids: Tensor | None = None,
+    documents: tuple[tuple[int, ...], ...] | None = None,
+) -> Iterator[Tensor]:
+    """The draft's TTT chain over a batch (TRAINER.md, steps 1-2): yields the output hidden state [B, S, H] of
+    each step 0..steps-1. Step k at position t reads the token t+1+k, RoPE position t+k and step k-1's output."""
+    b, s = input_ids.shape
+    # Work shared by all steps: the token half of q/k/v and the RoPE table.
+    next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
+    token_qkv = draft.token_qkv(next_ids)
+    cos, sin = draft.rope(torch.arange(s + steps - 1, device=input_ids.device))
+    cache = TTTCache(documents=documents)
+    weights = draft.step_weights()  # cast once for the whole chain
+    hidden = draft.fuse(hidden_states)
+    for k in range(steps):
+        if position_ids is None:
+            step_cos, step_sin = cos[k : k + s], sin[k : k + s]
+        else:  # RoPE positions restart with each packed sample
+            step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
+        hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin, weights)
+        yield hidden
+
+
 class TTTObjective(nn.Module):
     """Runs the T-step TTT chain of the draft over a batch; returns the weighted loss and per-step stats."""
 
@@ -140,37 +174,35 @@ class TTTObjective(nn.Module):
     def forward(
         self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets, position_ids: Tensor | None = None,
         documents: tuple[tuple[int, ...], ...] | None = None, normalizer: Tensor | None = None,
-        rows: tuple[Tensor, ...] | None = None,
+        rows: tuple[Tensor, ...] | None = None, observer: ChainObserver | None = None,
     ) -> tuple[Tensor, Tensor]:
         """hidden_states [B, S, 3H], input_ids [B, S]. Returns (Σ_k w^k loss_k, stats [T, len(STAT_FIELDS)]).
 
         Packed rows pass `position_ids` [B, S] (restarting at 0 for each sample) and `documents` (per row,
         its samples' lengths). loss_k is the mean over the positions step k trains, or their sum over
         `normalizer[k]` when given (the count of a whole accumulated batch). `rows`: each step's trained rows as
-        `plan_trained_rows` found them on the CPU (found here otherwise, which waits for the GPU)."""
+        `plan_trained_rows` found them on the CPU (found here otherwise, which waits for the GPU). `observer`
+        (no grad: validation) sees every step's output hidden state, and the chain goes on past T for it, to
+        its `depth`, for as long as it asks for more."""
         draft, steps = self.draft, self.ttt_steps
         b, s = input_ids.shape
         device = input_ids.device
-        # Work shared by all steps: token half of q/k/v, RoPE table, and each step's trained positions.
-        next_ids = F.pad(input_ids[:, 1:], (0, steps))  # next_ids[:, p] = token p+1; zeros past the end
-        token_qkv = draft.token_qkv(next_ids)
-        cos, sin = draft.rope(torch.arange(s + steps - 1, device=device))
+        # Work shared by all steps: each step's trained positions (the chain itself shares the rest: `unroll`).
         step_valid = torch.stack(trained_positions(targets.valid, steps, position_ids))  # [T, B, S]
         step_rows = rows if rows is not None else trained_rows(step_valid)
         probs = targets.probs.reshape(b * s, -1)
         top = targets.top.reshape(-1)
 
-        cache = TTTCache(documents=documents)
-        weights = draft.step_weights()  # cast once for the whole chain
-        hidden = draft.fuse(hidden_states)
-        loss = hidden.new_zeros((), dtype=torch.float32)
+        depth = steps if observer is None else max(steps, observer.depth)
+        watching = observer is not None
+        loss = torch.zeros((), dtype=torch.float32, device=device)
         losses, rights = [], []
-        for k in range(steps):
-            if position_ids is None:
-                step_cos, step_sin = cos[k : k + s], sin[k : k + s]
-            else:  # RoPE positions restart with each packed sample
-                step_cos, step_sin = cos[position_ids + k], sin[position_ids + k]
-            hidden = draft.step(cache, hidden, token_qkv[:, k : k + s], step_cos, step_sin, weights)
+        for k, hidden in enumerate(unroll(draft, hidden_states, input_ids, depth, position_ids, documents)):
+            watching = watching and observer(k, hidden)
+            if k >= steps:
+                if not watching:
+                    break
+                continue
             trained = step_rows[k]
             target_rows = trained + (1 + k)
             logits = draft.logits(hidden.reshape(b * s, -1)[trained])
