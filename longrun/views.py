@@ -22,12 +22,18 @@ GPU_CELL = 17  # "n1:7 100% 140.4G" and a space
 
 
 def duration(seconds: float | None) -> str:
+    """`45s`, `4m 12s`, `1h 23m`, `2d 3h`: the page's format (server/web/dom.js), so both say the same."""
     if seconds is None:
-        return "--:--"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+        return "—"
+    s = max(0, round(seconds))
+    d, h, m = s // 86400, s % 86400 // 3600, s % 3600 // 60
+    if d:
+        return f"{d}d {h}h"
+    if h:
+        return f"{h}h {m:02d}m"
+    if m:
+        return f"{m}m {s % 60:02d}s"
+    return f"{s}s"
 
 
 def step_series(latest: dict[str, Any], prefix: str) -> list[tuple[int, float]]:

@@ -8,16 +8,23 @@ const DASHES = [[], [8, 4], [2, 3], [12, 3, 2, 3]];
 
 export const color = (index) => PALETTE[index % PALETTE.length];
 
-// lines: [{name, attempt, points: [[x, y], ...]}]; one name per chart colours by attempt, several by name
-function seriesStyle(lines) {
+// a group's k-th of n lines (acc_0 ... acc_15): from dark to light blue, so that the family reads as one
+const shade = (k, n) => `hsl(217, 80%, ${Math.round(25 + (50 * k) / Math.max(1, n - 1))}%)`;
+
+const label = (line) => (line.attempt === null ? line.name : `${line.name} · attempt ${line.attempt}`);
+
+// lines: [{name, attempt, points: [[x, y], ...]}]; one name per chart colours by attempt, several by name, a
+// group (indexed names) by shade of one colour
+function seriesStyle(lines, group) {
   const names = [...new Set(lines.map((l) => l.name))];
   const attempts = [...new Set(lines.map((l) => l.attempt))].sort((a, b) => a - b);
   return lines.map((line) => {
     const attemptIndex = attempts.indexOf(line.attempt);
     const byAttempt = names.length === 1;
+    const nameIndex = names.indexOf(line.name);
     return {
-      label: line.attempt === null ? line.name : `${line.name} · attempt ${line.attempt}`,
-      stroke: color(byAttempt ? attemptIndex : names.indexOf(line.name)),
+      label: label(line),
+      stroke: group ? shade(nameIndex, names.length) : color(byAttempt ? attemptIndex : nameIndex),
       dash: byAttempt ? [] : DASHES[attemptIndex % DASHES.length],
       width: 1.5,
       spanGaps: true,
@@ -65,10 +72,35 @@ function markerPlugin(chart) {
   };
 }
 
+// one legend row per attempt for a group: its shades and "acc_0 … acc_4 · attempt 2" (uPlot's would list each line)
+function compactLegend(lines) {
+  const rows = new Map();
+  for (const line of lines) {
+    if (!rows.has(line.attempt)) rows.set(line.attempt, []);
+    rows.get(line.attempt).push(line.name);
+  }
+  const legend = document.createElement("div");
+  legend.className = "u-legend compact-legend small";
+  for (const [attempt, names] of rows) {
+    const row = document.createElement("div");
+    names.forEach((_, k) => {
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = shade(k, names.length);
+      row.append(swatch);
+    });
+    const text = names.length > 1 ? `${names[0]} … ${names.at(-1)}` : names[0];
+    row.append(` ${label({ name: text, attempt })}`);
+    legend.append(row);
+  }
+  return legend;
+}
+
 export class LineChart {
-  constructor(container, { title, xLabel = "step", xIsTime = false, yLabel = "" }) {
+  constructor(container, { title, xLabel = "step", xIsTime = false, yLabel = "", group = false }) {
     this.container = container;
     this.title = title;
+    this.group = group;
     this.xLabel = xLabel;
     this.xIsTime = xIsTime;
     this.yLabel = yLabel;
@@ -84,8 +116,9 @@ export class LineChart {
   update(lines, markers = []) {
     const drawn = lines.filter((l) => l.points.length);
     this.markers = markers;
+    this.container.dataset.markers = JSON.stringify(markers);
     this.container.dataset.points = String(drawn.reduce((n, l) => n + l.points.length, 0));
-    const signature = drawn.map((l) => `${l.name}|${l.attempt}`).join(",");
+    const signature = this.title + "|" + drawn.map((l) => `${l.name}|${l.attempt}`).join(",");
     if (!drawn.length) {
       this.destroy();
       this.container.replaceChildren(Object.assign(document.createElement("p"), {
@@ -107,10 +140,11 @@ export class LineChart {
       height: 220,
       scales: { x: { time: this.xIsTime } },
       axes: [{ label: this.xLabel }, { label: this.yLabel, size: 60 }],
-      series: [{ label: this.xLabel }, ...seriesStyle(drawn)],
+      series: [{ label: this.xLabel }, ...seriesStyle(drawn, this.group)],
       plugins: [markerPlugin(this)],
-      legend: { live: true },
+      legend: { show: !this.group, live: true },
     }, data, this.container);
+    if (this.group) this.container.append(compactLegend(drawn));
   }
 
   resize() {

@@ -11,13 +11,30 @@ const RUN_POLL_MS = 5000;
 const LOG_KEEP_READS = 500;
 const byNumberInName = (a, b) => a.localeCompare(b, "en", { numeric: true });
 
+// loss_0 (step 0's loss) is the same quantity at every TTT depth, where `loss` sums Σ w^k·loss_k over the steps
+// and so grows with the depth: a restart at TTT=5 would look like a regression. Runs without it (your own
+// trainer) chart `loss`.
 const CHARTS = [
-  { id: "loss", title: "Loss", y: "loss", match: (n) => n === "loss" || n === "val_loss" },
-  { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => /^acc_\d+$/.test(n) },
+  { id: "loss", title: "Loss of TTT step 0 (loss_0: comparable across depths)", y: "loss",
+    match: (n) => n === "loss_0" || n === "val_loss_0", fallback: { title: "Loss", match: (n) => n === "loss" || n === "val_loss" },
+    smooth: true },
+  { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => /^acc_\d+$/.test(n), group: true, smooth: true },
   { id: "throughput", title: "Tokens/s", y: "tokens/s", match: (n) => n === "tokens_per_s" },
-  { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => /^(node\d+_)?gpu_util_\d+$/.test(n) },
-  { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => /^(node\d+_)?gpu_mem_\d+$/.test(n) },
+  { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => /^(node\d+_)?gpu_util_\d+$/.test(n), gpu: true },
+  { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => /^(node\d+_)?gpu_mem_\d+$/.test(n), gpu: true },
 ];
+
+// TensorBoard's smoothing: an exponential moving average, debiased at the start of each line
+function smoothed(points, weight) {
+  if (!weight) return points;
+  let last = 0, count = 0;
+  return points.map(([x, y]) => {
+    if (y === null || !Number.isFinite(y)) return [x, y];
+    last = last * weight + (1 - weight) * y;
+    count += 1;
+    return [x, last / (1 - weight ** count)];
+  });
+}
 
 // one call at a time; calls made meanwhile fold into one more after it
 function coalesced(task) {
@@ -73,12 +90,41 @@ class MetricStore {
     return added;
   }
 
-  lines(match, xMode) {
-    const names = [...this.byName.keys()].filter(match).sort(byNumberInName);
+  // what to add to each attempt's own steps so that attempts follow each other on one axis: one that resumed a
+  // checkpoint (its first step past 1) continues its predecessor's numbering, one that started over comes
+  // after everything before it (as `longrun export --tensorboard` numbers them)
+  stepOffsets() {
+    const first = new Map(), last = new Map();
+    for (const attempts of this.byName.values()) {
+      for (const [attempt, points] of attempts) {
+        for (const p of points) {
+          if (p.step === null) continue;
+          first.set(attempt, Math.min(first.get(attempt) ?? Infinity, p.step));
+          last.set(attempt, Math.max(last.get(attempt) ?? -Infinity, p.step));
+        }
+      }
+    }
+    const offsets = new Map();
+    let offset = 0, lastGlobal = 0;
+    for (const attempt of [...first.keys()].sort((a, b) => a - b)) {
+      offset = first.get(attempt) > 1 ? offset : lastGlobal;
+      offsets.set(attempt, offset);
+      lastGlobal = Math.max(lastGlobal, offset + last.get(attempt));
+    }
+    return offsets;
+  }
+
+  names(match) {
+    return [...this.byName.keys()].filter(match).sort(byNumberInName);
+  }
+
+  lines(names, xMode, smoothing = 0) {
+    const offsets = xMode === "step" ? this.stepOffsets() : new Map();
     return names.flatMap((name) => [...this.byName.get(name)].sort((a, b) => a[0] - b[0]).map(([attempt, points]) => ({
       name, attempt,
-      points: points.filter((p) => xMode === "time" || p.step !== null)
-        .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step, p.value]),
+      points: smoothed(points.filter((p) => xMode === "time" || p.step !== null)
+        .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step + (offsets.get(attempt) ?? 0), p.value]),
+      name.startsWith("val_") ? 0 : smoothing),
     })));
   }
 }
@@ -103,7 +149,7 @@ function advicePanel(advice) {
 
 export function showRun(root, runId, signal) {
   const store = new MetricStore();
-  let run = null, xMode = "step", shownStatus = null, shownAttempts = 0;
+  let run = null, xMode = "step", smoothing = 0.6, shownStatus = null, shownAttempts = 0, noGpus = false;
   let logAttempt = null, logOffset = null, logNode = 0;
 
   const header = el("div", { class: "run-header" });
@@ -114,6 +160,9 @@ export function showRun(root, runId, signal) {
   const charts = CHARTS.map((c, i) => ({ spec: c, chart: null, box: chartBoxes[i] }));
   const xToggle = el("select", { id: "x-axis", onchange: (e) => { xMode = e.target.value; rebuildCharts(); } },
     el("option", { value: "step" }, "over steps"), el("option", { value: "time" }, "over time"));
+  const smoothToggle = el("select", { id: "smoothing", onchange: (e) => { smoothing = Number(e.target.value); drawCharts(); } },
+    ...[["0.6", "smoothed 0.6"], ["0.9", "smoothed 0.9"], ["0", "raw"]].map(([value, label]) => el("option", { value }, label)));
+  const gpuNote = el("p", { id: "gpu-note", class: "muted small" });
   const attemptsBox = el("div", { id: "attempts" });
   const evaluationBox = el("div", { id: "evaluation" });
   const logBox = el("pre", { id: "log", class: "log" });
@@ -125,17 +174,27 @@ export function showRun(root, runId, signal) {
     el("p", {}, el("a", { href: "#/" }, "← all runs")),
     header, notice, summary,
     section("Actions", "actions-card", actions, restartBox),
-    section("Charts", "charts", el("label", { class: "small" }, "x axis ", xToggle), el("div", { class: "grid" }, chartBoxes)),
+    section("Charts", "charts", el("div", { class: "toolbar" }, el("label", { class: "small" }, "x axis ", xToggle),
+      el("label", { class: "small" }, "training curves ", smoothToggle)), gpuNote, el("div", { class: "grid" }, chartBoxes)),
     section("Attempts", "attempts-card", attemptsBox),
     section("Evaluation", "evaluation-card", evaluationBox),
     section("Log", "log-card", el("div", { class: "toolbar" }, el("label", {}, follow, " follow"), el("label", {}, "node ", nodeSelect)), logBox));
 
   const say = (text, isError = false) => replace(notice, text ? el("span", { class: isError ? "error" : "" }, text) : "");
 
+  // the chart's names and title: its own, or its fallback's when the run has none of its own
+  function chosen(spec) {
+    const names = store.names(spec.match);
+    if (names.length || !spec.fallback) return { names, title: spec.title };
+    return { names: store.names(spec.fallback.match), title: spec.fallback.title };
+  }
+
   function rebuildCharts() {
     for (const c of charts) {
       c.chart?.destroy();
-      c.chart = new LineChart(c.box, { title: c.spec.title, xLabel: xMode, xIsTime: xMode === "time", yLabel: c.spec.y });
+      c.box.hidden = Boolean(c.spec.gpu && noGpus);
+      c.chart = new LineChart(c.box, { title: chosen(c.spec).title, xLabel: xMode, xIsTime: xMode === "time",
+        yLabel: c.spec.y, group: c.spec.group });
     }
     drawCharts();
   }
@@ -153,9 +212,21 @@ export function showRun(root, runId, signal) {
 
   function drawCharts() {
     for (const c of charts) {
-      const lines = store.lines(c.spec.match, xMode);
+      if (c.box.hidden) continue;
+      const { names, title } = chosen(c.spec);
+      c.chart.title = title;
+      const lines = store.lines(names, xMode, c.spec.smooth ? smoothing : 0);
       c.chart.update(lines, markers(lines));
     }
+  }
+
+  // a host whose snapshot says it has no usable GPU gets no GPU charts (they would say "no points yet" forever)
+  async function checkGpus() {
+    const hosts = await Promise.all(run.hosts.map((name) => api(`/v1/hosts/${encodeURIComponent(name)}`).catch(() => null)));
+    const without = hosts.filter((h) => h && h.gpus && h.gpus.available === false);
+    const none = without.length === run.hosts.length && !store.names((n) => /gpu_/.test(n)).length;
+    replace(gpuNote, none ? `No GPU charts: ${without.map((h) => `${h.name} has no usable GPU (${h.gpus.message || "no nvidia-smi"})`).join("; ")}.` : "");
+    if (none !== noGpus) { noGpus = none; rebuildCharts(); }
   }
 
   const loadMetrics = coalesced(async () => {
@@ -184,7 +255,7 @@ export function showRun(root, runId, signal) {
       ["Steps/s", number(stepRate, 3)],
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
-      ["Last loss", number(run.latest?.loss)],
+      ["Last loss (Σ over TTT steps)", number(run.latest?.loss)],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
     replace(summary, facts.map(([label, value]) => el("div", { class: "fact" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))));
@@ -391,6 +462,7 @@ export function showRun(root, runId, signal) {
       loadEvaluation();
       loadLogs();
       if (run.attempts.length !== shownAttempts && shownAttempts) loadMetrics();
+      if (shownStatus !== null) checkGpus();
       shownStatus = run.status;
       shownAttempts = run.attempts.length;
     }
@@ -400,6 +472,7 @@ export function showRun(root, runId, signal) {
     await loadRun();
     if (!run) return;
     await loadMetrics();
+    checkGpus();
     followEvents(runId, (event) => {
       if (event.kind === "metrics") loadMetrics();
       loadRun();

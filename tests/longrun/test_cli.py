@@ -101,7 +101,7 @@ def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, cap
     assert json.loads(capsys.readouterr().out)["items"] == []
     assert main(["status", run["id"]]) == 0
     detail = capsys.readouterr().out
-    assert "queued  attempt 1  ETA --:--" in detail and re.search(r"^1\s+pending", detail, re.M)
+    assert "queued  attempt 1  ETA —" in detail and re.search(r"^1\s+pending", detail, re.M)
     assert main(["status", run["id"], "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["attempts"][0]["status"] == "pending"
     assert main(["hosts"]) == 0

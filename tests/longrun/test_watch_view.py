@@ -54,7 +54,7 @@ def test_the_panel_fits_80_columns_with_state_eta_every_acc_and_every_gpu(ttt: i
     assert max(cell_len(line) for line in lines) <= 80, "\n".join(lines)
     text = "\n".join(lines)
     head = lines[1]
-    assert "running" in head and "attempt 2" in head and "ETA 1:23:45" in head and f"TTT {ttt}" in head
+    assert "running" in head and "attempt 2" in head and "ETA 1h 23m" in head and f"TTT {ttt}" in head
     assert "45.2%" in text and "step 4520/10000" in text and "loss 1.2345" in text
     accs = re.findall(r"(\d+) (0\.\d\d)", text.split("acc_k", 1)[1].split("val_acc", 1)[0])
     assert [int(k) for k, _ in accs] == list(range(ttt))
@@ -71,7 +71,7 @@ def test_an_8_gpu_ttt_16_run_wraps_into_rows_not_off_the_screen() -> None:
     assert len(lines) <= 14
     # the one-line form for logs: state and ETA first, the accuracies cut short, the GPUs as their mean
     line = progress_line(a_run(16, 8))
-    assert line.startswith("running (attempt 2) | ETA 1:23:45 | 45.2%")
+    assert line.startswith("running (attempt 2) | ETA 1h 23m | 45.2%")
     assert len(progress_line(a_run(64, 8, nodes=2))) - len(line) <= 1  # "x16": it does not grow with depth or GPUs
     assert "acc 0.90/0.87/0.85/0.82/../0.57 (16 steps)" in line and "gpu 97% x8" in line
 

@@ -3,6 +3,7 @@ advisor's answers, and a restart at TTT=5 (the form's first field) through the d
 
 With LONGRUN_SCREENSHOTS=DIR it also saves the runs list and the run page there (docs/ holds them)."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -63,6 +64,18 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     page.wait_for_function("document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
                            timeout=180_000)
     assert "acc_2 · attempt 1" in legend(page, "acc"), "attempt 1's lines stay: attempt 2 is a new segment"
+    # one compact legend row per attempt for the 3 + 5 acc_k lines, not eight entries
+    assert page.locator("#chart-acc .compact-legend > div").count() == 2
+    assert "acc_0 … acc_4 · attempt 2" in legend(page, "acc")
+    # the loss chart is step 0's loss, the same quantity at TTT=3 and TTT=5 (the summed `loss` is not)
+    expect(page.locator("#chart-loss .u-title")).to_contain_text("loss_0")
+    page.wait_for_function("document.querySelector('#chart-loss .u-legend')?.textContent.includes('loss_0 · attempt 2')",
+                           timeout=60_000)
+    assert "loss_0 · attempt 1" in legend(page, "loss") and "loss · attempt" not in legend(page, "loss")
+    # attempt 2 started over (--clean) at step 1: on the shared axis it comes after attempt 1, marked there
+    markers = json.loads(page.get_attribute("#chart-loss", "data-markers") or "[]")
+    last_of_first = max(p["step"] for p in web.series(run["id"], "loss_0") if p["attempt"] == 1)
+    assert [m["label"] for m in markers] == ["attempt 2 · TTT 5"] and markers[0]["x"] > last_of_first
     hold_gpu(web, web.run(run["id"]), 91)
     web.wait(run["id"], lambda r: (r["progress"] or 0) >= 0.5, what="attempt 2 half done")
     wait_for_points(page, "gpu-util", 4)
