@@ -78,11 +78,28 @@ def _chunks(
     return chunks, rest
 
 
-def _text_pieces(path: Path) -> Iterator[str]:
+class ReadProgress:
+    """How much of the corpus has been read, in bytes: prepare's total and ETA on a corpus it streams."""
+
+    def __init__(self, path: Path):
+        self.total = path.stat().st_size
+        self.done = 0
+
+    def advance(self, line: str) -> None:
+        self.done += len(line.encode("utf-8", "replace"))
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.done / self.total) if self.total else 1.0
+
+
+def _text_pieces(path: Path, progress: ReadProgress | None = None) -> Iterator[str]:
     piece: list[str] = []
     size = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
+            if progress is not None:
+                progress.advance(line)
             piece.append(line)
             size += len(line)
             if size >= TEXT_PIECE_CHARS:
@@ -93,11 +110,11 @@ def _text_pieces(path: Path) -> Iterator[str]:
 
 
 def tokenize_text_stream(
-    tokenizer, path: Path, max_seq_len: int, bos: int | None
+    tokenizer, path: Path, max_seq_len: int, bos: int | None, progress: ReadProgress | None = None
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Plain text file -> chunks of max_seq_len tokens (led by `bos` if given), memory bounded by one piece."""
     buffer: list[int] = []
-    for piece in _text_pieces(path):
+    for piece in _text_pieces(path, progress):
         buffer.extend(tokenizer(piece, add_special_tokens=False, verbose=False).input_ids)
         chunks, buffer = _chunks(buffer, max_seq_len, bos, final=False)
         for chunk in chunks:
@@ -178,15 +195,19 @@ def _normalise_messages(record: dict) -> list[dict] | None:
     return None
 
 
-def read_corpus(tokenizer, corpus: Path, max_seq_len: int) -> Iterator[TextChunk | Conversation]:
-    """The corpus in file order: plain text as chunks of tokens, chat records as conversations."""
+def read_corpus(tokenizer, corpus: Path, max_seq_len: int,
+                progress: ReadProgress | None = None) -> Iterator[TextChunk | Conversation]:
+    """The corpus in file order: plain text as chunks of tokens, chat records as conversations; `progress`
+    counts the bytes read."""
     bos = document_bos(tokenizer)
     if not is_jsonl(corpus):
-        for ids, _ in tokenize_text_stream(tokenizer, corpus, max_seq_len, bos):
+        for ids, _ in tokenize_text_stream(tokenizer, corpus, max_seq_len, bos, progress):
             yield TextChunk(ids)
         return
     with open(corpus, encoding="utf-8") as f:
         for line_number, line in enumerate(f, 1):
+            if progress is not None:
+                progress.advance(line)
             if not line.strip():
                 continue
             try:
@@ -206,9 +227,10 @@ def read_corpus(tokenizer, corpus: Path, max_seq_len: int) -> Iterator[TextChunk
                 )
 
 
-def iter_samples(tokenizer, corpus: Path, max_seq_len: int) -> Iterator[tuple[list[int], list[int]]]:
+def iter_samples(tokenizer, corpus: Path, max_seq_len: int,
+                 progress: ReadProgress | None = None) -> Iterator[tuple[list[int], list[int]]]:
     """(input_ids, loss_mask) of every sample in the corpus, in file order; samples without targets skipped."""
-    for item in read_corpus(tokenizer, corpus, max_seq_len):
+    for item in read_corpus(tokenizer, corpus, max_seq_len, progress):
         if isinstance(item, TextChunk):
             yield item.ids, [1] * len(item.ids)
             continue

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.utils import logging as hf_logging
 
-from trainer.corpus import iter_samples
+from trainer.corpus import ReadProgress, iter_samples
 from trainer.verifier_model import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
@@ -45,6 +45,7 @@ SAMPLE_PATTERN = "sample_*.safetensors"
 SETTINGS_FILE = "prepare.settings.json"
 PREPARE_FORMAT = 1
 WRITERS = 4  # threads writing sample files while the verifier computes the next batch
+REPORT_SECONDS = 30  # between progress lines
 
 
 def _save_sample(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -166,10 +167,18 @@ class Written:
     loss_tokens: int = 0
     skipped: int = 0
 
-    def report(self, started: float) -> None:
-        rate = self.tokens / (time.monotonic() - started)
+    def report(self, started: float, done: float) -> None:
+        """A progress line: counts, rate and, from `done` (the share of the work behind us), the ETA."""
+        elapsed = time.monotonic() - started
+        eta = f", ETA {_duration(elapsed / done * (1 - done))}" if 0 < done < 1 else ""
         print(f"prepare: {self.samples} samples ({self.skipped} already written), {self.tokens} tokens, "
-              f"{rate:.0f} tokens/s", flush=True)
+              f"{self.tokens / elapsed:.0f} tokens/s; {100 * done:.1f}% done after {_duration(elapsed)}{eta}",
+              flush=True)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: bool, max_seq_len: int,
@@ -179,6 +188,11 @@ def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: boo
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written = Written(torch.zeros(vocab_size, dtype=torch.long))
     last_report = time.monotonic()
+    progress = ReadProgress(corpus)
+
+    def done() -> float:  # the corpus read so far, or the samples asked for, whichever is further
+        return max(progress.fraction, written.samples / max_samples if max_samples else 0.0)
+
     with SampleWriter(max_pending=4 * batch_size) as writer:
 
         def run_batch(batch: list[tuple[Path, list[int], list[int]]]) -> None:
@@ -186,7 +200,7 @@ def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: boo
                 writer.write(path, tensors)
 
         batch: list[tuple[Path, list[int], list[int]]] = []
-        for ids, mask in iter_samples(tokenizer, corpus, max_seq_len):
+        for ids, mask in iter_samples(tokenizer, corpus, max_seq_len, progress):
             if max_samples is not None and written.samples >= max_samples:
                 break
             if max(ids) >= vocab_size:
@@ -204,9 +218,9 @@ def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: boo
             if len(batch) == batch_size:
                 run_batch(batch)
                 batch = []
-                if time.monotonic() - last_report > 30:
+                if time.monotonic() - last_report > REPORT_SECONDS:
                     last_report = time.monotonic()
-                    written.report(started)
+                    written.report(started, done())
         if batch:
             run_batch(batch)
     return written

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -279,3 +280,21 @@ def test_device_auto_spreads_the_verifier_and_writes_the_same_samples(tiny_verif
         for name in ("hidden_states", "last_hidden_state"):
             similarity = torch.nn.functional.cosine_similarity(got[name].float(), want[name].float(), dim=-1)
             assert float(similarity.min()) > 0.99, name  # bf16 on GPUs against fp32 on the CPU
+
+
+def test_a_long_prepare_reports_how_far_it_is_and_its_eta(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path,
+                                                          capsys, monkeypatch) -> None:
+    import trainer.prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "REPORT_SECONDS", 0)
+    corpus = tmp_path / "corpus.jsonl"  # records read one by one (plain text is read a large piece ahead)
+    paragraphs = [p for p in tiny_corpus.read_text().split("\n\n") if p.strip()][:40]
+    corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    with one_cpu_thread():
+        prepare(tiny_verifier, corpus, tmp_path / "out", max_seq_len=32, draft_vocab_size=64, batch_size=2,
+                device="cpu")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prepare:")]
+    assert len(lines) >= 3
+    done = [float(re.search(r"; ([\d.]+)% done after", line).group(1)) for line in lines]
+    assert done == sorted(done) and 0 < done[0] < done[-1] <= 100
+    assert all(re.search(r"ETA (\d+s|\d+m \d\ds|\d+h \d\dm)$", line) for line in lines if "100.0%" not in line)
