@@ -33,8 +33,9 @@ class SimulatedChain(ChainObserver):
     """One batch's chain drafting, fed each TTT step's output hidden state by `TTTObjective`.
 
     `counts` [depth, 2] (on the device): per draft position, the rounds that reached it and those accepted
-    there. A step computes the draft's logits only at the positions whose chain is still alive, and the
-    chain stops as soon as none is (a host read per step: this runs in validation, not in training steps)."""
+    there. Within the trained depth the objective's own comparison of each step decides; past it a step
+    computes the draft's logits only at the positions whose chain is still alive, and the chain stops as soon
+    as none is (a host read per step: this runs in validation, not in training steps)."""
 
     def __init__(self, draft: EagleDraft, targets: VerifierTargets, loss_mask: Tensor, depth: int,
                  position_ids: Tensor | None = None):
@@ -48,15 +49,24 @@ class SimulatedChain(ChainObserver):
         self.counts = torch.zeros(depth, len(COUNT_FIELDS), device=loss_mask.device)
 
     @torch.no_grad()
-    def __call__(self, step: int, hidden: Tensor) -> bool:
+    def __call__(self, step: int, hidden: Tensor, right: Tensor | None = None) -> bool:
         if step >= self.depth:
             return False
-        rows = (self.alive & self.has_target[step]).nonzero().squeeze(1)
+        reached = self.alive & self.has_target[step]
+        if right is not None:
+            # within the trained depth the objective has compared already: its trained positions are the reached
+            # ones whose verifier top-1 is in the draft vocabulary (and the others are rejections)
+            accepted = reached & right
+            self.counts[step, 0] += reached.sum()
+            self.counts[step, 1] += accepted.sum()
+            self.alive = accepted
+            return step + 1 < self.depth
+        rows = reached.nonzero().squeeze(1)
         draft_top = self.draft.logits(hidden.reshape(-1, hidden.shape[-1])[rows]).argmax(-1)
         accepted = rows[draft_top == self.top[rows + 1 + step]]
         self.counts[step, 0] += rows.numel()
         self.counts[step, 1] += accepted.numel()
-        self.alive.zero_()
+        self.alive = torch.zeros_like(self.alive)
         self.alive[accepted] = True
         return accepted.numel() > 0 and step + 1 < self.depth
 

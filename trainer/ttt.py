@@ -132,8 +132,9 @@ class ChainObserver:
 
     depth: int  # the steps it wants the chain unrolled to
 
-    def __call__(self, step: int, hidden: Tensor) -> bool:
-        """Step `step`'s output hidden state [B, S, H]; returns whether it needs more steps."""
+    def __call__(self, step: int, hidden: Tensor, right: Tensor | None = None) -> bool:
+        """Step `step`'s output hidden state [B, S, H] and, within the trained depth, where the objective found the
+        draft's top-1 right ([B * S] bool, False off the trained positions); returns whether it needs more steps."""
         raise NotImplementedError
 
 
@@ -182,8 +183,8 @@ class TTTObjective(nn.Module):
         its samples' lengths). loss_k is the mean over the positions step k trains, or their sum over
         `normalizer[k]` when given (the count of a whole accumulated batch). `rows`: each step's trained rows as
         `plan_trained_rows` found them on the CPU (found here otherwise, which waits for the GPU). `observer`
-        (no grad: validation) sees every step's output hidden state, and the chain goes on past T for it, to
-        its `depth`, for as long as it asks for more."""
+        (no grad: validation) sees every step's output hidden state (and the step's right top-1s), and the chain
+        goes on past T for it, to its `depth`, for as long as it asks for more."""
         draft, steps = self.draft, self.ttt_steps
         b, s = input_ids.shape
         device = input_ids.device
@@ -198,9 +199,8 @@ class TTTObjective(nn.Module):
         loss = torch.zeros((), dtype=torch.float32, device=device)
         losses, rights = [], []
         for k, hidden in enumerate(unroll(draft, hidden_states, input_ids, depth, position_ids, documents)):
-            watching = watching and observer(k, hidden)
             if k >= steps:
-                if not watching:
+                if not (watching and observer(k, hidden)):
                     break
                 continue
             trained = step_rows[k]
@@ -216,6 +216,7 @@ class TTTObjective(nn.Module):
             right[trained] = draft_top == top[target_rows]
             losses.append(loss_k.detach())
             rights.append(right)
+            watching = watching and observer(k, hidden, right)
         return loss, step_stats(torch.stack(losses), step_valid, torch.stack(rights).view(steps, b, s))
 
 
