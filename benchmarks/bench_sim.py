@@ -29,29 +29,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_trainer import LLAMA_8B, TINY, bench, make_config, random_vocab_mapping  # noqa: E402
-from trainer.model import EagleDraft  # noqa: E402
+from benchmarks.bench_trainer import LLAMA_8B, TINY, bench, random_draft  # noqa: E402
 from trainer.ttt import TTTObjective  # noqa: E402
 from trainer.validation import Validator  # noqa: E402
-from trainer.verifier_model import VerifierHead  # noqa: E402
 
 
 def validation_seconds(shape: dict, seq: int, ttt: int, device: torch.device, rows: int, depth: int, accept: float,
                        repeats: int) -> float:
     """Seconds per row of one validation pass over `rows` rows (depth 0: the simulation off)."""
-    torch.manual_seed(0)
-    cfg = make_config(shape, ttt)
+    draft, head, _ = random_draft(shape, ttt, device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    v, h, k = cfg.vocab_size, cfg.hidden_size, cfg.draft_vocab_size
-    draft_ids, t2d = random_vocab_mapping(v, k)
-    target_to_draft = torch.full((v,), -1, dtype=torch.long)
-    target_to_draft[draft_ids] = torch.arange(k)
-    with torch.device(device):
-        head = VerifierHead(torch.ones(h), 1e-5, torch.randn(v, h) * 0.02, draft_ids.to(device),
-                            target_to_draft.to(device)).to(device, dtype)
-        draft = EagleDraft(cfg, (torch.randn(v, h) * 0.02).to(dtype))
-    draft.set_vocab_mapping((draft_ids - torch.arange(k)).to(device), t2d.to(device))
-    draft.to(device)
+    v, h = draft.config.vocab_size, draft.config.hidden_size
+    draft_ids = head.draft_ids.cpu()
     with torch.no_grad():  # the hidden state stays zero: the draft proposes draft id 0 at every position and step
         draft.fc.weight.zero_()
         draft.midlayer.self_attn.o_proj.weight.zero_()

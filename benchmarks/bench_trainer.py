@@ -100,8 +100,8 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
-          stored_top: bool = True, profile: bool | str = False, plan_rows: bool = True) -> dict:
+def random_draft(shape: dict, ttt: int, device: torch.device) -> tuple[EagleDraft, VerifierHead, torch.Tensor]:
+    """(a draft of `shape` with random weights and vocabulary, its verifier head, target_to_draft on the CPU)."""
     torch.manual_seed(0)
     cfg = make_config(shape, ttt)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -115,7 +115,15 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
                             target_to_draft.to(device)).to(device, dtype)
         draft = EagleDraft(cfg, (torch.randn(v, h) * 0.02).to(dtype))
     draft.set_vocab_mapping((draft_ids - torch.arange(k)).to(device), t2d.to(device))
-    draft.to(device)
+    return draft.to(device), head, target_to_draft
+
+
+def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, warmup: int, documents: int = 1,
+          stored_top: bool = True, profile: bool | str = False, plan_rows: bool = True) -> dict:
+    draft, head, target_to_draft = random_draft(shape, ttt, device)
+    cfg = draft.config
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    v, h = cfg.vocab_size, cfg.hidden_size
     objective = TTTObjective(draft, ttt, 0.8)
     optimizer = build_optimizer(draft.parameters(), 1e-4)
     scheduler = build_scheduler(optimizer, "constant", 10**6, 0.0)
