@@ -146,6 +146,21 @@ def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) 
     return attempt
 
 
+def restart_run(session: Session, run: Run, spec: dict[str, Any], clean: bool, message: str,
+                **data: Any) -> Attempt:
+    """`restart` from any state: attempt n+1 with `spec` (its output emptied first when `clean`), retries
+    counted afresh; an attempt n that never started ends there. Raises TransitionError while it settles."""
+    previous = run.current
+    transition(session, run, RunStatus.RESTARTING, message, **data)
+    attempt = open_attempt(session, run, spec, run.attempt + 1)
+    run.clean_pending = clean
+    run.max_retries = spec.get("max_retries", 0)
+    run.retries_used = 0
+    run.latest = {}
+    drop_unstarted_attempt(previous)
+    return attempt
+
+
 def start_attempt(attempt: Attempt, now: datetime) -> None:
     attempt.status, attempt.started_at = AttemptStatus.RUNNING, attempt.started_at or now
 

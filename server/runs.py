@@ -19,9 +19,9 @@ from server.layout import HostLayout
 from server.lifecycle import (
     RunStatus,
     TransitionError,
-    drop_unstarted_attempt,
     open_attempt,
     queue_new_run,
+    restart_run,
     transition,
 )
 from server.models import Host, Run, utcnow
@@ -166,20 +166,14 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
 def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run = get_run(session, run_id)
     spec = _restart_spec(session, run, req)
-    previous = run.current
+    measured = queries.measured_attempts(session, run)
     try:
-        transition(session, run, RunStatus.RESTARTING, f"restart requested: attempt {run.attempt + 1}",
-                   overrides=without_env_values(req.overrides))
+        attempt = restart_run(session, run, spec_dict(spec), req.clean, f"restart requested: attempt {run.attempt + 1}",
+                              overrides=without_env_values(req.overrides))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
-    attempt = open_attempt(session, run, spec_dict(spec), run.attempt + 1)
-    predicted, basis = eta.predict_duration(queries.measured_attempts(session, run), attempt.spec)
+    predicted, basis = eta.predict_duration(measured, attempt.spec)
     attempt.predicted_duration_seconds, attempt.prediction_basis = predicted, basis
-    run.clean_pending = req.clean
-    run.max_retries = spec.max_retries
-    run.retries_used = 0
-    run.latest = {}
-    drop_unstarted_attempt(previous)
     wake_workers(session)
     return run
 

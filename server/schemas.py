@@ -287,6 +287,30 @@ class SlurmSpec(Strict):
         "`--constraint=h100`, `--exclusive`)")
 
 
+class DeploySpec(Strict):
+    """Where the draft will be served: the proposal (GET /v1/runs/{id}/proposal) prices depths on this host's
+    measured all-reduce table (`longrun hosts probe-interconnect HOST`) the way this engine runs the draft."""
+
+    host: str = Field(min_length=1, max_length=64, description="a registered host whose interconnect is measured")
+    tp: int | None = Field(None, ge=1, le=64, description="the verifier's tensor parallelism (default: the "
+                           "measured table's)")
+    engine: Literal["sglang", "vllm", "measured"] = Field(
+        "sglang", description="sglang: draft sharded at tp; vllm: draft_tp 1 (replicated) or tp; measured: "
+        "round_ms as timed")
+    topk: int = Field(1, ge=1, le=64, description="1: chain drafting; more: a tree of top-k per draft step")
+    draft_tp: int | None = Field(None, ge=1, le=64, description="vllm only: draft_tensor_parallel_size")
+    round_ms: dict[int, Annotated[float, Field(gt=0)]] | None = Field(
+        None, max_length=65, description="measured only: a round's cost by depth, ms (0: without speculation)")
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> "DeploySpec":
+        if self.draft_tp is not None and self.engine != "vllm":
+            raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size: give it with engine vllm")
+        if (self.round_ms is not None) != (self.engine == "measured"):
+            raise ValueError("round_ms goes with engine measured, and engine measured needs it")
+        return self
+
+
 class RunCreate(Strict):
     name: SafeStr = Field("run", min_length=1, max_length=255)
     host: str | None = None
@@ -307,6 +331,11 @@ class RunCreate(Strict):
     log_metrics: LogMetricsSpec | None = Field(None, description="entrypoint runs: how progress is read from the log")
     slurm: SlurmSpec | None = Field(None, description="runs on a host of kind `slurm`: nodes, partition, account, "
                                     "time limit, GPUs per node and more #SBATCH options of each attempt's batch job")
+    deploy: DeploySpec | None = Field(None, description="where the draft will be served: after each validation "
+                                      "the service proposes a deeper TTT restart when it pays off there")
+    on_proposal: Literal["restart"] | None = Field(
+        None, description="`restart`: take a restart proposal by itself (clean, at the proposed TTT), at most once "
+        "per run; unset: only propose")
 
     @model_validator(mode="after")
     def _one_target(self) -> "RunCreate":
@@ -331,7 +360,7 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics", "on_stall", "slurm"})
+                               "log_metrics", "on_stall", "slurm", "deploy", "on_proposal"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from server import proposal
 from server.eta import fold_step_time, update_step_rate
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from worker.log_metrics import LogMetricsConfig, read_log
@@ -189,6 +190,8 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
                       data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
     _drop_old_metrics_events(session, run.id)
+    if current and any(name.startswith("sim_acc_") for _, obj, _ in records for name in obj):
+        proposal.after_validation_safely(session, run)
 
 
 def _drop_old_metrics_events(session: Session, run_id: str) -> None:

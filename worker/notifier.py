@@ -1,4 +1,5 @@
-"""Webhooks on run state changes: succeeded, failed, cancelled, retrying and host unreachable.
+"""Webhooks on run state changes: succeeded, failed, cancelled, retrying and host unreachable; and `proposal`
+when the service's depth proposal for a run changes (server/proposal.py).
 
 The worker's tick only reads the events table and queues what it finds; a thread of the notifier's own
 posts each notification, signed with an HMAC-SHA256 of the shared secret, and retries a failed post with
@@ -33,7 +34,7 @@ MAX_BACKOFF_SECONDS = 300.0
 
 @dataclass(frozen=True)
 class Notification:
-    event: str  # succeeded | failed | cancelled | retrying | host_unreachable
+    event: str  # succeeded | failed | cancelled | retrying | host_unreachable | proposal
     run_id: str
     run_name: str
     attempt: int
@@ -58,6 +59,9 @@ def payload(note: Notification, fmt: str) -> dict[str, Any]:
 
 def notification_of(event: Event, run_name: str) -> Notification | None:
     """The notification a status event means, if any: an end, or the retry rule's running -> launching."""
+    if event.kind == "proposal":
+        return Notification("proposal", event.run_id, run_name, event.data.get("attempt", 0),
+                            event.data.get("summary"), event.time.isoformat())
     to, before = event.data.get("to"), event.data.get("from")
     if to in TERMINAL:
         kind = to
@@ -90,7 +94,7 @@ class WebhookNotifier:
         notes = []
         with self.db.reading() as session:
             rows = session.execute(select(Event, Run.name).join(Run, Run.id == Event.run_id)
-                                   .where(Event.id > self._after, Event.kind == "status")
+                                   .where(Event.id > self._after, Event.kind.in_(("status", "proposal")))
                                    .order_by(Event.id).limit(500)).all()
             away = session.execute(select(Run.id, Run.name, Run.attempt, Run.message)
                                    .where(Run.host_reachable.is_(False))).all()

@@ -36,13 +36,14 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
         "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
         "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
-        "/v1/runs/{run_id}/advice", "/metrics"}
+        "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/metrics"}
 
     def answer(path: str) -> str:
         return doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
 
     assert answer("/v1/runs/{run_id}/evaluation").endswith("/EvaluationPublic")
     assert answer("/v1/runs/{run_id}/advice").endswith("/RunAdvicePublic")
+    assert answer("/v1/runs/{run_id}/proposal").endswith("/ProposalPublic")
     advice = doc["components"]["schemas"]["RunAdvicePublic"]["properties"]
     assert {"attempt", "recommended_depth", "by_depth", "retrain", "cost_model"} <= set(advice)
     assert {"by_depth", "position_acceptance", "by_attempt"} <= set(doc["components"]["schemas"]["EvaluationPublic"]["properties"])
@@ -55,7 +56,7 @@ def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: 
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path != "/healthz" for method in methods]
-        assert len(routes) == 17
+        assert len(routes) == 18
         for method, path in routes:
             r = bare.request(method, path)
             assert r.status_code == 401, (method, path)

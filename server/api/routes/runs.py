@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from server import queries, runs, views
+from server import proposal, queries, runs, views
 from server.api.deps import DB, ReadSession, WriteSession
 from server.errors import NotFound
 from server.lifecycle import TERMINAL, RunStatus
@@ -122,10 +122,18 @@ def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", 
     return queries.run_advice(session, run_id, interconnect, tp, attempt, deploy_host)
 
 
+@router.get("/{run_id}/proposal", responses=NOT_FOUND)
+def get_proposal(run_id: str, session: ReadSession) -> proposal.ProposalPublic:
+    """After each validation: restart at a deeper TTT (with the dry run, the GPU-hours and the tokens/s gained on
+    the spec's `deploy` host) or keep going; `action` unavailable says what is missing. Changes nothing."""
+    run = queries.get_run(session, run_id)
+    return proposal.current(session, run, queries.measured_attempts(session, run))
+
+
 @router.get("/{run_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header()] = None) -> EventSourceResponse:
-    """Server-Sent Events: `status`, `metrics` and `stall` events as they are stored; resumable with Last-Event-ID."""
+    """Server-Sent Events: `status`, `metrics`, `stall` and `proposal` events as they are stored; resumable with Last-Event-ID."""
 
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:

@@ -1,0 +1,295 @@
+"""The depth proposal: after each validation, whether a deeper TTT restart pays off on the deployment box.
+
+Inputs, all the run's own: the latest `sim_acc_k` of the current attempt (the draft's conditional acceptance at
+draft position k on validation data, chain drafting, greedy: trainer/simulate.py), its trained TTT depth, the
+run's measured step time (through the restart dry run), and the spec's `deploy: {host, tp, engine}`, whose host's
+all-reduce table was measured by probe-interconnect. The advisor (server/advisor) prices every depth there the
+way the engine runs the draft; its retrain rule (RETRAIN_ASSUMPTION) says how positions beyond the trained depth
+improve after a deeper TTT. The answer is "restart at TTT=N" (with the dry run's duration, the GPU-hours and
+the tokens/s gained) or "keep going" (with why).
+
+`after_validation` runs in the worker's transaction when sim_acc metrics arrive: it stores a `proposal` event when
+the proposal changes (the SSE stream and webhooks carry it), and with `on_proposal: restart` in the spec takes a
+restart proposal itself, at most once per run. `current` is what GET /v1/runs/{id}/proposal answers; it changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server import eta, hosts, pace
+from server.advisor import CostModel, Drafting, advise, improved_positions
+from server.advisor.results import Advice
+from server.errors import Conflict, NotFound
+from server.lifecycle import RunStatus, TransitionError, restart_run
+from server.models import Event, Run, utcnow
+from server.schemas import DryRunPublic, without_env_values
+from server.wakeup import wake_workers
+
+log = logging.getLogger("longrun.proposal")
+
+SIM_ACC = re.compile(r"sim_acc_(\d{1,2})$")
+MAX_SIM_DEPTH = 64
+# the least serving speed-up worth a restart (the advisor's min_gain)
+MIN_GAIN = 0.02
+
+Action = Literal["restart", "keep_going", "unavailable"]
+
+
+class ProposalPublic(BaseModel):
+    """The service's proposal for a run: restart at a deeper TTT, keep going, or why it cannot say."""
+
+    run_id: str
+    attempt: int
+    action: Action
+    summary: str = Field(description="one line: the proposal and its figures")
+    reason: str = Field(description="why: the advisor's retrain reasoning, or what is missing")
+    step: int | None = Field(None, description="the training step of the validation the proposal rests on")
+    trained_ttt: int | None = None
+    suggested_ttt: int | None = None
+    deploy: dict[str, Any] | None = None
+    sim_acc: list[float] = Field(default_factory=list, description="[k-1]: sim_acc_k, conditional acceptance")
+    sim_tau: list[float] = Field(default_factory=list, description="[d-1]: sim_tau_d as the trainer reported it")
+    depth_now: int | None = Field(None, description="the depth to serve the draft as it is (0: do not speculate)")
+    tokens_per_second_now: float | None = None
+    depth_after: int | None = Field(None, description="the depth to serve after the restart")
+    tokens_per_second_after: float | None = None
+    gain: float | None = Field(None, description="tokens_per_second_after / tokens_per_second_now - 1")
+    predicted_tau_after: float | None = Field(
+        None, description="tokens per verifier pass at depth_after that the restart is expected to reach")
+    predicted_position_acceptance_after: list[float] = Field(default_factory=list)
+    predicted_training_seconds: float | None = Field(None, description="the restart's dry run: its whole duration")
+    remaining_seconds: float | None = Field(None, description="the current attempt's ETA")
+    extra_training_seconds: float | None = Field(None, description="predicted_training_seconds - remaining_seconds")
+    gpus: int | None = Field(None, description="GPUs the run trains on (processes per node x nodes)")
+    restart_gpu_hours: float | None = Field(None, description="the restarted attempt's GPU-hours")
+    extra_gpu_hours: float | None = Field(None, description="GPU-hours beyond finishing the current attempt")
+    break_even_tokens: float | None = Field(
+        None, description="tokens served after which the extra GPU-hours are won back by serving faster (GPU-time "
+        "saved per token on the deployment's tp GPUs)")
+    restart: dict[str, Any] | None = Field(None, description="the body of POST /v1/runs/{id}/restart it proposes")
+    dry_run: DryRunPublic | None = None
+    advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
+    auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
+
+    @property
+    def key(self) -> list[Any]:
+        """What makes a proposal a different one: a new event is stored when this changes."""
+        return [self.attempt, self.action, self.suggested_ttt, self.depth_after]
+
+
+def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """sim_acc_1..K (contiguous from 1) and sim_tau_1..K from the run's latest values."""
+    found = {int(m.group(1)): v for k, v in latest.items() if (m := SIM_ACC.match(k)) and isinstance(v, int | float)}
+    accs: list[float] = []
+    while len(accs) + 1 in found and len(accs) < MAX_SIM_DEPTH:
+        accs.append(min(1.0, max(0.0, float(found[len(accs) + 1]))))
+    taus = []
+    for d in range(1, len(accs) + 1):
+        value = latest.get(f"sim_tau_{d}")
+        if not isinstance(value, int | float):
+            break
+        taus.append(float(value))
+    return accs, taus
+
+
+def _gpus(spec: dict[str, Any]) -> int:
+    nodes = len(spec.get("hosts") or [spec.get("host")])
+    if spec.get("slurm") and isinstance(spec["slurm"].get("nodes"), int):
+        nodes = spec["slurm"]["nodes"]
+    return int(spec.get("nproc_per_node", 1)) * nodes
+
+
+def with_ttt(spec: dict[str, Any], ttt: int) -> dict[str, Any]:
+    out = json.loads(json.dumps(spec))
+    out["trainer"]["ttt_steps"] = ttt
+    return out
+
+
+def retrain_seconds(measured: list[eta.Measured], spec: dict[str, Any], depths: int) -> dict[int, float]:
+    """The dry run's predicted duration for a fresh attempt at each TTT depth 1..depths (measured pace)."""
+    out = {}
+    if spec.get("trainer") and measured:
+        for ttt in range(1, depths + 1):
+            seconds, _ = eta.predict_duration(measured, with_ttt(spec, ttt))
+            if seconds is not None:
+                out[ttt] = seconds
+    return out
+
+
+def _dry_run(measured: list[eta.Measured], spec: dict[str, Any]) -> DryRunPublic:
+    """What POST /v1/runs/{id}/restart?dry_run=true answers for this spec (server/runs.py dry_run_restart)."""
+    seconds, basis = eta.predict_duration(measured, spec)
+    finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
+    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds,
+                        predicted_finish=finish, basis=basis)
+
+
+def _remaining_seconds(run: Run) -> float | None:
+    """The current attempt's ETA from its measured pace (server/views.py progress_and_eta)."""
+    a = run.current
+    if a.sec_per_step is None:
+        return None
+    since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
+    return eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
+
+
+def _unavailable(run: Run, why: str, **fields: Any) -> ProposalPublic:
+    return ProposalPublic(run_id=run.id, attempt=run.attempt, action="unavailable",
+                          summary=f"no proposal yet: {why}", reason=why, **fields)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.3g} h"
+
+
+def build(session: Session, run: Run, measured: list[eta.Measured] | None = None) -> ProposalPublic:
+    """The proposal for the run's current attempt from what is stored now; changes nothing. `measured`: the
+    paces the dry run predicts from (default: the run's own attempts)."""
+    measured = pace.own_paces(run) if measured is None else measured
+    spec = run.current.spec
+    deploy = spec.get("deploy")
+    accs, taus = sim_metrics(run.latest or {})
+    step = (run.latest or {}).get("step")
+    base = {"step": step if isinstance(step, int) else None, "sim_acc": accs, "sim_tau": taus, "deploy": deploy}
+    if not deploy:
+        return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
+    if not accs:
+        return _unavailable(run, "no sim_acc_k metrics in this attempt yet: they arrive with each validation "
+                            "(the bundled trainer's --sim-depth)", **base)
+    trained = eta.ttt_of(spec)
+    if trained is None:
+        return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
+                            "cannot be proposed", **base)
+    try:
+        tp, links, table, basis = hosts.measured_allreduce(session, deploy["host"], deploy.get("tp"))
+        cost = CostModel.for_interconnect(links or "pcie", tp, allreduce_us=table)
+        drafting = Drafting(engine=deploy.get("engine", "sglang"), topk=deploy.get("topk", 1),
+                            draft_tp=deploy.get("draft_tp"),
+                            round_ms={int(d): ms for d, ms in (deploy.get("round_ms") or {}).items()} or None)
+        positions, running = [], 1.0
+        for a in accs:
+            running *= a
+            positions.append(running)
+        advice = advise({"position_acceptance": positions, "by_depth": []}, links or "pcie", tp, cost,
+                        trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
+                        min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting)
+    except (NotFound, Conflict) as exc:
+        return _unavailable(run, f"deploy host: {exc}", **base)
+    except ValueError as exc:
+        return _unavailable(run, f"the advisor cannot price this deployment: {exc}", **base)
+    retrain = advice.retrain
+    fields: dict[str, Any] = {
+        **base, "trained_ttt": trained, "advice": advice, "depth_now": advice.recommended_depth,
+        "tokens_per_second_now": advice.tokens_per_second, "depth_after": retrain.depth_after,
+        "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
+    }
+    where = f"{deploy['host']} ({advice.interconnect}, tp={tp}, {drafting.engine})"
+    if not (retrain.pays_off and retrain.suggested_ttt_steps and retrain.suggested_ttt_steps > trained):
+        return ProposalPublic(
+            run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
+            summary=(f"keep going: the advisor predicts {advice.tokens_per_second:.1f} tokens/s at depth "
+                     f"{advice.recommended_depth} on {where}; {retrain.reason}"))
+
+    ttt = retrain.suggested_ttt_steps
+    after = improved_positions(positions, trained)
+    restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
+    fields |= {"suggested_ttt": ttt, "restart": restart, "predicted_position_acceptance_after": after,
+               "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
+    dry = _dry_run(measured, with_ttt(spec, ttt))
+    fields["dry_run"] = dry
+    seconds = dry.predicted_duration_seconds
+    gpus = _gpus(spec)
+    remaining = _remaining_seconds(run)
+    fields |= {"gpus": gpus, "predicted_training_seconds": seconds, "remaining_seconds": remaining}
+    training = "the dry run has no measured step to predict from yet"
+    if seconds is not None:
+        fields["restart_gpu_hours"] = seconds * gpus / 3600
+        training = f"the dry run predicts {_hours(seconds)} of training ({seconds * gpus / 3600:.3g} GPU-h)"
+        if remaining is not None:
+            extra = seconds - remaining
+            fields |= {"extra_training_seconds": extra, "extra_gpu_hours": extra * gpus / 3600}
+            training += f", {'+' if extra >= 0 else ''}{_hours(extra)} against finishing this attempt"
+            saved_per_token = tp * (1 / advice.tokens_per_second - 1 / retrain.tokens_per_second_after)
+            if extra > 0 and saved_per_token > 0:
+                fields["break_even_tokens"] = extra * gpus / saved_per_token
+                training += f", won back after {fields['break_even_tokens']:.3g} tokens served"
+    return ProposalPublic(
+        run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
+        summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "
+                 f"tokens/s at depth {retrain.depth_after} on {where} against {advice.tokens_per_second:.1f} "
+                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%})"))
+
+
+def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:
+    """GET /v1/runs/{id}/proposal; with what on_proposal: restart did, if it did."""
+    proposal = build(session, run, measured)
+    taken = _auto_restart_event(session, run.id)
+    if taken is not None and proposal.auto_restart is None:
+        proposal.auto_restart = taken.data.get("auto_restart")
+    return proposal
+
+
+def _proposal_events(session: Session, run_id: str) -> list[Event]:
+    return list(session.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "proposal")
+                                .order_by(Event.id)))
+
+
+def _auto_restart_event(session: Session, run_id: str) -> Event | None:
+    return next((e for e in _proposal_events(session, run_id) if e.data.get("restarted_to_attempt")), None)
+
+
+def event_data(proposal: ProposalPublic) -> dict[str, Any]:
+    """What a `proposal` event carries: the decision and its figures, not the whole advice."""
+    return {**proposal.model_dump(mode="json", exclude={"advice", "dry_run", "predicted_position_acceptance_after"}),
+            "predicted_duration_seconds": proposal.predicted_training_seconds, "key": proposal.key}
+
+
+def after_validation(session: Session, run: Run) -> ProposalPublic | None:
+    """Store a `proposal` event if the proposal changed; take it with on_proposal: restart (once per run)."""
+    proposal = build(session, run)
+    if proposal.action == "unavailable" and not proposal.sim_acc:
+        return None
+    events = _proposal_events(session, run.id)
+    if not events or events[-1].data.get("key") != proposal.key:
+        session.add(Event(run_id=run.id, kind="proposal", data=event_data(proposal)))
+    if proposal.action != "restart" or run.current.spec.get("on_proposal") != "restart":
+        return proposal
+    if any(e.data.get("restarted_to_attempt") for e in events):
+        return proposal  # one automatic restart per run
+    if run.status != RunStatus.RUNNING or proposal.suggested_ttt is None:
+        return proposal
+    previous, measured = run.attempt, pace.own_paces(run)
+    try:
+        attempt = restart_run(session, run, with_ttt(run.current.spec, proposal.suggested_ttt), True,
+                              f"proposal taken (on_proposal: restart): attempt {previous + 1} at TTT="
+                              f"{proposal.suggested_ttt}", overrides=proposal.restart["overrides"])
+    except TransitionError:
+        return proposal
+    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, attempt.spec)
+    wake_workers(session)
+    proposal.auto_restart = (f"taken by on_proposal: restart: attempt {previous} stopped, attempt {run.attempt} "
+                             f"starts at TTT={proposal.suggested_ttt} (clean); no further automatic restart")
+    session.add(Event(run_id=run.id, kind="proposal",
+                      data={**event_data(proposal), "restarted_to_attempt": run.attempt,
+                            "key": [*proposal.key, "restarted"]}))
+    log.info("run %s: proposal taken, restarted at TTT=%s", run.id, proposal.suggested_ttt)
+    return proposal
+
+
+def after_validation_safely(session: Session, run: Run) -> None:
+    """after_validation for the ingest path: a proposal that cannot be made never stops metrics being stored."""
+    try:
+        with session.begin_nested():
+            after_validation(session, run)
+    except Exception:  # noqa: BLE001 - the metrics are the job's; the proposal is advice about them
+        log.exception("run %s: no proposal after this validation", run.id)

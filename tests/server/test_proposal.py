@@ -1,0 +1,177 @@
+"""The depth proposal, in-process: a trainer run deployed on `local`, whose all-reduce table the worker's
+InterconnectResponder measured through hostside (tests/fakegpu's captured H200 sweep); metric lines go through the
+worker's ingest (worker/ingest.py) as the trainer writes them, sim_acc_k after each validation."""
+
+import json
+
+import pytest
+
+from server.config import Settings
+from server.lifecycle import RunStatus
+from server.models import Run
+from tests.inprocess import App
+from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
+from tests.worker.test_notifier import wait_for
+from tests.worker.webhook_receiver import Receiver
+from worker.ingest import store_metric_records
+from worker.interconnect import InterconnectResponder
+from worker.notifier import WebhookNotifier
+
+# a TTT=3 draft: good inside its trained depth, poor beyond (the positions 4..16 it never learned)
+SHALLOW = [0.8, 0.75, 0.7] + [0.3] * 13
+# a draft whose acceptance beyond depth 3 already follows the decay inside it: nothing to gain by training deeper
+STEADY = [0.8, 0.3, 0.1] + [0.05] * 13
+
+
+def trainer_run(api: App, **spec: object) -> str:
+    out = str(api.workspace / "out")
+    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": out,
+               "ttt_steps": 3}
+    r = api.client.post("/v1/runs", json={"name": "eagle3", "host": "local", "nproc_per_node": 2,
+                                          "trainer": trainer, **spec})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    return run_id
+
+
+def feed(api: App, run_id: str, line: int, record: dict, step_seconds: float | None = None) -> None:
+    with api.session() as s:
+        run = s.get(Run, run_id)
+        store_metric_records(s, run, run.current, [(line, record, step_seconds)])
+
+
+def validate(api: App, run_id: str, line: int, step: int, accs: list[float]) -> None:
+    feed(api, run_id, line, {"step": step, "val_loss": 1.0, **{f"sim_acc_{k}": a for k, a in enumerate(accs, 1)}})
+
+
+def events(api: App, run_id: str) -> list[tuple[str, dict]]:
+    api.move(run_id, RunStatus.CANCELLING, RunStatus.CANCELLED)  # the stream ends at a terminal state
+    text = api.client.get(f"/v1/runs/{run_id}/events").text.replace("\r\n", "\n")
+    out = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in fields:
+            out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_a_validation_with_sim_acceptance_gives_a_restart_proposal_priced_on_the_deploy_host(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "sglang"})
+    url = f"/v1/runs/{run_id}/proposal"
+    assert api.client.get(url).json()["action"] == "unavailable"
+    assert "no sim_acc_k metrics" in api.client.get(url).json()["reason"]
+
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(url).json()
+    assert got["action"] == "restart", got["summary"]
+    ttt = got["suggested_ttt"]
+    assert ttt > 3 and got["trained_ttt"] == 3 and got["step"] == 100
+    assert got["restart"] == {"overrides": {"ttt_steps": ttt}, "clean": True}
+    assert got["summary"].startswith(f"restart at TTT={ttt}: the dry run predicts")
+    # the dry run is the restart's own: POST .../restart?dry_run=true with the proposed body says the same
+    dry = api.client.post(f"/v1/runs/{run_id}/restart", params={"dry_run": True}, json=got["restart"]).json()
+    assert got["predicted_training_seconds"] == pytest.approx(dry["predicted_duration_seconds"])
+    # the economics: 2 GPUs train; the restart's GPU-hours and the extra over finishing this attempt
+    assert got["gpus"] == 2
+    assert got["restart_gpu_hours"] == pytest.approx(got["predicted_training_seconds"] * 2 / 3600)
+    extra = got["predicted_training_seconds"] - got["remaining_seconds"]
+    assert got["extra_gpu_hours"] == pytest.approx(extra * 2 / 3600)
+    gain_per_token = 2 * (1 / got["tokens_per_second_now"] - 1 / got["tokens_per_second_after"])
+    assert got["break_even_tokens"] == pytest.approx(extra * 2 / gain_per_token)
+    assert got["tokens_per_second_after"] > got["tokens_per_second_now"] and got["depth_after"] == ttt
+    # the advice behind it is on the measured table, with every depth's terms
+    advice = got["advice"]
+    assert advice["allreduce_basis"].startswith("measured on local by probe-interconnect")
+    assert advice["drafting"]["engine"] == "sglang" and advice["drafting"]["sharded"]
+    assert all(row["terms"]["draft_allreduces"] == 4 * row["depth"] for row in advice["by_depth"])
+    assert got["predicted_tau_after"] == pytest.approx(1 + sum(got["predicted_position_acceptance_after"][:ttt]))
+
+    # the same validation again changes nothing: one proposal event, on the stream with its figures
+    validate(api, run_id, 2, 200, SHALLOW)
+    stream = events(api, run_id)
+    proposals = [data for kind, data in stream if kind == "proposal"]
+    assert len(proposals) == 1 and proposals[0]["suggested_ttt"] == ttt and proposals[0]["action"] == "restart"
+    assert proposals[0]["summary"] == got["summary"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_keep_going_when_deeper_training_would_not_pay_and_unavailable_without_a_measured_deploy_host(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    unmeasured = trainer_run(api, deploy={"host": "local", "engine": "vllm", "draft_tp": 1})
+    validate(api, unmeasured, 0, 10, SHALLOW)
+    got = api.client.get(f"/v1/runs/{unmeasured}/proposal").json()
+    assert got["action"] == "unavailable" and "probe-interconnect" in got["reason"]
+    assert got["sim_acc"] == SHALLOW
+
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "vllm", "draft_tp": 1})
+    feed(api, run_id, 0, {"step": 10, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 10, STEADY)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["action"] == "keep_going" and got["restart"] is None
+    assert got["summary"].startswith("keep going: the advisor predicts")
+    assert not got["advice"]["drafting"]["sharded"]
+    no_deploy = trainer_run(api)
+    assert "no `deploy" in api.client.get(f"/v1/runs/{no_deploy}/proposal").json()["reason"]
+    bad = api.client.post("/v1/runs", json={"name": "x", "host": "local", "entrypoint": "/t.py",
+                                            "deploy": {"host": "local", "engine": "sglang", "draft_tp": 1}})
+    assert bad.status_code == 422 and "draft_tp" in bad.text
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_on_proposal_restart_takes_the_proposal_once_per_run(api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart")
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    ttt = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert run["status"] == "restarting" and run["attempt"] == 2
+    second = run["attempts"][-1]["spec"]["trainer"]["ttt_steps"]
+    assert second > 3 and "taken by on_proposal: restart" in ttt["auto_restart"]
+
+    # the new attempt runs and validates with a proposal that would restart again: it only proposes
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 50, "total_steps": 1000, "loss": 2.0}, step_seconds=4.0)
+    validate(api, run_id, 1, 50, [0.8, 0.75, 0.7] + [0.1] * 13)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "running" and run["attempt"] == 2
+    assert api.client.get(f"/v1/runs/{run_id}/proposal").json()["attempt"] == 2
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_without_on_proposal_a_restart_proposal_never_restarts(api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    assert api.client.get(f"/v1/runs/{run_id}/proposal").json()["action"] == "restart"
+    assert api.client.get(f"/v1/runs/{run_id}").json()["status"] == "running"
+
+
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_a_changed_proposal_goes_to_the_webhook(api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    receiver = Receiver()
+    notifier = WebhookNotifier(api.db, Settings(home=api.settings.home, webhook_url=receiver.url))
+    try:
+        run_id = trainer_run(api, deploy={"host": "local"})
+        feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+        validate(api, run_id, 1, 100, SHALLOW)
+        validate(api, run_id, 2, 200, SHALLOW)
+        validate(api, run_id, 3, 300, STEADY)
+        queued = [n for n in notifier.run_once() if n.event == "proposal"]
+        assert [n.message.split(":")[0] for n in queued] == ["restart at TTT=8", "keep going"]
+        wait_for("two proposal calls", lambda: len(receiver.delivered()) == 2, timeout=20)
+        assert [b["event"] for b in receiver.delivered()] == ["proposal", "proposal"]
+        assert receiver.delivered()[0]["message"].startswith("restart at TTT=8: the dry run predicts")
+    finally:
+        notifier.close()
+        receiver.close()
