@@ -292,6 +292,11 @@ class Client:
                                     "deploy_host": deploy_host}.items() if v is not None}
         return self._call("GET", f"/v1/runs/{run_id}/advice", params=params)
 
+    def proposal(self, run_id: str) -> dict[str, Any]:
+        """The service's depth proposal: restart at a deeper TTT (with its dry run, GPU-hours and tokens/s on the
+        spec's deploy host) or keep going, from the latest validation's sim_acc metrics."""
+        return self._call("GET", f"/v1/runs/{run_id}/proposal")
+
     # hosts
 
     def hosts(self) -> list[dict[str, Any]]:

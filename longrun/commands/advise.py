@@ -1,4 +1,5 @@
-"""`longrun advise`: the depth to serve and whether a deeper TTT retrain pays off, from an evaluation file."""
+"""`longrun advise`: the depth to serve and whether a deeper TTT retrain pays off, from an evaluation file
+(offline, the advisor itself), or a run's live proposal from the service (`longrun advise RUN_ID`)."""
 
 import json
 import sys
@@ -7,8 +8,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
+from longrun.commands.common import begin, connect, emit
 from longrun.exit_codes import ExitCode
+from longrun.views import duration
 from server.advisor.tables import INTERCONNECTS, NAMED_ALLREDUCE_TABLES
 
 app = typer.Typer()
@@ -16,9 +22,50 @@ app = typer.Typer()
 Interconnect = Enum("Interconnect", {name: name for name in (*INTERCONNECTS, "both")}, type=str)
 
 
+def proposal_view(p: dict) -> Group:
+    """A run's proposal for people: the one-line answer, the economics, and the advisor's depths with terms."""
+    parts: list = [Text(p["summary"])]
+    if p.get("action") == "restart":
+        econ = Table(show_header=False, box=None, pad_edge=False)
+        for label, value in (
+                ("restart body", f"{p['restart']}"),
+                ("training (dry run)", duration(p.get("predicted_training_seconds"))),
+                ("this attempt's ETA", duration(p.get("remaining_seconds"))),
+                ("GPU-hours (restart, extra)", f"{_num(p.get('restart_gpu_hours'))}, {_num(p.get('extra_gpu_hours'))}"
+                 f" on {p.get('gpus')} GPUs"),
+                ("tokens/s now -> after", f"{_num(p.get('tokens_per_second_now'))} at depth {p.get('depth_now')} -> "
+                 f"{_num(p.get('tokens_per_second_after'))} at depth {p.get('depth_after')}"),
+                ("won back after", f"{_num(p.get('break_even_tokens'))} tokens served"),
+                ("predicted tau after", _num(p.get("predicted_tau_after")))):
+            econ.add_row(Text(label), Text(value))
+        parts.append(econ)
+    advice = p.get("advice")
+    if advice:
+        table = Table("depth", "tau", "round ms", "verifier", "verifier AR", "draft", "draft AR", "tokens/s",
+                      title=Text(f"{advice['interconnect']}, tp={advice['tp']}: "
+                                 f"{(advice.get('drafting') or {}).get('description', '')}"))
+        for row in advice["by_depth"]:
+            t = row.get("terms") or {}
+            table.add_row(*(Text(x) for x in (
+                str(row["depth"]), f"{row['mean_accepted']:.3f}", f"{row['round_ms']:.3f}",
+                f"{t.get('verifier_ms', 0):.3f}", f"{t.get('verifier_allreduce_ms', 0):.3f} ({t.get('verifier_allreduces', 0)})",
+                f"{t.get('draft_compute_ms', 0):.3f}", f"{t.get('draft_allreduce_ms', 0):.3f} ({t.get('draft_allreduces', 0)})",
+                f"{row['tokens_per_second']:.1f}")))
+        parts.append(table)
+    return Group(*parts)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 @app.command()
 def advise(
-    evaluation: Annotated[Path, typer.Option(help="JSON from `python -m trainer.evaluate`.")],
+    ctx: typer.Context,
+    run_id: Annotated[str | None, typer.Argument(help="A run: its live proposal from the service (GET "
+                                                 "/v1/runs/RUN_ID/proposal).")] = None,
+    evaluation: Annotated[Path | None, typer.Option(help="JSON from `python -m trainer.evaluate` or GET "
+                                                    "/v1/runs/{id}/evaluation.")] = None,
     interconnect: Annotated[Interconnect, typer.Option(help="The verifier's GPU link; both compares them.")] = "both",
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree of the verifier.")] = 8,
     draft_ms: Annotated[float | None, typer.Option(help="Draft time per proposed token, ms.")] = None,
@@ -35,13 +82,23 @@ def advise(
     retrain_seconds: Annotated[list[str] | None, typer.Option(
         metavar="TTT=SECONDS", help="Predicted training time for a TTT depth (repeatable), e.g. 5=5400.")] = None,
     min_gain: Annotated[float, typer.Option(help="Least speed-up worth a retrain.")] = 0.02,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output (the answer is always JSON; accepted for "
-                                                         "symmetry with the other commands).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output (the answer from a file is always JSON).")] = False,
 ) -> int:
     """Expected tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off.
 
-    Defaults: a 70B-class verifier (80 layers, hidden 8192) on H200s; PCIe is the NVLink all-reduce table plus
-    3 µs per ring step per call (2*(tp-1) steps). Bad input exits 2 with the reason."""
+    With RUN_ID: the service's live proposal for the run (restart at TTT=N or keep going, with the dry run,
+    GPU-hours and tokens/s on its deploy host). With --evaluation: the advisor on that file; the trained TTT
+    depth is the file's `ttt_steps` unless --trained-ttt says otherwise. Defaults: a 70B-class verifier
+    (80 layers, hidden 8192) on H200s; PCIe is the NVLink all-reduce table plus 3 µs per ring step per call
+    (2*(tp-1) steps). Bad input exits 2 with the reason."""
+    if (run_id is None) == (evaluation is None):
+        raise typer.BadParameter("give a RUN_ID (its live proposal) or --evaluation FILE, one of the two")
+    if run_id is not None:
+        begin(as_json)
+        with connect(ctx) as client:
+            answer = client.proposal(run_id)
+        emit(answer, as_json, proposal_view(answer))
+        return ExitCode.OK
     from server.advisor import CostModel, compare_interconnects, load_allreduce_table
     from server.advisor import advise as advise_depth
 
@@ -58,6 +115,11 @@ def advise(
                 report = json.load(f)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{evaluation} is not JSON: {exc}") from None
+        if trained_ttt is None and isinstance(report, dict):
+            # the API's evaluation (and trainer.evaluate's) says which TTT depth the draft was trained with
+            stated = report.get("ttt_steps")
+            if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1:
+                trained_ttt = stated
         if allreduce_table:
             if link == "both":
                 raise ValueError("--allreduce-table is one interconnect's table: pick --interconnect pcie or nvlink")

@@ -1,0 +1,47 @@
+"""`longrun advise RUN_ID` (the service's live proposal) and `longrun advise --evaluation` of the API's own
+evaluation JSON, in this process against the in-process API (tests/longrun/conftest.py `cli`)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from longrun.cli import main
+from longrun.exit_codes import ExitCode
+from tests.inprocess import App
+from tests.server.test_api_routes import EVALUATION, evaluated_run
+from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
+from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
+from worker.interconnect import InterconnectResponder
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_advise_run_id_prints_the_live_proposal_with_its_terms(cli: App, responder: InterconnectResponder,  # noqa: F811
+                                                               capsys: pytest.CaptureFixture) -> None:
+    probe(cli, responder, tp=2)
+    run_id = trainer_run(cli, deploy={"host": "local", "engine": "sglang"})
+    feed(cli, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(cli, run_id, 1, 100, SHALLOW)
+    assert main(["advise", run_id, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["action"] == "restart" and answer["suggested_ttt"] > 3
+    assert main(["advise", run_id]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"restart at TTT={answer['suggested_ttt']}: the dry run predicts")
+    assert "GPU-hours (restart, extra)" in text and "on 2 GPUs" in text
+    assert "nvlink, tp=2: sglang, chain, draft sharded at tp=2" in text and "draft AR" in text
+    with pytest.raises(SystemExit) as missing:
+        main(["advise", "nope0000"])
+    assert missing.value.code == ExitCode.REFUSED and "no run with id" in capsys.readouterr().err
+
+
+def test_advise_evaluation_reads_the_trained_depth_from_the_apis_evaluation_json(
+        cli: App, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run_id = evaluated_run(cli, EVALUATION, ttt_steps=5)
+    path = tmp_path / "evaluation.json"
+    path.write_text(cli.client.get(f"/v1/runs/{run_id}/evaluation").text)
+    assert main(["advise", "--evaluation", str(path), "--interconnect", "pcie"]) == 0
+    retrain = json.loads(capsys.readouterr().out)["retrain"]
+    assert retrain["trained_ttt"] == 5 and "unknown" not in retrain["reason"]
+    assert main(["advise", "--evaluation", str(path), "--interconnect", "pcie", "--trained-ttt", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["retrain"]["trained_ttt"] == 2
