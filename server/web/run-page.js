@@ -147,6 +147,27 @@ function advicePanel(advice) {
     el("p", { class: "muted small" }, advice.allreduce_basis));
 }
 
+// The service's depth proposal (GET /v1/runs/{id}/proposal): restart at a deeper TTT, with the economics, or keep
+// going; `onRestart` opens the restart form pre-filled with what it proposes.
+function proposalPanel(p, onRestart) {
+  if (p.action === "unavailable") return el("p", { class: "muted", id: "proposal-summary" }, p.summary);
+  const restart = p.action === "restart";
+  return el("div", { class: `advice proposal ${p.action}` },
+    el("p", { id: "proposal-summary" }, p.summary),
+    el("dl", {},
+      el("dt", {}, "Serve now"), el("dd", {}, `depth ${p.depth_now ?? "—"}: ${number(p.tokens_per_second_now)} tokens/s`),
+      restart ? [
+        el("dt", {}, "After restart"), el("dd", {}, `depth ${p.depth_after}: ${number(p.tokens_per_second_after)} tokens/s (+${percent(p.gain)})`),
+        el("dt", {}, "Training"), el("dd", { id: "proposal-duration" }, duration(p.predicted_training_seconds)),
+        el("dt", {}, "GPU-hours"), el("dd", {}, `${number(p.restart_gpu_hours, 3)} on ${p.gpus} GPUs (${number(p.extra_gpu_hours, 3)} more than finishing)`),
+        el("dt", {}, "Won back after"), el("dd", {}, p.break_even_tokens ? `${number(p.break_even_tokens, 3)} tokens served` : "—"),
+      ] : [el("dt", {}, "Why"), el("dd", {}, p.reason)]),
+    restart ? el("div", { class: "buttons" }, el("button", { id: "proposal-restart", type: "button",
+      onclick: () => onRestart({ ttt: p.suggested_ttt, clean: p.restart.clean }) }, `Restart at TTT=${p.suggested_ttt}…`)) : null,
+    p.auto_restart ? el("p", { class: "muted small" }, p.auto_restart) : null,
+    p.advice ? el("p", { class: "muted small" }, `${p.advice.drafting?.description ?? ""}; ${p.advice.allreduce_basis}`) : null);
+}
+
 export function showRun(root, runId, signal) {
   const store = new MetricStore();
   let run = null, xMode = "step", smoothing = 0.6, shownStatus = null, shownAttempts = 0, noGpus = false;
@@ -156,6 +177,7 @@ export function showRun(root, runId, signal) {
   const summary = el("div", { class: "summary", id: "summary" });
   const actions = el("div", { id: "actions" });
   const restartBox = el("div", { id: "restart" });
+  const proposalBox = el("div", { id: "proposal" });
   const chartBoxes = CHARTS.map((c) => el("div", { class: "chart", id: `chart-${c.id}` }));
   const charts = CHARTS.map((c, i) => ({ spec: c, chart: null, box: chartBoxes[i] }));
   const xToggle = el("select", { id: "x-axis", onchange: (e) => { xMode = e.target.value; rebuildCharts(); } },
@@ -174,6 +196,7 @@ export function showRun(root, runId, signal) {
     el("p", {}, el("a", { href: "#/" }, "← all runs")),
     header, notice, summary,
     section("Actions", "actions-card", actions, restartBox),
+    section("Proposal", "proposal-card", proposalBox),
     section("Charts", "charts", el("div", { class: "toolbar" }, el("label", { class: "small" }, "x axis ", xToggle),
       el("label", { class: "small" }, "training curves ", smoothToggle)), gpuNote, el("div", { class: "grid" }, chartBoxes)),
     section("Attempts", "attempts-card", attemptsBox),
@@ -276,7 +299,8 @@ export function showRun(root, runId, signal) {
     replace(actions, cancel);
   }
 
-  function restartForm() {
+  // prefill: {ttt, clean} from the proposal; the form then opens with its dry run asked for at once
+  function restartForm(prefill = null) {
     const spec = run.spec;
     const trainer = spec.trainer;
     const fields = [];
@@ -286,13 +310,13 @@ export function showRun(root, runId, signal) {
       return el("label", { class: "field" }, el("span", {}, label), field, help ? el("small", { class: "muted" }, help) : null);
     };
     const rows = [
-      trainer ? input("restart-ttt", "TTT depth", { type: "number", min: 1, max: 64, value: String(trainer.ttt_steps ?? 3) },
+      trainer ? input("restart-ttt", "TTT depth", { type: "number", min: 1, max: 64, value: String(prefill?.ttt ?? trainer.ttt_steps ?? 3) },
         "draft steps trained per position") : null,
       trainer ? null : input("restart-args", "Arguments", { type: "text", value: spec.args.join(" "), size: 60 },
         "separated by spaces; arguments that contain spaces go in Other overrides as JSON"),
       input("restart-nproc", "Processes per node", { type: "number", min: 1, value: String(spec.nproc_per_node) }),
       input("restart-retries", "Retries", { type: "number", min: 0, value: String(spec.max_retries) }),
-      input("restart-clean", "Clean", { type: "checkbox" }, "empty the output directory first (a trainer's draft is kept aside)"),
+      input("restart-clean", "Clean", { type: "checkbox", checked: Boolean(prefill?.clean) }, "empty the output directory first (a trainer's draft is kept aside)"),
       trainer ? input("restart-init", "Warm start", { type: "checkbox" }, "start from the last attempt's draft") : null,
     ];
     const extra = el("textarea", { id: "restart-overrides", rows: 2, placeholder: '{"lr": 0.0001}' });
@@ -365,6 +389,22 @@ export function showRun(root, runId, signal) {
         el("div", { class: "buttons" }, preview, confirmButton), prediction));
     return form;
   }
+
+  function openRestart(prefill) {
+    const form = restartForm(prefill);
+    replace(restartBox, form);
+    form.open = true;
+    form.querySelector("#restart-preview").click();  // the dry run first
+    form.scrollIntoView({ block: "nearest" });
+  }
+
+  const loadProposal = coalesced(async () => {
+    try {
+      replace(proposalBox, proposalPanel(await api(runPath(runId, "/proposal")), openRestart));
+    } catch (error) {
+      replace(proposalBox, el("p", { class: "muted" }, error.message));
+    }
+  });
 
   function renderAttempts() {
     const rows = run.attempts.map((a, i) => {
@@ -460,6 +500,7 @@ export function showRun(root, runId, signal) {
       renderActions();
       if (!restartBox.querySelector("#restart-form[open]")) replace(restartBox, restartForm());
       loadEvaluation();
+      loadProposal();
       loadLogs();
       if (run.attempts.length !== shownAttempts && shownAttempts) loadMetrics();
       if (shownStatus !== null) checkGpus();
@@ -475,6 +516,7 @@ export function showRun(root, runId, signal) {
     checkGpus();
     followEvents(runId, (event) => {
       if (event.kind === "metrics") loadMetrics();
+      if (event.kind === "proposal") loadProposal();
       loadRun();
     }, signal);
   })();

@@ -1,0 +1,75 @@
+"""The proposal panel in a real browser: a TTT=3 run whose validation says a deeper TTT pays off on its deploy
+host; its one button opens the restart form pre-filled (TTT, clean) with the dry run's duration shown first.
+
+The API is the in-process app served over HTTP by uvicorn, without the worker: the run's metric lines go through
+the worker's ingest (worker/ingest.py) as a trainer writes them, and the deploy host's all-reduce table is the
+InterconnectResponder's probe of `local` with tests/fakegpu's captured H200 sweep."""
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import uvicorn
+from playwright.sync_api import Page, expect
+
+from tests.inprocess import App
+from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
+from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
+from tests.service import free_port
+from tests.web.conftest import TOKEN, sign_in
+from worker.interconnect import InterconnectResponder
+
+pytestmark = pytest.mark.slow  # Chromium
+
+
+@pytest.fixture
+def api(tmp_path: Path, database_url: str) -> Iterator[App]:
+    app = App(tmp_path / "home", database_url, token=TOKEN)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def served(api: App) -> Iterator[SimpleNamespace]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(api.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run(
+        api: App, responder: InterconnectResponder, served: SimpleNamespace, page: Page) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "sglang"})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    proposal = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    ttt = proposal["suggested_ttt"]
+
+    sign_in(page, served, f"#/runs/{run_id}")
+    expect(page.locator("#proposal-summary")).to_have_text(proposal["summary"])
+    expect(page.locator("#proposal-restart")).to_have_text(f"Restart at TTT={ttt}…")
+    page.click("#proposal-restart")
+
+    expect(page.locator("#restart-form")).to_have_attribute("open", "")
+    expect(page.locator("#restart-ttt")).to_have_value(str(ttt))
+    expect(page.locator("#restart-clean")).to_be_checked()
+    expect(page.locator("#predicted-duration")).to_have_text(re.compile(r"^\d+(s|m \d+s|h \d+m)$"))
+    expect(page.locator("#predicted-duration")).to_have_text(page.locator("#proposal-duration").inner_text())
+    expect(page.locator("#restart-prediction")).to_contain_text(f"trainer.ttt_steps: 3 → {ttt}")
+    expect(page.locator("#restart-prediction")).to_contain_text("The output directory will be emptied.")
+    expect(page.locator("#restart-confirm")).to_be_enabled()
+    assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "the button and its dry run change nothing"
+    assert page.errors == []  # type: ignore[attr-defined]
