@@ -159,6 +159,8 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     spec = run.current.spec
     deploy = spec.get("deploy")
     accs, taus = sim_metrics(run.latest or {})
+    if deploy and deploy.get("max_depth"):
+        accs, taus = accs[:deploy["max_depth"]], taus[:deploy["max_depth"]]
     step = (run.latest or {}).get("step")
     base = {"step": step if isinstance(step, int) else None, "sim_acc": accs, "sim_tau": taus, "deploy": deploy}
     if not deploy:

@@ -301,6 +301,9 @@ class DeploySpec(Strict):
     draft_tp: int | None = Field(None, ge=1, le=64, description="vllm only: draft_tensor_parallel_size")
     round_ms: dict[int, Annotated[float, Field(gt=0)]] | None = Field(
         None, max_length=65, description="measured only: a round's cost by depth, ms (0: without speculation)")
+    max_depth: int | None = Field(None, ge=1, le=64, description="the deepest speculation the deployment runs "
+                                  "(SGLang's speculative_num_steps, vLLM's num_speculative_tokens): proposals stay "
+                                  "within it")
 
     @model_validator(mode="after")
     def _engine_fields(self) -> "DeploySpec":

@@ -175,3 +175,15 @@ def test_a_changed_proposal_goes_to_the_webhook(api: App, responder: Interconnec
     finally:
         notifier.close()
         receiver.close()
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_a_deployment_that_speculates_at_most_five_deep_gets_at_most_ttt_5(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "max_depth": 5})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["action"] == "restart" and got["suggested_ttt"] == 5 and len(got["sim_acc"]) == 5
+    assert [row["depth"] for row in got["advice"]["by_depth"]] == [1, 2, 3, 4, 5]
