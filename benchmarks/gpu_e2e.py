@@ -28,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from longrun.client import TERMINAL  # noqa: E402
 from tests.service import Service  # noqa: E402
 
 
@@ -82,7 +83,7 @@ def watch(svc: Service, run_id: str, seconds: float, every: float = 2.0) -> list
         print(f"  {r['status']} a{r['attempt']} step {latest.get('step')} loss {latest.get('loss')} "
               f"acc_0 {latest.get('acc_0')} gpu {[latest.get(k) for k in sorted(latest) if k.startswith('gpu_util')]} "
               f"eta {r['eta_seconds']}", flush=True)
-        if r["status"] in ("succeeded", "failed", "cancelled"):
+        if r["status"] in TERMINAL:
             break
         time.sleep(every)
     return seen

@@ -25,9 +25,9 @@ DEMO = ROOT / ".demo"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT))
 
+from longrun.client import TERMINAL  # noqa: E402
 from longrun.views import progress_line  # noqa: E402
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
 # Enough rounds that the figures at deep positions mean something (6 prompts x 48 tokens did not).
 EVAL_PROMPTS, EVAL_NEW_TOKENS = 32, 96
 

@@ -26,7 +26,11 @@ import httpx_sse
 import tenacity
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-# the statuses a run stays in until restarted (docs/api.md); the client does not import the server's lifecycle
+# a run's and an attempt's statuses (docs/api.md), as the server's lifecycle names them: the client does not import
+# the server, and tests/test_shared_names.py fails when these drift from it; the CLI's views key their styles by them
+RUN_STATUSES = ("queued", "launching", "running", "cancelling", "restarting", "succeeded", "failed", "cancelled")
+ATTEMPT_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+# the statuses a run stays in until restarted
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 

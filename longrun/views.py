@@ -14,8 +14,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+# the GPU series of server/series.py (tests/test_shared_names.py pins this copy)
 GPU_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_(?P<kind>util|mem)_(?P<gpu>\d+)$")
-STATE_STYLES = {"queued": "cyan", "launching": "cyan", "running": "green", "retrying": "yellow",
+# one style per status of longrun.client.RUN_STATUSES and ATTEMPT_STATUSES
+STATE_STYLES = {"queued": "cyan", "launching": "cyan", "running": "green", "restarting": "yellow", "pending": "cyan",
                 "cancelling": "yellow", "succeeded": "bold green", "failed": "bold red", "cancelled": "magenta"}
 ACC_CELL = 8  # "15 0.57" and a space
 GPU_CELL = 17  # "n1:7 100% 140.4G" and a space

@@ -1,6 +1,5 @@
 """Prometheus metrics, read from the database at scrape time: every server sharing the database answers the same."""
 
-import re
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
@@ -13,9 +12,7 @@ from server import queries, views
 from server.db import Database
 from server.lifecycle import RunStatus
 from server.models import Attempt, Host, MetricPoint, Run
-
-# run.latest keys the worker stores for node 0's GPUs (worker/gpu_placement.py: gpu_readings)
-GPU_UTIL_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_util_(?P<gpu>\d+)$")
+from server.series import GPU_SERIES, GpuSeries
 
 
 class LongrunCollector(Collector):
@@ -74,8 +71,8 @@ class LongrunCollector(Collector):
             if run_eta is not None:
                 eta.add_metric(key, run_eta)
             for name, value in (run.latest or {}).items():
-                match = GPU_UTIL_KEY.match(name)
-                if match and isinstance(value, int | float):
+                match = GPU_SERIES.match(name)
+                if match and match["kind"] == GpuSeries.UTIL and isinstance(value, int | float):
                     gpu.add_metric([*key, match["node"] or "0", match["gpu"]], value)
         yield from (step_rate, progress, eta, gpu)
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from server.advisor import Advice
+from server.lifecycle import AttemptStatus, RunStatus
 from server.log_patterns import FORMATS as LOG_FORMATS
 from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
 from server.log_patterns import compile_pattern
@@ -376,7 +377,7 @@ class RestartRequest(Strict):
 class AttemptPublic(BaseModel):
     number: int
     spec: dict[str, Any]
-    status: str
+    status: AttemptStatus
     created_at: datetime
     started_at: datetime | None
     first_step_at: datetime | None = Field(None, description="when the first metric line with a step arrived")
@@ -396,7 +397,7 @@ class AttemptPublic(BaseModel):
 class RunPublic(BaseModel):
     id: str
     name: str
-    status: str
+    status: RunStatus
     message: str | None
     attempt: int
     hosts: list[str]

@@ -18,7 +18,6 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "examples" / "toy_train.py")
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 def free_port() -> int:

@@ -24,6 +24,7 @@ TRACKERS = ("tensorboard", "wandb")
 INSTALL = {"tensorboard": "pip install 'longrun[tracking]'", "wandb": "pip install wandb"}
 LINEAGE_FILE = "longrun-steps.json"
 NOT_SCALARS = frozenset({"step", "total_steps", "time"})
+# the GPU series the service stores beside a run's metrics (server/series.py; tests/test_shared_names.py pins this copy)
 GPU_METRIC = re.compile(r"^(node\d+_)?gpu_(util|mem)_\d+$")
 
 

@@ -3,6 +3,7 @@ nvidia-smi snapshot (worker/gpus.py parses it; worker/protocol.py carries it).""
 
 from typing import Any
 
+from server.series import GpuSeries, gpu_series
 from worker.gpus import foreign_gpu_holders, holders_message, pick_free_gpus
 from worker.protocol import GpuView
 
@@ -52,14 +53,13 @@ def gpu_readings(view: GpuView, token: str, assigned: list[int] | None, node_ind
     ours = view.pids_of({token})
     used = {g.index for g in view.snapshot.gpus if any(p.pid in ours for p in g.processes)}
     used = used or set(assigned or [g.index for g in view.snapshot.gpus])
-    prefix = "" if node_index == 0 else f"node{node_index}_"
     readings = {}
     for g in view.snapshot.gpus:
         if g.index in used:
             if g.utilization_pct is not None:
-                readings[f"{prefix}gpu_util_{g.index}"] = float(g.utilization_pct)
+                readings[gpu_series(GpuSeries.UTIL, g.index, node_index)] = float(g.utilization_pct)
             if g.memory_used_mib is not None:
-                readings[f"{prefix}gpu_mem_{g.index}"] = float(g.memory_used_mib)
+                readings[gpu_series(GpuSeries.MEM, g.index, node_index)] = float(g.memory_used_mib)
     return readings
 
 

@@ -8,7 +8,6 @@ bytes and the unique key turns the replay into a no-op.
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 from server import proposal
 from server.eta import fold_step_time, update_step_rate
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
+from server.series import SERVER_SERIES
 from worker.log_metrics import LogMetricsConfig, read_log
 
 # progress fields, not series
@@ -43,8 +43,6 @@ EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
 MAX_STORED_LOG_BYTES = 64 * 1024 * 1024
 # metrics events kept per run (the newest; status events are all kept): a week of probes would be 600,000
 MAX_METRICS_EVENTS = 10_000
-# names the server fills itself (the attempt, and worker/gpu_placement.gpu_readings): a job must not overwrite them
-SERVER_SERIES = re.compile(r"^(attempt|(node\d+_)?gpu_(util|mem)_\d+)$")
 
 
 @dataclass

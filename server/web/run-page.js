@@ -3,8 +3,8 @@
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
 import { duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
+import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL } from "./names.js";
 
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const LOG_POLL_MS = 2000;
 const RUN_POLL_MS = 5000;
 // the log is kept as one text node per read; older reads fall off past this many
@@ -20,8 +20,8 @@ const CHARTS = [
     smooth: true },
   { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => /^acc_\d+$/.test(n), group: true, smooth: true },
   { id: "throughput", title: "Tokens/s", y: "tokens/s", match: (n) => n === "tokens_per_s" },
-  { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => /^(node\d+_)?gpu_util_\d+$/.test(n), gpu: true },
-  { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => /^(node\d+_)?gpu_mem_\d+$/.test(n), gpu: true },
+  { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => GPU_UTIL_SERIES.test(n), gpu: true },
+  { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => GPU_MEM_SERIES.test(n), gpu: true },
 ];
 
 // TensorBoard's smoothing: an exponential moving average, debiased at the start of each line

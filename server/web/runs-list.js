@@ -2,8 +2,8 @@
 
 import { api } from "./api.js";
 import { duration, el, number, progressBar, replace, statusBadge, tttDepth } from "./dom.js";
+import { RUN_STATES } from "./names.js";
 
-const STATES = ["queued", "launching", "running", "cancelling", "restarting", "succeeded", "failed", "cancelled"];
 const REFRESH_MS = 3000;
 
 function row(run) {
@@ -24,7 +24,7 @@ export function showRunsList(root, params, signal) {
   const filter = el("select", {
     id: "state-filter",
     onchange: (e) => { location.hash = e.target.value ? `#/?state=${e.target.value}` : "#/"; },
-  }, el("option", { value: "" }, "all states"), STATES.map((s) => el("option", { value: s, selected: s === state }, s)));
+  }, el("option", { value: "" }, "all states"), RUN_STATES.map((s) => el("option", { value: s, selected: s === state }, s)));
   const body = el("tbody");
   const status = el("p", { class: "muted small" });
   replace(root,
