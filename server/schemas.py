@@ -12,6 +12,7 @@ from server.lifecycle import AttemptStatus, RunStatus
 from server.log_patterns import FORMATS as LOG_FORMATS
 from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
 from server.log_patterns import compile_pattern
+from server.series import SERVER_SERIES_DOC
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -405,7 +406,7 @@ class RunPublic(BaseModel):
     progress: float | None
     eta_seconds: float | None
     host_reachable: bool
-    latest: dict[str, Any]
+    latest: dict[str, Any] = Field(description=f"each series' newest value, keyed by name: {SERVER_SERIES_DOC}")
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None
@@ -433,7 +434,7 @@ class MetricPointPublic(BaseModel):
 
 
 class MetricsPublic(BaseModel):
-    series: dict[str, list[MetricPointPublic]]
+    series: dict[str, list[MetricPointPublic]] = Field(description=f"keyed by name: {SERVER_SERIES_DOC}")
 
 
 class LogsPublic(BaseModel):

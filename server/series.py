@@ -22,5 +22,10 @@ GPU_SERIES = re.compile(r"^(?:node(?P<node>\d+)_)?(?P<kind>gpu_util|gpu_mem)_(?P
 SERVER_SERIES = re.compile(rf"^(?:{ATTEMPT}|(?:node\d+_)?(?:gpu_util|gpu_mem)_\d+)$")
 
 
+SERVER_SERIES_DOC = ("the job's own metric names, and the series the server measures itself: "
+                     + " and ".join(f"`{kind}_<i>`" for kind in GpuSeries)
+                     + f" for GPU i of the first node (`node<n>_` before them past it); `{ATTEMPT}` is reserved")
+
+
 def gpu_series(kind: GpuSeries, gpu: int, node: int = 0) -> str:
     return f"{f'node{node}_' if node else ''}{kind}_{gpu}"

@@ -32,12 +32,14 @@ def js_regex(literal: str) -> re.Pattern:
 
 
 @pytest.mark.sqlite_only  # the schema does not depend on the store
-def test_the_openapi_schema_lists_the_run_and_attempt_statuses(api: App) -> None:
+def test_the_openapi_schema_lists_the_statuses_and_names_the_servers_series(api: App) -> None:
     schemas = api.client.get("/openapi.json").json()["components"]["schemas"]
     assert schemas["RunPublic"]["properties"]["status"]["$ref"].endswith("/RunStatus")
     assert schemas["AttemptPublic"]["properties"]["status"]["$ref"].endswith("/AttemptStatus")
     assert schemas["RunStatus"]["enum"] == [s.value for s in RunStatus]
     assert schemas["AttemptStatus"]["enum"] == [s.value for s in AttemptStatus]
+    for described in (schemas["RunPublic"]["properties"]["latest"], schemas["MetricsPublic"]["properties"]["series"]):
+        assert all(f"`{kind}_<i>`" in described["description"] for kind in GpuSeries)
 
 
 def test_the_clients_statuses_and_the_cli_styles_are_the_servers() -> None:
