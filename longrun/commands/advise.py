@@ -82,6 +82,11 @@ def advise(
     retrain_seconds: Annotated[list[str] | None, typer.Option(
         metavar="TTT=SECONDS", help="Predicted training time for a TTT depth (repeatable), e.g. 5=5400.")] = None,
     min_gain: Annotated[float, typer.Option(help="Least speed-up worth a retrain.")] = 0.02,
+    engine: Annotated[str | None, typer.Option(help="The serving engine: sglang (draft sharded at --tp), vllm "
+                                               "(--draft-tp 1: replicated), or unset (the draft's all-reduces "
+                                               "not priced). With one --interconnect.")] = None,
+    topk: Annotated[int, typer.Option(help="With --engine: 1 chain drafting, more a tree of top-k per step.")] = 1,
+    draft_tp: Annotated[int | None, typer.Option(help="With --engine vllm: its draft_tensor_parallel_size.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output (the answer from a file is always JSON).")] = False,
 ) -> int:
     """Expected tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off.
@@ -99,7 +104,7 @@ def advise(
             answer = client.proposal(run_id)
         emit(answer, as_json, proposal_view(answer))
         return ExitCode.OK
-    from server.advisor import CostModel, compare_interconnects, load_allreduce_table
+    from server.advisor import CostModel, Drafting, compare_interconnects, load_allreduce_table
     from server.advisor import advise as advise_depth
 
     overrides: dict[str, object] = {
@@ -131,11 +136,14 @@ def advise(
                 seconds[int(ttt)] = float(value)
             except ValueError:
                 raise ValueError(f"--retrain-seconds wants TTT=SECONDS, e.g. 5=5400; got {item!r}") from None
+        if engine is not None and link == "both":
+            raise ValueError("--engine prices one deployment: pick --interconnect pcie or nvlink")
         if link == "both":
             result = compare_interconnects(report, tp, trained_ttt, seconds or None, min_gain, **overrides)
         else:
             cost = CostModel.for_interconnect(link, tp, **overrides)
-            result = advise_depth(report, link, tp, cost, trained_ttt, seconds or None, min_gain)
+            drafting = Drafting(engine=engine, topk=topk, draft_tp=draft_tp) if engine is not None else None
+            result = advise_depth(report, link, tp, cost, trained_ttt, seconds or None, min_gain, drafting=drafting)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     json.dump(result.model_dump(mode="json"), sys.stdout, indent=2)

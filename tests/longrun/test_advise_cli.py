@@ -45,3 +45,18 @@ def test_advise_evaluation_reads_the_trained_depth_from_the_apis_evaluation_json
     assert retrain["trained_ttt"] == 5 and "unknown" not in retrain["reason"]
     assert main(["advise", "--evaluation", str(path), "--interconnect", "pcie", "--trained-ttt", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["retrain"]["trained_ttt"] == 2
+
+
+def test_advise_evaluation_with_an_engine_shows_each_depths_terms(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "evaluation.json"
+    path.write_text(json.dumps({**EVALUATION, "ttt_steps": 1}))
+    args = ["advise", "--evaluation", str(path), "--interconnect", "pcie", "--tp", "8"]
+    assert main([*args, "--engine", "sglang"]) == 0
+    sglang = json.loads(capsys.readouterr().out)
+    assert sglang["drafting"]["sharded"] and sglang["by_depth"][0]["terms"]["draft_allreduces"] == 4
+    assert main([*args, "--engine", "vllm", "--draft-tp", "1"]) == 0
+    vllm = json.loads(capsys.readouterr().out)
+    assert not vllm["drafting"]["sharded"] and vllm["by_depth"][0]["terms"]["draft_allreduces"] == 0
+    with pytest.raises(SystemExit):
+        main(["advise", "--evaluation", str(path), "--engine", "sglang"])
+    assert "pick --interconnect" in capsys.readouterr().err
