@@ -23,10 +23,13 @@ def compare(lines: list[dict]) -> dict:
     dataset = (evaluation.get("dataset_text") or {}).get("by_depth") or []
     rows = []
     for d in range(1, depth + 1):
-        sim, real = validation[f"sim_tau_{d}"], evaluation["by_depth"][d - 1]["mean_accepted"]
+        row = evaluation["by_depth"][d - 1]
+        sim, real, interval = validation[f"sim_tau_{d}"], row["mean_accepted"], row.get("mean_accepted_interval")
         text = dataset[d - 1]["mean_accepted"] if d <= len(dataset) else None
         rows.append({"depth": d, "sim_tau": round(sim, 3), "decode_tau": round(real, 3),
-                     "gap": round(sim - real, 3), "relative_gap": round((sim - real) / real, 4),
+                     "decode_tau_interval": interval, "gap": round(sim - real, 3),
+                     "relative_gap": round((sim - real) / real, 4),
+                     "inside_interval": interval is not None and interval[0] <= sim <= interval[1],
                      "dataset_text_tau": round(text, 3) if text is not None else None,
                      "sim_acc": round(validation[f"sim_acc_{d}"], 3),
                      "decode_conditional_acceptance": round(evaluation["conditional_acceptance"][d - 1], 3)})
@@ -44,12 +47,14 @@ def main(argv=None) -> int:
         print(json.dumps(result))
         return 0
     print(f"TTT={result['ttt_steps']}, last validation at step {result['step']}, decoding: {result['rounds']} rounds")
-    print("depth  sim_tau  decode_tau  gap      dataset_text_tau  sim_acc  decode_cond_acc")
+    print("depth  sim_tau  decode_tau [90% interval]  gap      dataset_text_tau  sim_acc  decode_cond_acc")
     for r in result["by_depth"]:
         text = f"{r['dataset_text_tau']:.2f}" if r["dataset_text_tau"] is not None else "-"
-        print(f"{r['depth']:>5}  {r['sim_tau']:7.2f}  {r['decode_tau']:10.2f}  {r['relative_gap']:+7.1%}  {text:>16}  "
+        low, high = r["decode_tau_interval"] or (float("nan"), float("nan"))
+        print(f"{r['depth']:>5}  {r['sim_tau']:7.2f}  {r['decode_tau']:10.2f} [{low:5.2f}-{high:5.2f}]{'*' if r['inside_interval'] else ' '}"
+              f"  {r['relative_gap']:+7.1%}  {text:>16}  "
               f"{r['sim_acc']:7.2f}  {r['decode_conditional_acceptance']:15.2f}")
-    print(f"largest gap: {result['largest_relative_gap']:.1%}")
+    print(f"largest gap: {result['largest_relative_gap']:.1%}; * sim_tau inside decoding's 90% interval")
     return 0
 
 
