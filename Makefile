@@ -15,6 +15,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[dev,trainer,postgres]"
+	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -203,6 +203,13 @@ class TrainerSpec(Strict):
     global_batch_tokens: int | None = Field(None, gt=0)
     pack_samples: bool | None = None
     init_lm_head_from_verifier: bool | None = None
+    draft_num_heads: int | None = Field(None, gt=0, description="default: the verifier's (DeepSeek-V3 / Kimi-K2: 56)")
+    draft_num_kv_heads: int | None = Field(None, gt=0, description="default: the verifier's (DeepSeek-V3 / Kimi-K2: 8)")
+    draft_head_dim: int | None = Field(None, gt=0, description="default: the verifier's (DeepSeek-V3 / Kimi-K2: 128)")
+    fc_norm: bool | None = Field(None, description="EAGLE 3.1: an RMSNorm per captured feature before fc")
+    norm_output: bool | None = Field(None, description="EAGLE 3.1: each TTT step reads the previous one after the final norm")
+    export_format: str | None = Field(None, pattern=r"^(engine|speculators)(,(engine|speculators))*$",
+                                      description="engine (always written), speculators: also <output_dir>/speculators/")
     grad_clip: float | None = Field(None, gt=0)
     save_every: int | None = Field(None, ge=0)
     max_steps: int | None = Field(None, gt=0)

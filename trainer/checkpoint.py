@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.model import EagleDraft, load_draft_weights, save_draft
+from trainer.model import SPECULATORS_DIR, EagleDraft, load_draft_weights, save_draft, save_speculators_draft
 
 CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
+EXPORT_FORMATS = ("engine", "speculators")
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -83,10 +84,13 @@ class Checkpointer:
         world_size: int = 1,
         barrier: Callable[[], None] = lambda: None,
         keep: int = 2,
+        export_formats: tuple[str, ...] = ("engine",),
+        verifier_path: str | None = None,
     ):
         self.output_dir, self.draft, self.optimizer, self.scheduler = Path(output_dir), draft, optimizer, scheduler
         self.generators, self.settings, self.save_every = generators, settings, save_every
         self.rank, self.world_size, self.barrier, self.keep = rank, world_size, barrier, keep
+        self.export_formats, self.verifier_path = export_formats, verifier_path
 
     def due(self, step: int) -> bool:
         return bool(self.save_every) and step % self.save_every == 0
@@ -114,7 +118,7 @@ class Checkpointer:
             if final.exists():  # the same step saved by an earlier attempt
                 shutil.rmtree(final)
             tmp.rename(final)
-            export_draft(self.output_dir, self.draft)
+            export_draft(self.output_dir, self.draft, self.export_formats, self.verifier_path)
             for old in complete_checkpoints(self.output_dir)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         self.barrier()
@@ -141,12 +145,20 @@ class Checkpointer:
         return Position(saved["step"], saved["epoch"], batch), saved
 
 
-def export_draft(output_dir: str | Path, draft: EagleDraft) -> None:
-    """The newest draft at <output-dir>/model.safetensors + config.json, in bf16 for inference engines."""
+def export_draft(output_dir: str | Path, draft: EagleDraft, formats: tuple[str, ...] = ("engine",),
+                 verifier_path: str | None = None) -> None:
+    """The newest draft in bf16: at <output-dir>/model.safetensors + config.json for inference engines (always),
+    and with "speculators" in `formats` at <output-dir>/speculators/ in speculators' own format."""
     output_dir = Path(output_dir)
-    tmp = output_dir / ".export.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_draft(draft, tmp, dtype=torch.bfloat16)
-    for name in ("model.safetensors", "config.json"):
-        (tmp / name).replace(output_dir / name)
-    tmp.rmdir()
+    writers = {"engine": (output_dir, lambda d: save_draft(draft, d, dtype=torch.bfloat16))}
+    if "speculators" in formats:
+        writers["speculators"] = (output_dir / SPECULATORS_DIR, lambda d: save_speculators_draft(
+            draft, d, dtype=torch.bfloat16, verifier_path=verifier_path))
+    for name, (target, write) in writers.items():
+        tmp = output_dir / f".export-{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
+        target.mkdir(parents=True, exist_ok=True)
+        for file in ("model.safetensors", "config.json"):
+            (tmp / file).replace(target / file)
+        tmp.rmdir()

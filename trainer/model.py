@@ -2,7 +2,15 @@
 
 Read top to bottom: the config, the building blocks (RMSNorm, RoPE, MLP), the attention of one
 TTT step, the decoder layer, the draft itself, and saving/loading in the format that inference
-engines (vLLM, SGLang: `LlamaForCausalLMEagle3`) load.
+engines (vLLM, SGLang: `LlamaForCausalLMEagle3`) load, and in speculators' own format.
+
+EAGLE 3.1 (two options, off by default), as speculators 0.9.0 writes it, src/speculators/models/eagle3/core.py
+and config.py (`Eagle3DraftModel.forward`, `Eagle3SpeculatorConfig`; at c05b95b of its main branch its
+trainer turns `norm_output` on by default for eagle3, src/speculators/train/config/schema.py):
+- `fc_norm`: one RMSNorm per captured feature before the fusing fc, `fc(cat(norm_a(h_a), norm_b(h_b), norm_c(h_c)))`,
+  weights `fc_norm.{i}.weight`;
+- `norm_output`: the hidden state handed to the next TTT step (and the next drafted token) is the final norm's
+  output, and the lm_head reads it as is, instead of the pre-norm hidden state.
 
 The attention input is `[norm(embedding of the token), norm(hidden)]` (2H wide). Its q/k/v
 projection is kept as two halves, `qkv_token` and `qkv_hidden`, whose sum equals the projection
@@ -25,6 +33,9 @@ from trainer.attention import ttt_attention
 from trainer.compiled import compiled
 from trainer.verifier_model import default_layer_ids
 
+# model_type -> (heads, KV heads, head_dim) of the draft served for that verifier family
+FAMILY_DRAFT_ATTENTION = {"deepseek_v3": (56, 8, 128), "kimi_k2": (56, 8, 128)}
+
 
 @dataclass
 class DraftConfig:
@@ -42,23 +53,42 @@ class DraftConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 8192
     ttt_steps: int = 1
+    fc_norm: bool = False  # EAGLE 3.1: an RMSNorm per captured feature before fc
+    norm_output: bool = False  # EAGLE 3.1: the next step reads the final norm's output
 
     @classmethod
-    def from_verifier(cls, verifier: dict, draft_vocab_size: int, ttt_steps: int) -> "DraftConfig":
-        """Draft shapes from a verifier's config.json (already unwrapped from any `text_config`)."""
+    def from_verifier(cls, verifier: dict, draft_vocab_size: int, ttt_steps: int, num_heads: int | None = None,
+                      num_kv_heads: int | None = None, head_dim: int | None = None, fc_norm: bool = False,
+                      norm_output: bool = False) -> "DraftConfig":
+        """Draft shapes from a verifier's config.json (already unwrapped from any `text_config`).
+
+        The attention shape is the verifier's, except for the DeepSeek-V3 / Kimi-K2 family (multi-head latent
+        attention, which a Llama-style draft cannot copy): there the draft the engines are served with is 56 heads,
+        8 KV heads of 128 (SpecForge's configs/deepseek-v3-671b-eagle3.json @ a6b6b02). `num_heads`,
+        `num_kv_heads`, `head_dim` override either."""
         hidden = verifier["hidden_size"]
-        heads = verifier["num_attention_heads"]
         layers = verifier["num_hidden_layers"]
+        family = FAMILY_DRAFT_ATTENTION.get(verifier.get("model_type", ""))
+        if family:
+            heads, kv_heads, dim = family
+        else:
+            heads = verifier["num_attention_heads"]
+            kv_heads, dim = verifier.get("num_key_value_heads") or heads, verifier.get("head_dim") or hidden // heads
+        heads, kv_heads, dim = num_heads or heads, num_kv_heads or kv_heads, head_dim or dim
+        if heads % kv_heads:
+            raise ValueError(f"{heads} attention heads cannot share {kv_heads} KV heads evenly")
         rope = verifier.get("rope_parameters") or {}
         scaling = verifier.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        if scaling and scaling.get("rope_type", scaling.get("type")) not in ("linear", "llama3"):
+        if scaling and scaling.get("rope_type", scaling.get("type")) not in ("linear", "llama3", "yarn"):
             scaling = None  # the draft has its own RoPE; unknown scalings fall back to plain RoPE
+        if scaling:
+            scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
         return cls(
             hidden_size=hidden,
             intermediate_size=verifier["intermediate_size"],
             num_attention_heads=heads,
-            num_key_value_heads=verifier.get("num_key_value_heads") or heads,
-            head_dim=verifier.get("head_dim") or hidden // heads,
+            num_key_value_heads=kv_heads,
+            head_dim=dim,
             rms_norm_eps=verifier.get("rms_norm_eps", 1e-6),
             rope_theta=verifier.get("rope_theta") or rope.get("rope_theta", 10000.0),
             rope_scaling=dict(scaling) if scaling else None,
@@ -68,6 +98,8 @@ class DraftConfig:
             target_hidden_size=hidden,
             aux_hidden_state_layer_ids=default_layer_ids(layers),
             ttt_steps=ttt_steps,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
         )
 
     def to_engine_config(self) -> dict:
@@ -128,6 +160,8 @@ rms_norm = compiled(_rms_norm)
 
 
 def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
+    """The draft's RoPE frequencies: plain, linear, llama3 or YaRN scaled as the verifier's config says (YaRN as
+    transformers' `_compute_yarn_parameters`, the one a DeepSeek-V3 verifier runs)."""
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     scaling = config.rope_scaling or {}
@@ -143,7 +177,46 @@ def rope_inverse_frequencies(config: DraftConfig) -> Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv_freq = _yarn_inverse_frequencies(config, scaling)
     return inv_freq.float()
+
+
+def _yarn_inverse_frequencies(config: DraftConfig, scaling: dict) -> Tensor:
+    d, base = config.head_dim, config.rope_theta
+    factor = scaling.get("factor") or config.max_position_embeddings / scaling["original_max_position_embeddings"]
+    original = scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    extrapolation = 1 - ramp
+    return (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+
+
+def rope_attention_factor(config: DraftConfig) -> float:
+    """The factor on cos/sin: 1 but for YaRN (its `attention_factor`, else mscale / mscale_all_dim, else
+    0.1 ln(factor) + 1, as transformers)."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling.get("factor") or config.max_position_embeddings / scaling["original_max_position_embeddings"]
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -273,6 +346,8 @@ class EagleDraft(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(config.target_hidden_size, config.rms_norm_eps) for _ in range(3))
         self.midlayer = DraftDecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
@@ -282,6 +357,7 @@ class EagleDraft(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self.rope_factor = rope_attention_factor(config)
 
     def set_vocab_mapping(self, d2t: Tensor, t2d: Tensor) -> None:
         self.d2t.copy_(d2t)
@@ -289,6 +365,9 @@ class EagleDraft(nn.Module):
 
     def fuse(self, hidden_states: Tensor) -> Tensor:
         """The three captured verifier features [B, S, 3H] fused to the draft's width."""
+        if self.config.fc_norm:
+            chunks = hidden_states.chunk(3, dim=-1)
+            hidden_states = torch.cat([norm(x) for norm, x in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(hidden_states)
 
     def token_qkv(self, token_ids: Tensor) -> Tensor:
@@ -300,6 +379,8 @@ class EagleDraft(nn.Module):
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         freqs = positions.float()[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.rope_factor != 1.0:
+            return emb.cos() * self.rope_factor, emb.sin() * self.rope_factor
         return emb.cos(), emb.sin()
 
     def step(self, cache: TTTCache, hidden: Tensor, token_qkv: Tensor, cos: Tensor, sin: Tensor,
@@ -307,14 +388,17 @@ class EagleDraft(nn.Module):
         """One TTT step. `hidden` [B, Q, H] is the fused verifier features at step 0 and the previous
         step's output after that; `token_qkv` [B, Q, n_qkv] the token half for the tokens these
         positions read; cos/sin the RoPE of their positions; `weights` the layer's `step_weights()`, taken
-        once per chain (each step takes them itself without). Returns the step's output hidden state."""
-        return self.midlayer(hidden, token_qkv, cos, sin, cache, weights)
+        once per chain (each step takes them itself without). Returns the step's output hidden state (with
+        `norm_output`, after the final norm: what the next step and `logits` read)."""
+        out = self.midlayer(hidden, token_qkv, cos, sin, cache, weights)
+        return self.norm(out) if self.config.norm_output else out
 
     def step_weights(self) -> tuple[Tensor, ...]:
         return self.midlayer.step_weights()
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(self.norm(hidden))
+        """The draft-vocabulary logits of a step's output (`step` already applied the final norm with `norm_output`)."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
 
 _QKV = ("q_proj", "k_proj", "v_proj")
@@ -339,20 +423,22 @@ def _from_engine_state_dict(state: dict[str, Tensor], hidden_size: int) -> dict[
     return state
 
 
-def save_draft(draft: EagleDraft, directory: str | Path, dtype: torch.dtype | None = None) -> None:
-    """Write model.safetensors + config.json (engine-loadable). `dtype` casts floating tensors."""
+def _write(directory: str | Path, state: dict[str, Tensor], config: dict, dtype: torch.dtype | None) -> None:
+    """model.safetensors (floating tensors cast to `dtype`) + config.json in `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {}
-    for name, tensor in engine_state_dict(draft).items():
-        if dtype is not None and tensor.is_floating_point():
-            tensor = tensor.to(dtype)
-        state[name] = tensor.contiguous().cpu()
+    cast = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous().cpu()
+            for name, t in state.items()}
+    save_file(cast, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def save_draft(draft: EagleDraft, directory: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write model.safetensors + config.json (engine-loadable). `dtype` casts floating tensors."""
     config = draft.config.to_engine_config()
     if dtype is not None:
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write(directory, engine_state_dict(draft), config, dtype)
 
 
 def read_draft_config(directory: str | Path) -> DraftConfig:
@@ -380,3 +466,74 @@ def load_draft(directory: str | Path, embed_weight: Tensor | None = None) -> Eag
     draft = EagleDraft(read_draft_config(directory), embed_weight)
     load_draft_weights(draft, directory)
     return draft
+
+
+SPECULATORS_DIR = "speculators"  # the speculators-format export, beside the engine export
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes
+
+
+def speculators_config(config: DraftConfig, verifier_path: str | Path | None = None, dtype: str = "bfloat16") -> dict:
+    """config.json in speculators' own format, as speculators 0.9.0 `Eagle3SpeculatorConfig.to_dict` writes it
+    (src/speculators/models/eagle3/config.py, src/speculators/config.py): the capture layers as
+    `eagle_aux_hidden_state_layer_ids` (inputs of layers, longrun's convention), the decoder layer as a Llama
+    `transformer_layer_config`. `norm_before_residual` is written as false: vLLM's reader of this format
+    (vllm/transformers_utils/configs/speculators/algos.py @ cfb173a) takes it as true when absent."""
+    verifier_architectures = ["LlamaForCausalLM"]
+    if verifier_path is not None and (Path(verifier_path) / "config.json").is_file():
+        verifier_architectures = json.loads((Path(verifier_path) / "config.json").read_text()).get(
+            "architectures") or verifier_architectures
+    rope = {"rope_theta": config.rope_theta, "rope_type": "default"}
+    if config.rope_scaling:
+        kind = config.rope_scaling.get("rope_type", config.rope_scaling.get("type", "default"))
+        rope.update({k: v for k, v in config.rope_scaling.items() if k not in ("type", "rope_type")}, rope_type=kind)
+    layer = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings, "rope_parameters": rope,
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "dtype": dtype,
+    }
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "auto_map": {"": "config.Eagle3SpeculatorConfig"},
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_hidden_state_layer_ids),
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": config.fc_norm,
+        "norm_output": config.norm_output,
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "dtype": dtype,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.ttt_steps,
+                                  "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+            "verifier": {"name_or_path": str(verifier_path) if verifier_path is not None else None,
+                         "architectures": verifier_architectures},
+        },
+    }
+
+
+def speculators_state_dict(draft: EagleDraft) -> dict[str, Tensor]:
+    """The engine weights under speculators' names (the decoder layer is `layers.0.*` instead of `midlayer.*`), and
+    the verifier's token embedding as `embed_tokens.weight`, as speculators' own `save_pretrained` writes: without
+    it, speculators 0.9.0 `SpeculatorModel.from_pretrained` keeps uninitialised memory for the embedding (its
+    `_load_verifier_weights` loads the verifier's only where the weight is NaN, src/speculators/model.py)."""
+    state = {name.replace("midlayer.", "layers.0.", 1): t for name, t in engine_state_dict(draft).items()}
+    state["embed_tokens.weight"] = draft.embed_weight
+    return state
+
+
+def save_speculators_draft(draft: EagleDraft, directory: str | Path, dtype: torch.dtype | None = None,
+                           verifier_path: str | Path | None = None) -> None:
+    """Write model.safetensors + config.json that speculators' `SpeculatorModel.from_pretrained` loads (the
+    verifier's norm and lm_head come from `verifier_path` when it loads)."""
+    config = speculators_config(draft.config, verifier_path, str(dtype or draft.fc.weight.dtype).removeprefix("torch."))
+    _write(directory, speculators_state_dict(draft), config, dtype)

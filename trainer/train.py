@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from trainer.checkpoint import Checkpointer, Position, latest_checkpoint
+from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
 from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data
 from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
@@ -90,6 +90,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="experiment trackers, comma-separated; one tracker run per longrun run across attempts")
     p.add_argument("--tracking-dir", default=None,
                    help="where trackers write (default: the longrun run's records/<run>/tracking, else <output-dir>/tracking)")
+    # draft shape, EAGLE 3.1 and export formats (trainer/model.py)
+    p.add_argument("--draft-num-heads", type=int, default=None,
+                   help="attention heads of the draft (default: the verifier's; 56 for DeepSeek-V3 / Kimi-K2)")
+    p.add_argument("--draft-num-kv-heads", type=int, default=None,
+                   help="KV heads of the draft (default: the verifier's; 8 for DeepSeek-V3 / Kimi-K2)")
+    p.add_argument("--draft-head-dim", type=int, default=None,
+                   help="head dimension of the draft (default: the verifier's; 128 for DeepSeek-V3 / Kimi-K2)")
+    p.add_argument("--fc-norm", action="store_true", help="EAGLE 3.1: an RMSNorm per captured feature before fc")
+    p.add_argument("--norm-output", action="store_true",
+                   help="EAGLE 3.1: each TTT step reads the previous step's hidden state after the final norm")
+    p.add_argument("--export-format", default="engine", type=lambda v: tuple(v.split(",")),
+                   help="comma-separated: engine (config.json + model.safetensors in the output dir, always "
+                        "written), speculators (speculators' own format in <output-dir>/speculators/)")
     p.add_argument("--eval-corpus", default=None,
                    help="held-out text: at the end, measure acceptance by depth (trainer.evaluate) and report it")
     p.add_argument("--eval-max-depth", type=int, default=8)
@@ -102,6 +115,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--ttt-steps, --epochs and --batch-size must be at least 1, --max-seq-len at least 2")
     if args.init_from and args.init_lm_head_from_verifier:
         p.error("--init-from brings its own lm_head; drop --init-lm-head-from-verifier")
+    if set(args.export_format) - set(EXPORT_FORMATS):
+        p.error(f"--export-format: one or more of {', '.join(EXPORT_FORMATS)}")
     try:
         parse_report_to(args.report_to or "")
     except ValueError as exc:
@@ -195,7 +210,8 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
     d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
     verifier = read_verifier_config(args.verifier_path)
-    config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps)
+    config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps, args.draft_num_heads,
+                                       args.draft_num_kv_heads, args.draft_head_dim, args.fc_norm, args.norm_output)
     data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"])
     config.aux_hidden_state_layer_ids = data.layer_ids
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
@@ -355,6 +371,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         output_dir, draft, optimizer, scheduler, {"noise": noise},
         {"total_steps": total_steps, "ttt_steps": args.ttt_steps, "args": vars(args)},
         args.save_every, ctx.rank, ctx.world_size, ctx.barrier,
+        export_formats=args.export_format, verifier_path=str(Path(args.verifier_path).resolve()),
     )
     position = Position()
     if resume_from is not None:
