@@ -181,6 +181,8 @@ def test_simulated_acceptance_streams_through_the_api_for_a_bundled_trainer_run(
     assert taus == sorted(taus)
     losses = service.series(run["id"], "val_loss")
     assert [p["step"] for p in losses] == [p["step"] for p in series["sim_tau_16"]], "they stream with val_loss"
+    streamed = [e for e in service.events(run["id"]) if "sim_tau_16" in json.dumps(e)]
+    assert len(streamed) >= 1, "the run's event stream (SSE) carries them too"
 
     off = service.submit({**spec, "name": "eagle3-nosim",
                           "trainer": {**spec["trainer"], "output_dir": str(service.workspace / "out2"), "epochs": 1,
