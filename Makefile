@@ -3,17 +3,32 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# where torch comes from: empty picks one (below); set it to install from that index only, e.g.
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 for a CUDA build
+TORCH_INDEX_URL ?=
+TORCH_CPU_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# the service's dependencies at their floors (make test-lowest)
+LOWEST_VENV ?= .venv-lowest
 # most tests wait on the processes they start: two pytest processes keep a 2-core machine busy
 TEST_PROCESSES ?= 2
 
-.PHONY: setup test test-fast lint demo system-deps clean
+.PHONY: setup test test-fast test-lowest lint demo system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned, when none is present: a loose range would pull a multi-GB CUDA build
+# torch first, pinned, when none is present: a loose range would pull a multi-GB CUDA build. The build: from
+# TORCH_INDEX_URL when set; else what pip serves when the box has a GPU (nvidia-smi), is not Linux (PyPI's builds
+# there are CPU builds), or pip already serves a CPU build (a local wheel: its version ends in +cpu); else the CPU
+# build from PyTorch's CPU index (PyPI's Linux build brings several GB of nvidia-* wheels a CPU box cannot use)
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/python -c "import torch" 2>/dev/null || { \
+		if [ -n "$(TORCH_INDEX_URL)" ]; then index="$(TORCH_INDEX_URL)"; \
+		elif command -v nvidia-smi >/dev/null || [ "$$(uname -s)" != Linux ] || $(BIN)/pip install -q --dry-run \
+			--ignore-installed --no-deps --report - "torch==$(TORCH_VERSION)" 2>/dev/null | grep -q '"version": "[^"]*+cpu"'; \
+		then index=; else index="$(TORCH_CPU_INDEX_URL)"; fi; \
+		echo "installing torch==$(TORCH_VERSION) from $${index:-pip's configured index}"; \
+		$(BIN)/pip install -q $${index:+--index-url "$$index"} "torch==$(TORCH_VERSION)"; }
 	$(BIN)/pip install -q -e ".[dev,trainer,postgres]"
 	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
 	touch $@
@@ -39,6 +54,24 @@ lint: setup
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup
+	$(MAKE) test-lowest
+
+# the floors in pyproject.toml, checked: the service's dependencies resolved to the lowest versions they allow
+# (uv's lowest-direct) in a venv of their own, and the fast tests that need no torch run there (the trainer's
+# extra is not floored here: its torch builds are not on every index)
+LOWEST_IGNORE := --ignore=tests/trainer --ignore=tests/web --ignore=tests/server/test_schemathesis.py \
+	--ignore=tests/test_benchmark_decode_tp.py --ignore=tests/worker/test_interconnect.py
+$(LOWEST_VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/pip install -q uv
+	rm -rf $(LOWEST_VENV)
+	$(BIN)/python -m uv venv -q --python $(PYTHON) $(LOWEST_VENV)
+	$(BIN)/python -m uv pip compile -q --resolution lowest-direct --extra postgres pyproject.toml -o $(LOWEST_VENV)/floors.txt
+	$(BIN)/python -m uv pip install -q --python $(LOWEST_VENV)/bin/python -c $(LOWEST_VENV)/floors.txt -e ".[postgres]" "tensorboard>=2.14" \
+		"pytest>=8" "pytest-xdist>=3.5"
+	touch $@
+
+test-lowest: $(LOWEST_VENV)/.installed
+	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) -m "not slow" $(LOWEST_IGNORE)
 
 # unit and in-process API tests only: no server, sshd or torchrun is started
 test-fast: setup
@@ -48,4 +81,4 @@ demo: setup
 	$(BIN)/python examples/demo.py
 
 clean:
-	rm -rf .demo .pytest_cache
+	rm -rf .demo .pytest_cache $(LOWEST_VENV)
