@@ -15,6 +15,34 @@ from server.schemas import RunAdvicePublic
 PACE_HISTORY_LIMIT = 50
 
 
+# an id prefix shorter than this is too likely to match by accident (ids are 12 hex digits)
+MIN_ID_PREFIX = 4
+ID_CHARS = frozenset("0123456789abcdef")
+MAX_CANDIDATES = 10
+
+
+def resolve_run_id(session: Session, ref: str) -> str:
+    """The id of the run that `ref` names: its id, a unique prefix of its id, or its unique name. NotFound when
+    none matches; Conflict listing the candidates when several do."""
+    if session.scalar(select(Run.id).where(Run.id == ref)) is not None:
+        return ref
+    found: dict[str, Run] = {}
+    if len(ref) >= MIN_ID_PREFIX and set(ref) <= ID_CHARS:
+        found.update((r.id, r) for r in session.scalars(
+            select(Run).where(Run.id.startswith(ref)).order_by(Run.created_at.desc()).limit(MAX_CANDIDATES + 1)))
+    found.update((r.id, r) for r in session.scalars(
+        select(Run).where(Run.name == ref).order_by(Run.created_at.desc()).limit(MAX_CANDIDATES + 1)))
+    if len(found) == 1:
+        return next(iter(found))
+    if not found:
+        raise NotFound(f"no run with id {ref!r} (nor one with that id prefix or name)")
+    listed = sorted(found.values(), key=lambda r: r.created_at, reverse=True)
+    names = "; ".join(f"{r.id} {r.name} ({r.status}, {r.created_at:%Y-%m-%d %H:%M})" for r in listed[:MAX_CANDIDATES])
+    more = " and more" if len(listed) > MAX_CANDIDATES else ""
+    raise Conflict(f"{ref!r} names {len(listed) if not more else 'more than ' + str(MAX_CANDIDATES)} runs: {names}"
+                   f"{more}; give the id (or a longer prefix of it)")
+
+
 def get_run(session: Session, run_id: str) -> Run:
     """The run with its attempts; in a write transaction on a server database, row-locked until commit."""
     if session.info.get("lock_rows"):

@@ -28,10 +28,12 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
             runs = client.list(limit=100)["items"]
     except (LongrunError, ConfigError, httpx.HTTPError):
         return []
-    return [(r["id"], f"{r['name']} ({r['status']})") for r in runs if r["id"].startswith(incomplete)]
+    return [(r["id"], f"{r['name']} ({r['status']})") for r in runs if r["id"].startswith(incomplete)] + [
+        (r["name"], f"{r['id']} ({r['status']})") for r in runs if r["name"].startswith(incomplete)]
 
 
-RunId = Annotated[str, typer.Argument(help="The run's id (`longrun status` lists them).",
+RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its unique name "
+                                      "(`longrun status` lists them).",
                                       autocompletion=complete_run_id)]
 Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
 Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",

@@ -125,7 +125,8 @@ def test_refusals_usage_errors_and_their_exit_codes(cli: App, tmp_path: Path, ca
     assert "longrun: 404 no run with id 'nope'" in capsys.readouterr().err
     assert exit_code(["status", "nope", "--json"]) == ExitCode.REFUSED
     out = capsys.readouterr().out
-    assert json.loads(out) == {"error": "404 no run with id 'nope'", "exit_code": 5, "status_code": 404}
+    assert json.loads(out) == {"error": "404 no run with id 'nope' (nor one with that id prefix or name)",
+                               "exit_code": 5, "status_code": 404}
     run = cli.submit()
     assert exit_code(["restart", run["id"], "--set", "colour=red"]) == ExitCode.REFUSED
     assert "longrun: 422 overrides.colour: unknown override" in capsys.readouterr().err

@@ -177,7 +177,8 @@ def test_a_run_is_404_when_unknown_on_every_route(api: App) -> None:
                          ("GET", "/v1/runs/nope/logs"), ("GET", "/v1/runs/nope/events"),
                          ("GET", "/v1/runs/nope/evaluation"), ("GET", "/v1/runs/nope/advice")]:
         r = api.client.request(method, path)
-        assert r.status_code == 404 and r.json() == {"detail": "no run with id 'nope'"}, (method, path)
+        assert r.status_code == 404 and r.json() == {
+            "detail": "no run with id 'nope' (nor one with that id prefix or name)"}, (method, path)
 
 
 def test_runs_are_listed_newest_first_in_pages_and_by_status(api: App) -> None:

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server import proposal, queries, runs, views
 from server.api.deps import DB, ReadSession, WriteSession
+from server.api.run_ref import RunRef
 from server.errors import NotFound
 from server.lifecycle import TERMINAL, RunStatus
 from server.models import Event, Run
@@ -61,20 +62,20 @@ async def get_run(run_id: str, db: DB) -> Response:
     # take three), serialised once, skipping FastAPI's second validation pass
     def body() -> str:
         with db.reading() as session:
-            return _public(session, queries.get_run(session, run_id)).model_dump_json()
+            return _public(session, queries.get_run(session, queries.resolve_run_id(session, run_id))).model_dump_json()
 
     return Response(await run_in_threadpool(body), media_type="application/json")
 
 
 @router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED, responses={**NOT_FOUND, **CONFLICT})
-def cancel_run(run_id: str, session: WriteSession) -> RunPublic:
+def cancel_run(run_id: RunRef, session: WriteSession) -> RunPublic:
     return _public(session, runs.request_cancel(session, run_id))
 
 
 @router.post("/{run_id}/restart", status_code=status.HTTP_202_ACCEPTED,
              responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"},
                         **NOT_FOUND, **CONFLICT})
-def restart_run(run_id: str, session: WriteSession, response: Response, body: RestartRequest | None = None,
+def restart_run(run_id: RunRef, session: WriteSession, response: Response, body: RestartRequest | None = None,
                 dry_run: bool = False) -> RunPublic | DryRunPublic:
     body = body or RestartRequest()
     if dry_run:
@@ -84,14 +85,14 @@ def restart_run(run_id: str, session: WriteSession, response: Response, body: Re
 
 
 @router.get("/{run_id}/metrics", responses=NOT_FOUND)
-def get_metrics(run_id: str, session: ReadSession, names: str | None = None, attempt: int | None = None,
+def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: int | None = None,
                 since_step: int | None = None, limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> MetricsPublic:
     wanted = [n for n in names.split(",") if n] if names else None
     return MetricsPublic(series=queries.metric_series(session, run_id, wanted, attempt, since_step, limit))
 
 
 @router.get("/{run_id}/logs", responses=NOT_FOUND)
-def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
+def get_logs(run_id: RunRef, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
              attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
     number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
@@ -99,7 +100,7 @@ def get_logs(run_id: str, session: ReadSession, tail: Annotated[int | None, Quer
 
 
 @router.get("/{run_id}/evaluation", responses={404: {"description": "no such run, or not evaluated yet"}})
-def get_evaluation(run_id: str, session: ReadSession) -> EvaluationPublic:
+def get_evaluation(run_id: RunRef, session: ReadSession) -> EvaluationPublic:
     """The acceptance report of the run's newest evaluated draft, and every attempt's in `by_attempt`."""
     reports = views.evaluations(queries.get_run(session, run_id))
     if not reports:
@@ -110,7 +111,7 @@ def get_evaluation(run_id: str, session: ReadSession) -> EvaluationPublic:
 @router.get("/{run_id}/advice", responses={404: {"description": "no such run or host, or not evaluated yet"},
                                            409: {"description": "the evaluation cannot be advised on, or the "
                                                  "deploy host has no table measured at this tp"}})
-def get_advice(run_id: str, session: ReadSession, interconnect: Literal["pcie", "nvlink"] | None = None,
+def get_advice(run_id: RunRef, session: ReadSession, interconnect: Literal["pcie", "nvlink"] | None = None,
                tp: Annotated[int | None, Query(ge=1, le=64)] = None,
                attempt: Annotated[int | None, Query(ge=1)] = None,
                deploy_host: Annotated[str | None, Query(max_length=64)] = None) -> RunAdvicePublic:
@@ -135,11 +136,15 @@ def get_proposal(run_id: str, session: ReadSession) -> proposal.ProposalPublic:
 async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header()] = None) -> EventSourceResponse:
     """Server-Sent Events: `status`, `metrics`, `stall` and `proposal` events as they are stored; resumable with Last-Event-ID."""
 
+    def resolve() -> str:
+        with db.reading() as s:
+            return queries.resolve_run_id(s, run_id)
+
+    run_id = await run_in_threadpool(resolve)  # 404 before the stream starts
+
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:
             return queries.events_after(s, run_id, after)
-
-    await run_in_threadpool(fetch, 0)  # 404 before the stream starts
 
     async def stream():
         after = last_event_id or 0
