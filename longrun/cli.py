@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(ExitCode.UNREACHABLE, f"lost the server at {url}: {exc.__class__.__name__} {exc}")
     except APIError as exc:
         code = _fail(ExitCode.REFUSED, str(exc), exc.status_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):  # Ctrl-C, or a no to a confirmation: nothing was sent
         code = ExitCode.INTERRUPTED
     if isinstance(code, int) and code != 0:
         raise SystemExit(int(code))

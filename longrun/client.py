@@ -8,6 +8,8 @@
         print(snapshot["status"], snapshot["progress"])
     client.restart(run["id"], ttt_steps=5, clean=True, dry_run=True)   # the predicted duration, nothing changed
 
+A run is named by its id, a unique prefix of it, or its unique name, wherever a method takes `run_id`.
+
 Answers are the API's JSON as dicts (shapes in docs/architecture.md and /openapi.json). A refusal raises an
 APIError subclass carrying the server's message; a server that cannot be reached raises ServerUnreachable.
 """
@@ -135,7 +137,7 @@ class Client:
         except httpx.ConnectError:
             raise ServerUnreachable(self.url) from None
         _raise_for(response)
-        return response.json()
+        return response.json() if response.content else None
 
     # runs
 
@@ -261,6 +263,10 @@ class Client:
         body = {"overrides": {**(overrides or {}), **fields}, "clean": clean, "init_from_last": init_from_last}
         return self._call("POST", f"/v1/runs/{run_id}/restart", params={"dry_run": str(dry_run).lower()}, json=body)
 
+    def delete(self, run_id: str) -> None:
+        """Forget an ended run with its metrics, logs and events (Conflict while it has not ended)."""
+        self._call("DELETE", f"/v1/runs/{run_id}")
+
     def metrics(self, run_id: str, names: list[str] | None = None, attempt: int | None = None,
                 since_step: int | None = None, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
         """Time series by metric name: [{"attempt", "step", "value", "time"}, ...], at most `limit` points in
@@ -314,6 +320,15 @@ class Client:
         the server names what is missing."""
         body = {"name": name, "address": address, "workspace": workspace, **fields}
         return self._call("POST", "/v1/hosts", json={k: v for k, v in body.items() if v is not None})
+
+    def update_host(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Change a host's fields (address, port, username, key_path, workspace, host_key, python); a field given
+        as None is cleared (username, key_path, host_key)."""
+        return self._call("PATCH", f"/v1/hosts/{name}", json=fields)
+
+    def delete_host(self, name: str) -> None:
+        """Forget a host (Conflict while a run that has not ended uses it)."""
+        self._call("DELETE", f"/v1/hosts/{name}")
 
     def host_gpus(self, name: str, max_age: float | None = None, wait: float | None = None) -> dict[str, Any]:
         """The host's GPUs and the processes on them, asking the worker for a fresh look when older than max_age."""

@@ -9,8 +9,9 @@ from sqlalchemy.orm import Session
 from server.advisor.tables import Table
 from server.config import Settings
 from server.errors import Conflict, NotFound, Unavailable
-from server.models import Host, utcnow
-from server.schemas import HostCreate
+from server.lifecycle import ACTIVE
+from server.models import Host, Run, utcnow
+from server.schemas import HostCreate, HostUpdate
 from server.wakeup import wake_workers
 
 
@@ -21,6 +22,43 @@ def register_host(session: Session, spec: HostCreate) -> Host:
     session.add(host)
     session.flush()
     return host
+
+
+def runs_using(session: Session, name: str) -> list[Run]:
+    """The runs not yet ended that go to host `name`."""
+    active = session.scalars(select(Run).where(Run.status.in_(ACTIVE)).order_by(Run.created_at))
+    return [r for r in active if name in (r.hosts or [])]
+
+
+def _in_use(runs: list[Run]) -> str:
+    return ", ".join(f"{r.name} [{r.id}] ({r.status})" for r in runs[:5]) + (" and more" if len(runs) > 5 else "")
+
+
+def update_host(session: Session, name: str, change: HostUpdate) -> Host:
+    """Change how the host is reached (a new key, address, user, key, port) or its python; the worker's next
+    connection uses the new settings. The workspace holds the files of the runs under way there: it changes
+    only while no run uses the host."""
+    host = get_host(session, name)
+    fields = change.model_dump(exclude_unset=True)
+    if "workspace" in fields and fields["workspace"] != host.workspace and (using := runs_using(session, name)):
+        raise Conflict(f"{name}'s workspace holds the files of {_in_use(using)}: change it once they have ended "
+                       f"(`longrun cancel RUN`)")
+    for field, value in fields.items():
+        setattr(host, field, value)
+    if fields.keys() - {"python"}:
+        # what was learnt over the old settings says nothing about the new ones
+        host.reachable, host.last_error = None, None
+    wake_workers(session)
+    session.flush()
+    return host
+
+
+def delete_host(session: Session, name: str) -> None:
+    """Forget the host; refused while a run that has not ended goes there. Nothing on the host is touched."""
+    host = get_host(session, name)
+    if using := runs_using(session, name):
+        raise Conflict(f"{name} is used by {_in_use(using)}: cancel them first (`longrun cancel RUN`)")
+    session.delete(host)
 
 
 def get_host(session: Session, name: str) -> Host:

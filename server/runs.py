@@ -10,13 +10,14 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from server import eta, queries
 from server.errors import Conflict, FieldError
 from server.layout import HostLayout
 from server.lifecycle import (
+    TERMINAL,
     RunStatus,
     TransitionError,
     open_attempt,
@@ -24,7 +25,7 @@ from server.lifecycle import (
     restart_run,
     transition,
 )
-from server.models import Host, Run, utcnow
+from server.models import Event, Host, LogChunk, MetricPoint, Run, utcnow
 from server.queries import get_run
 from server.schemas import (
     RESTART_TOP_LEVEL,
@@ -113,6 +114,22 @@ def request_cancel(session: Session, run_id: str) -> Run:
                        f"cancelled", exc.current) from None
     wake_workers(session)
     return run
+
+
+def delete_run(session: Session, run_id: str) -> None:
+    """Forget an ended run: its attempts, metrics, logs and events go from the database; the files its attempts
+    left on the host stay (`<workspace>/.longrun/<run id>/`). Refused while it has not ended, and while the
+    worker still has to stop something of it left on a host that was away."""
+    run = get_run(session, run_id)
+    if run.status not in TERMINAL:
+        raise Conflict(f"run {run_id} is {run.status}: only an ended run can be deleted; cancel it first "
+                       f"(`longrun cancel {run_id}`)", run.status)
+    if any(a.abandoned for a in run.attempts):
+        raise Conflict(f"run {run_id} has an attempt still to be stopped on a host that was away: delete it once "
+                       "the worker has stopped it", run.status)
+    for table in (MetricPoint, LogChunk, Event):
+        session.execute(delete(table).where(table.run_id == run.id))
+    session.delete(run)
 
 
 def apply_overrides(current: dict[str, Any], overrides: dict[str, Any]) -> RunCreate:

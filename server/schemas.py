@@ -122,6 +122,28 @@ class HostCreate(Strict):
         return self
 
 
+class HostUpdate(Strict):
+    """PATCH /v1/hosts/{name}: the fields given change, the others stay; null clears username, key_path and
+    host_key (the server's user, its default keys, known_hosts)."""
+
+    address: SafeStr | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    username: SafeStr | None = None
+    key_path: AbsPath | None = None
+    workspace: AbsPath | None = None
+    host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; null: known_hosts")
+    python: SafeStr | None = None
+
+    @model_validator(mode="after")
+    def _required_stay_set(self) -> "HostUpdate":
+        for field in ("address", "port", "workspace", "python"):
+            if field in self.model_fields_set and getattr(self, field) is None:
+                raise ValueError(f"{field} cannot be cleared, only changed")
+        if self.workspace is not None and normalized_path(self.workspace) == "/":
+            raise ValueError("workspace must not be / (nor a spelling of it such as // or /.)")
+        return self
+
+
 class HostPublic(BaseModel):
     name: str
     kind: str

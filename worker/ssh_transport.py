@@ -117,8 +117,10 @@ class SSHTransport(Transport):
     def __init__(self, address: str, port: int = 22, username: str | None = None,
                  key_path: str | None = None, host_key: str | None = None,
                  known_hosts: str | None = None, connect_timeout: float = 10,
-                 command_timeout: float = 120, keepalive: int = 15, ssh_config: str | None = None):
+                 command_timeout: float = 120, keepalive: int = 15, ssh_config: str | None = None,
+                 name: str | None = None):
         self.alias = address
+        self.name = name  # the host's name in longrun, for the commands an error suggests
         self.ssh_config = read_ssh_config(ssh_config)
         self.address, self.port, self.username, key_path, self.proxy_jump = _resolve(
             self.ssh_config, address, port, username, key_path)
@@ -156,13 +158,13 @@ class SSHTransport(Transport):
         kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key.get_name(), "ecdsa")
         check = ("If you trust it (compare with the fingerprint printed by "
                  f"`ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` on the host), ")
-        line = f'host_key="{key.get_name()} {key.get_base64()}"'
+        update = f'longrun hosts update {self.name or "HOST"} --host-key "{key.get_name()} {key.get_base64()}"'
         if self.host_key is not None:
-            return f"{check}register the host again with {line}"
+            return f"{check}pin it with: {update}"
         keyscan = f"ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}"
         if changed:
             keyscan = f"ssh-keygen -R '{self.host_name}' -f {self.known_hosts} && {keyscan}"
-        return f"{check}register the host with {line}, or run: {keyscan}"
+        return f"{check}pin it with: {update}; or add it to the server's known_hosts: {keyscan}"
 
     def _new_client(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()

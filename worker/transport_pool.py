@@ -32,7 +32,7 @@ def transport_for(host: HostSettings, **options: Any) -> Transport:
     if address == LOCAL_ADDRESS:
         return LocalTransport()
     return SSHTransport(address, port or 22, username=username, key_path=key_path, host_key=host_key,
-                        **options)
+                        name=getattr(host, "name", None), **options)
 
 
 class TransportPool:

@@ -75,3 +75,11 @@ def emit(obj: Any, as_json: bool, human: RenderableType | str) -> None:
         print_json(obj)
     else:
         stdout().print(human)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask `question` when stdin and stdout are a terminal and --yes was not given; a no stops the command
+    (exit 1). Scripts and pipes are not asked: they go on, as they always have."""
+    if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return
+    typer.confirm(question, abort=True)

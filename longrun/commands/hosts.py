@@ -1,4 +1,5 @@
-"""Hosts: `longrun hosts` lists them; `hosts add`, `hosts show`, `hosts gpus`, `hosts probe-interconnect`."""
+"""Hosts: `longrun hosts` lists them; `hosts add`, `hosts update`, `hosts remove`, `hosts show`, `hosts gpus`,
+`hosts probe-interconnect`."""
 
 import sys
 from typing import Annotated
@@ -6,11 +7,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from longrun.commands.common import JsonFlag, begin, connect, emit
+from longrun.commands.common import JsonFlag, begin, confirm, connect, emit
 from longrun.exit_codes import ExitCode
 from longrun.views import hosts_table
 
-app = typer.Typer(help="The machines runs go to: list (the default), add, show, gpus, probe-interconnect.")
+app = typer.Typer(help="The machines runs go to: list (the default), add, update, remove, show, gpus, "
+                  "probe-interconnect.")
 
 HostName = Annotated[str, typer.Argument(help="The host's name, as runs name it.")]
 
@@ -42,8 +44,10 @@ def add(
     port: Annotated[int, typer.Option(help="SSH port.", min=1, max=65535)] = 22,
     username: Annotated[str | None, typer.Option(help="SSH user (default: the server's user).")] = None,
     key_path: Annotated[str | None, typer.Option(help="Private key on the server's machine.")] = None,
-    host_key: Annotated[str | None, typer.Option(help="The host's public key line, pinned (default: first use "
-                                                 "is trusted and recorded).")] = None,
+    host_key: Annotated[str | None, typer.Option(help="The host's public key line (`ssh-keyscan HOST`, checked "
+                                                 "against the host's fingerprint), pinned. Without it the key must be "
+                                                 "in the server's ~/.ssh/known_hosts: an unknown key is refused, "
+                                                 "never trusted on first use.")] = None,
     python: Annotated[str | None, typer.Option(help="The Python on the host that has torch (default python3).")] = None,
     kind: Annotated[str | None, typer.Option(help="direct (runs start on the host; the default) or slurm (the "
                                              "host is a login node; runs are batch jobs).")] = None,
@@ -55,6 +59,53 @@ def add(
         host = client.add_host(name, address, workspace, port=port, username=username, key_path=key_path,
                                host_key=host_key, python=python, kind=kind)
     emit(host, as_json, f"added {host['name']} ({host['address']}:{host['port']}, workspace {host['workspace']})")
+    return ExitCode.OK
+
+
+@app.command()
+def update(
+    ctx: typer.Context,
+    name: HostName,
+    address: Annotated[str | None, typer.Option(help="Where SSH reaches it: a name or an IP address.")] = None,
+    port: Annotated[int | None, typer.Option(help="SSH port.", min=1, max=65535)] = None,
+    username: Annotated[str | None, typer.Option(help="SSH user; '' for the server's user.")] = None,
+    key_path: Annotated[str | None, typer.Option(help="Private key on the server's machine; '' for the "
+                                                 "default keys.")] = None,
+    host_key: Annotated[str | None, typer.Option(help="The host's public key line, pinned; '' to use the "
+                                                 "server's known_hosts instead.")] = None,
+    workspace: Annotated[str | None, typer.Option(help="An absolute directory on the host for longrun's files "
+                                                  "(only while no run uses the host).")] = None,
+    python: Annotated[str | None, typer.Option(help="The Python on the host that has torch.")] = None,
+    as_json: JsonFlag = False,
+) -> int:
+    """Change a host's settings; the next connection uses them (a run refused by the old key is retried on a
+    restart: `longrun restart RUN`)."""
+    begin(as_json)
+    given = {"address": address, "port": port, "username": username, "key_path": key_path, "host_key": host_key,
+             "workspace": workspace, "python": python}
+    clearable = {"username", "key_path", "host_key"}
+    fields = {k: (None if v == "" and k in clearable else v) for k, v in given.items() if v is not None}
+    if not fields:
+        raise typer.BadParameter("give at least one setting to change (see --help)")
+    with connect(ctx) as client:
+        host = client.update_host(name, **fields)
+    emit(host, as_json, f"updated {host['name']}: {', '.join(sorted(fields))}")
+    return ExitCode.OK
+
+
+@app.command()
+def remove(
+    ctx: typer.Context,
+    name: HostName,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")] = False,
+    as_json: JsonFlag = False,
+) -> int:
+    """Forget a host (refused while a run that has not ended uses it); nothing on the host is touched."""
+    begin(as_json)
+    confirm(f"Remove host {name}?", yes)
+    with connect(ctx) as client:
+        client.delete_host(name)
+    emit({"name": name, "removed": True}, as_json, f"removed {name}")
     return ExitCode.OK
 
 

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.text import Text
 
 from longrun.client import TERMINAL, Client, LongrunError
-from longrun.commands.common import JsonFlag, begin, connect, emit, print_json, stderr, stdout
+from longrun.commands.common import JsonFlag, begin, confirm, connect, emit, print_json, stderr, stdout
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, outcome_code
 from longrun.specs import parse_assignments, read_spec
@@ -165,6 +165,25 @@ def cancel(
         if not wait or run["status"] == "cancelled":
             return ExitCode.OK
         return outcome_code(run["status"])
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    run_id: RunId,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")] = False,
+    as_json: JsonFlag = False,
+) -> int:
+    """Forget an ended run with its metrics, logs and events (refused while it has not ended: cancel it first);
+    the files its attempts left on the host stay."""
+    begin(as_json)
+    with connect(ctx) as client:
+        run = client.get(run_id)
+        confirm(f"Delete run {run['name']} [{run['id']}] ({run['status']}) with its metrics and logs?", yes)
+        client.delete(run["id"])
+    emit({"id": run["id"], "deleted": True}, as_json, Text.assemble("deleted ", (run["id"], "bold"),
+                                                                    f" ({run['name']})"))
+    return ExitCode.OK
 
 
 @app.command()

@@ -172,7 +172,7 @@ def test_bad_run_specs_are_422s_naming_the_field_and_write_nothing(api: App) -> 
 
 
 def test_a_run_is_404_when_unknown_on_every_route(api: App) -> None:
-    for method, path in [("GET", "/v1/runs/nope"), ("POST", "/v1/runs/nope/cancel"),
+    for method, path in [("GET", "/v1/runs/nope"), ("DELETE", "/v1/runs/nope"), ("POST", "/v1/runs/nope/cancel"),
                          ("POST", "/v1/runs/nope/restart"), ("GET", "/v1/runs/nope/metrics"),
                          ("GET", "/v1/runs/nope/logs"), ("GET", "/v1/runs/nope/events"),
                          ("GET", "/v1/runs/nope/evaluation"), ("GET", "/v1/runs/nope/advice")]:

@@ -2,7 +2,7 @@ import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from server import hosts, views
@@ -11,6 +11,7 @@ from server.schemas import (
     GpuSnapshotPublic,
     HostCreate,
     HostPublic,
+    HostUpdate,
     InterconnectProbeCreate,
     InterconnectPublic,
 )
@@ -34,6 +35,22 @@ def list_hosts(session: ReadSession) -> list[HostPublic]:
 @router.get("/{name}")
 def get_host(name: str, session: ReadSession) -> HostPublic:
     return views.host_public(hosts.get_host(session, name))
+
+
+@router.patch("/{name}", responses={404: {"description": "no such host"},
+                                   409: {"description": "a new workspace while a run uses the host"}})
+def update_host(name: str, body: HostUpdate, session: WriteSession) -> HostPublic:
+    """Change the fields given (host key, address, port, username, key path, workspace, python); the worker's
+    next connection uses them. A run waiting on the host (a refused key, say) is retried with them."""
+    return views.host_public(hosts.update_host(session, name, body))
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT,
+               responses={404: {"description": "no such host"}, 409: {"description": "a run that has not ended uses it"}})
+def delete_host(name: str, session: WriteSession) -> Response:
+    """Forget the host (409 while a run that has not ended goes there); nothing on the host is touched."""
+    hosts.delete_host(session, name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{name}/gpus", responses={503: {"description": "no snapshot of this host yet"}})

@@ -67,6 +67,14 @@ async def get_run(run_id: str, db: DB) -> Response:
     return Response(await run_in_threadpool(body), media_type="application/json")
 
 
+@router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses={**NOT_FOUND, **CONFLICT})
+def delete_run(run_id: RunRef, session: WriteSession) -> Response:
+    """Forget an ended run with its attempts, metrics, logs and events (409 while it has not ended); the files
+    its attempts left on the host stay."""
+    runs.delete_run(session, run_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED, responses={**NOT_FOUND, **CONFLICT})
 def cancel_run(run_id: RunRef, session: WriteSession) -> RunPublic:
     return _public(session, runs.request_cancel(session, run_id))
