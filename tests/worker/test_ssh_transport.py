@@ -127,7 +127,7 @@ def test_wrong_host_key_is_refused_before_anything_runs(sshd, tmp_path):
     presented = subprocess.run(["ssh-keygen", "-lf", "-"], input=sshd.host_key_line, capture_output=True,
                                text=True, check=True).stdout.split()[1]
     assert presented in message and "ssh-ed25519" in message
-    assert f'host_key="{" ".join(sshd.host_key_line.split()[:2])}"' in message
+    assert f'longrun hosts update HOST --host-key "{" ".join(sshd.host_key_line.split()[:2])}"' in message
     assert not marker.exists()
 
 
