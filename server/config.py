@@ -9,6 +9,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+# threads that may each hold a database connection at once (server/db.py POOL_SIZE): the API's thread pool
+# (sync routes and run_in_threadpool; set as the server starts, server/api/app.py) and the worker's
+# (worker/supervisor.py max_parallel)
+API_THREADS = 40
+WORKER_THREADS = 16
 
 
 def is_loopback(host: str) -> bool:

@@ -2,7 +2,13 @@
 
 On SQLite every connection runs in WAL mode with a busy timeout, and sessions opened with
 `Database.writing()` start with BEGIN IMMEDIATE, so a read-then-write transition takes the
-write lock before it reads and two concurrent transitions serialise instead of deadlocking.
+write lock before it reads and two concurrent transitions serialise instead of deadlocking. Writers of one
+process take turns in line (a FIFO `WriteTurns`) before they take a connection: SQLite's own busy handler polls
+with growing sleeps and lets the unlucky wait out its timeout under load ("database is locked" at 100 clients);
+its busy timeout now only covers other processes on the same file. Reads never take the write lock.
+
+The pool holds a connection for every thread that may use one at once (POOL_SIZE): the API's thread pool
+(server/config.py API_THREADS), the worker's (WORKER_THREADS) and the few threads of its own.
 
 On PostgreSQL writers run concurrently: read-then-write paths lock the rows they read (FOR UPDATE). Event ids
 come from a sequence, and two transactions could commit them out of order; a reader that resumes after the last
@@ -11,6 +17,8 @@ that committed late. So a transaction that adds events takes one lock, held unti
 event gets its id: events commit in id order, as they do on SQLite, where writers take turns.
 """
 
+import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,20 +29,28 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.config import API_THREADS, WORKER_THREADS
+from server.errors import Unavailable
 from server.models import Event
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
 EVENTS_LOCK_KEY = 0x6C6F6E6576656E74
+# a connection for each thread that may hold one at once: the API's, the worker's, and its loop, notifier,
+# wake-up listener and lease claimer
+POOL_SIZE = API_THREADS + WORKER_THREADS + 8
+# how long a writer waits for its turn (in line in this process, then SQLite's busy timeout for other processes)
+# before the request answers 503
+WRITE_WAIT_SECONDS = 60.0
 
 
 def make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
-        # the worker's thread pool (16) and the API's threads each hold a connection at once
-        return create_engine(url, pool_pre_ping=True, pool_size=20)
+        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=10)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_size=20)
+    engine = create_engine(url, connect_args={"timeout": WRITE_WAIT_SECONDS, "check_same_thread": False},
+                           pool_size=POOL_SIZE, max_overflow=10)
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_conn, _record) -> None:  # noqa: ANN001
@@ -43,7 +59,7 @@ def make_engine(url: str) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_SECONDS * 1000)}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
@@ -55,11 +71,45 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+class WriteTurns:
+    """First come, first served: the writers of this process, one at a time. Not re-entrant: a write
+    transaction never opens another."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._line: deque[threading.Event] = deque()
+        self._held = False
+
+    @contextmanager
+    def turn(self, timeout: float) -> Iterator[None]:
+        with self._mutex:
+            mine = None
+            if self._held or self._line:
+                mine = threading.Event()
+                self._line.append(mine)
+            else:
+                self._held = True
+        if mine is not None and not mine.wait(timeout):
+            with self._mutex:
+                if mine in self._line:  # not handed the turn meanwhile
+                    self._line.remove(mine)
+                    raise Unavailable(f"the database is busy: no turn to write within {timeout:.0f}s; try again")
+        try:
+            yield
+        finally:
+            with self._mutex:
+                if self._line:
+                    self._line.popleft().set()  # handed over: held all along, so nobody barges in
+                else:
+                    self._held = False
+
+
 class Database:
     def __init__(self, url: str):
         self.url = url
         self.engine = make_engine(url)
         self.is_sqlite = url.startswith("sqlite")
+        self._turns = WriteTurns() if self.is_sqlite else None
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = sessionmaker(
             self.engine.execution_options(sqlite_immediate=True), expire_on_commit=False
@@ -74,10 +124,16 @@ class Database:
 
     @contextmanager
     def writing(self) -> Iterator[Session]:
-        """A transaction that holds the write lock from its first statement (BEGIN IMMEDIATE)."""
-        with self._writer() as session, session.begin():
-            # read-then-write paths lock the rows they read where the database needs it (not SQLite)
-            session.info["lock_rows"] = not self.is_sqlite
+        """A transaction that holds the write lock from its first statement (BEGIN IMMEDIATE); on SQLite it
+        waits for its turn among this process's writers first."""
+        if self._turns is None:
+            with self._writer() as session, session.begin():
+                # read-then-write paths lock the rows they read where the database needs it (not SQLite)
+                session.info["lock_rows"] = True
+                yield session
+            return
+        with self._turns.turn(WRITE_WAIT_SECONDS), self._writer() as session, session.begin():
+            session.info["lock_rows"] = False
             yield session
 
     def migrate(self) -> None:

@@ -1,8 +1,10 @@
 """The FastAPI application: routers under /v1, domain errors mapped to HTTP, and start/stop hooks."""
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -12,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from server.api.deps import require_token
 from server.api.guards import BodyLimit, HostAllowList
 from server.api.routes import hosts, metrics, runs
-from server.config import Settings
+from server.config import API_THREADS, Settings
 from server.db import Database
 from server.errors import Conflict, FieldError, NotFound, Unavailable
 from server.web import WEB_DIR
@@ -27,6 +29,8 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # the database pool holds a connection for each of these threads (server/db.py POOL_SIZE)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
         if on_startup:
             on_startup()
         yield
@@ -36,6 +40,7 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
     app = FastAPI(title="longrun", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   description="Run long GPU training jobs on remote machines and keep them under control.")
     app.state.db, app.state.settings = db, settings
+    app.state.write_line = asyncio.Lock()  # server/api/deps.py write_line
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HostAllowList, allowed=settings.host_allow_list(bind_host))
 

@@ -2,11 +2,11 @@ import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from server import hosts, views
-from server.api.deps import DB, ReadSession, WriteSession
+from server.api.deps import DB, ReadSession, WriteSession, write_line
 from server.schemas import (
     GpuSnapshotPublic,
     HostCreate,
@@ -54,7 +54,7 @@ def delete_host(name: str, session: WriteSession) -> Response:
 
 
 @router.get("/{name}/gpus", responses={503: {"description": "no snapshot of this host yet"}})
-async def host_gpus(name: str, db: DB, max_age: Annotated[float, Query(ge=0, le=3600)] = 10.0,
+async def host_gpus(name: str, request: Request, db: DB, max_age: Annotated[float, Query(ge=0, le=3600)] = 10.0,
                     wait: Annotated[float, Query(ge=0, le=60)] = 15.0) -> GpuSnapshotPublic:
     """The host's GPUs, processes included; asks the worker for a new snapshot when the last is older than max_age
     and waits up to `wait` seconds for it (without holding a thread: many may wait at once)."""
@@ -71,7 +71,8 @@ async def host_gpus(name: str, db: DB, max_age: Annotated[float, Query(ge=0, le=
         with db.reading() as s:
             return views.gpu_snapshot_public(hosts.gpu_snapshot(s, name))
 
-    fresh = await run_in_threadpool(ask)
+    async with write_line(request.app):
+        fresh = await run_in_threadpool(ask)
     deadline = time.monotonic() + wait
     while not fresh and time.monotonic() < deadline:
         await asyncio.sleep(GPU_POLL_SECONDS)

@@ -2,13 +2,13 @@ import asyncio
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from server import proposal, queries, runs, views
-from server.api.deps import DB, ReadSession, WriteSession
+from server.api.deps import DB, ReadSession, WriteSession, write_line
 from server.api.run_ref import RunRef
 from server.errors import NotFound
 from server.lifecycle import TERMINAL, RunStatus
@@ -83,13 +83,24 @@ def cancel_run(run_id: RunRef, session: WriteSession) -> RunPublic:
 @router.post("/{run_id}/restart", status_code=status.HTTP_202_ACCEPTED,
              responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"},
                         **NOT_FOUND, **CONFLICT})
-def restart_run(run_id: RunRef, session: WriteSession, response: Response, body: RestartRequest | None = None,
-                dry_run: bool = False) -> RunPublic | DryRunPublic:
-    body = body or RestartRequest()
+async def restart_run(run_id: RunRef, request: Request, db: DB, response: Response,
+                      body: RestartRequest | None = None, dry_run: bool = False) -> RunPublic | DryRunPublic:
+    req = body or RestartRequest()
     if dry_run:
+        # changes nothing: a read, never in line for the write lock
+        def predict() -> DryRunPublic:
+            with db.reading() as session:
+                return runs.dry_run_restart(session, run_id, req)
+
         response.status_code = status.HTTP_200_OK
-        return runs.dry_run_restart(session, run_id, body)
-    return _public(session, runs.request_restart(session, run_id, body))
+        return await run_in_threadpool(predict)
+
+    def restart() -> RunPublic:
+        with db.writing() as session:
+            return _public(session, runs.request_restart(session, run_id, req))
+
+    async with write_line(request.app):
+        return await run_in_threadpool(restart)
 
 
 @router.get("/{run_id}/metrics", responses=NOT_FOUND)
