@@ -205,6 +205,8 @@ class TrainerSpec(Strict):
     verifier_path: AbsPath
     data_dir: AbsPath
     data_format: Literal["auto", "longrun", "speculators", "specforge"] | None = None
+    layer_ids: str | None = Field(None, pattern=r"^\d{1,4}(,\d{1,4}){2}$", description="the verifier layers whose "
+                                  "inputs the features are, e.g. 2,16,29 (speculators >= 0.5 data records none)")
     vocab_mapping_dir: AbsPath
     output_dir: AbsPath
     epochs: int | None = Field(None, gt=0)

@@ -6,6 +6,9 @@ A batch from `make_loader`:
 - with `pack=True` each row holds several samples one after another, up to max_seq_len tokens, and the
   batch adds `position_ids` int64 [B, S] (restarting at 0 for each sample, and for the pad tail) and
   `documents`: per row, the lengths of its samples (the pad tail counted as one more), a tuple of ints.
+- features stored in FP8 (`prepare --store-dtype fp8`, speculators' FP8 connector) come as float8_e4m3fn with
+  `hidden_states_scale` / `last_hidden_state_scale` float32 [B, S, 1], one scale per token; `batch_to`
+  dequantizes them on the device, so the copy to the GPU moves half the bytes as well.
 """
 
 import json
@@ -26,9 +29,30 @@ SAMPLE_PATTERN = "sample_*.safetensors"
 TENSOR_NAMES = ("input_ids", "loss_mask", "hidden_states", "last_hidden_state")
 # read when every sample of a batch has it: the verifier's top-1 token id at each position (int32 [S]),
 # which `prepare` stores and other tools' data lacks
-OPTIONAL_TENSOR_NAMES = ("verifier_top_ids",)
+# and the per-token scales of features stored in FP8 (FP8_SCALES: feature -> its scale)
+FP8_SCALES = {"hidden_states": "hidden_states_scale", "last_hidden_state": "last_hidden_state_scale"}
+OPTIONAL_TENSOR_NAMES = ("verifier_top_ids", *FP8_SCALES.values())
+FP8_DTYPE = torch.float8_e4m3fn
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
-           "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+           "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": FP8_DTYPE}
+
+
+def quantize_fp8(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn tensor, float32 scale [S, 1]): one scale per row (token), amax / 448, as speculators'
+    hs_connectors.fp8_utils does. Per token rather than per tensor: a few tokens (the first, separators)
+    carry activations 100x the rest, and one scale for the file would leave the others a few FP8 steps."""
+    fp32 = tensor.float()
+    scale = (fp32.abs().amax(dim=-1, keepdim=True) / torch.finfo(FP8_DTYPE).max).clamp(min=1e-12)
+    return (fp32 / scale).to(FP8_DTYPE), scale
+
+
+def dequantize(batch: dict, dtype: torch.dtype) -> dict:
+    """The batch with FP8 features multiplied back by their scales (in `dtype`), the scales dropped."""
+    out = dict(batch)
+    for name, scale in FP8_SCALES.items():
+        if scale in out:
+            out[name] = out[name].to(dtype) * out.pop(scale).to(dtype)
+    return out
 
 
 class SampleFile:
@@ -37,15 +61,23 @@ class SampleFile:
     safetensors stores each tensor row-major at a known offset, so the first n rows are one contiguous
     range: `read_rows` puts them where they belong with a single `readinto`, with no intermediate tensor."""
 
-    def __init__(self, file: BinaryIO, path: Path):
+    def __init__(self, file: BinaryIO, path: Path, required: Sequence[str] = TENSOR_NAMES,
+                 layout: str = "a sample written by `trainer.prepare`"):
         self.file, self.path = file, path
-        size = int.from_bytes(file.read(8), "little")
-        header = json.loads(file.read(size))
+        try:
+            size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(size))
+        except (ValueError, MemoryError, OverflowError) as error:
+            raise ValueError(f"{path}: not a safetensors file ({error}): not {layout}") from None
         self.base = 8 + size
+        self.metadata = header.get("__metadata__") or {}
         self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
-        missing = set(TENSOR_NAMES) - set(self.entries)
+        missing = set(required) - set(self.entries)
         if missing:
-            raise KeyError(f"{path} lacks {sorted(missing)}: not a sample written by `trainer.prepare`")
+            raise KeyError(f"{path} lacks {sorted(missing)}: not {layout} (it holds {sorted(self.entries)})")
+        unknown = {v["dtype"] for v in self.entries.values()} - set(_DTYPES)
+        if unknown:
+            raise ValueError(f"{path}: tensors of dtype {sorted(unknown)}, which the trainer does not read")
 
     def rows(self, name: str) -> int:
         return self.entries[name]["shape"][0]
@@ -150,6 +182,10 @@ class HiddenStatesDataset(Dataset):
             optional = [name for name in OPTIONAL_TENSOR_NAMES if all(name in f.entries for row in samples for f in row)]
             for name in (*TENSOR_NAMES, *optional):
                 dtype, row_shape = samples[0][0].dtype_and_row_shape(name)
+                for sample in (s for row in samples for s in row):
+                    if sample.dtype_and_row_shape(name) != (dtype, row_shape):
+                        raise ValueError(f"{sample.path}: {name} is {sample.dtype_and_row_shape(name)}, "
+                                         f"{samples[0][0].path} {(dtype, row_shape)}: one dataset, one storage")
                 out[name] = torch.empty((len(rows), longest, *row_shape), dtype=dtype, pin_memory=pin)
                 for row, (row_samples, row_lengths) in enumerate(zip(samples, lengths, strict=True)):
                     start = 0
@@ -358,6 +394,7 @@ def make_loader(
 def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
     """The batch on `device`, features cast to `dtype`; values that are not tensors (`documents`) as they are."""
     out = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    out = dequantize(out, dtype)
     for name in ("hidden_states", "last_hidden_state"):
         out[name] = out[name].to(dtype)
     return out

@@ -8,6 +8,16 @@ into the batches `trainer.data` makes: `input_ids` int64, `loss_mask` uint8, `hi
 `last_hidden_state` [S, H], `attention_mask`.
 
 - longrun (`trainer.prepare`): `sample_*.safetensors` in D or D/hidden_states; layers from prepare.json.
+  Features in bf16, or FP8 with per-token scales (`prepare --store-dtype fp8`).
+- speculators >= 0.5 (speculators 0.9.0: cli/prepare_data.py, cli/generate_offline_data.py, train/data.py
+  `ArrowDataset`): D is a Hugging Face `save_to_disk` Arrow dataset (state.json, data-*.arrow with `input_ids`,
+  `loss_mask`, `seq_len`) and D/hidden_states/hs_{i}.safetensors holds row i's `token_ids` [S] and
+  `hidden_states` [S, 4, H], written by vLLM's hidden-state connector: the INPUTS of the layers given to vLLM as
+  `eagle_aux_hidden_state_layer_ids` (scripts/launch_vllm.py: [2, N//2, N-3] and N, the last layer's output
+  before the final norm), so no +1. hs_connectors' FP8 connector (hs_connectors 0.9.0, fp8_utils.py) stores
+  `hidden_states` as float8_e4m3fn with `hidden_states_scales` float32 [S, 1, 1]. No file records the layer
+  ids: `--layer-ids`, or `eagle_aux_hidden_state_layer_ids` in the hs files' safetensors metadata.
+  Vocab maps: d2t-<size>.npy / t2d-<size>.npy in D (trainer.vocab reads them).
 - speculators, offline data generation through vLLM (speculators v0.3.0 - v0.4.0.1,
   scripts/data_generation_offline.py): `data_{i}.pt` per sample, `torch.save` of {"input_ids" [S],
   "hidden_states": list of 4 [S, H] tensors, "loss_mask" [S]}. Its worker (data_generation/custom_worker.py)
@@ -25,16 +35,30 @@ import gzip
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from trainer.data import SAMPLE_PATTERN, TENSOR_NAMES, HiddenStatesDataset, list_samples
+from trainer.data import (
+    FP8_DTYPE,
+    FP8_SCALES,
+    SAMPLE_PATTERN,
+    TENSOR_NAMES,
+    HiddenStatesDataset,
+    SampleFile,
+    list_samples,
+)
 from trainer.verifier_model import default_layer_ids
 
 DATA_FORMATS = ("longrun", "speculators", "specforge")
+# what detection looks for, in order (both speculators layouts answer to --data-format speculators)
+TRIED = (f"longrun ({SAMPLE_PATTERN})", "speculators >= 0.5 (Arrow dataset + hidden_states/hs_*.safetensors)",
+         "speculators 0.3-0.4 (data_*.pt)", "SpecForge (data_*.ckpt[.gz])")
+HS_FILE_KEYS = ("hidden_states", "token_ids")
+HS_SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
+LAYER_IDS_METADATA_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 def _walk(data_dir: Path, match: Callable[[str], bool]) -> list[Path]:
@@ -49,6 +73,24 @@ def _speculators_files(data_dir: Path) -> list[Path]:
     return _walk(data_dir, lambda name: name.startswith("data_") and name.endswith(".pt"))
 
 
+def _arrow_layout(data_dir: Path) -> tuple[Path, Path] | None:
+    """(the Arrow dataset's directory, its hidden_states directory) when `data_dir` is either of them."""
+    for dataset_dir, hs_dir in ((data_dir, data_dir / "hidden_states"), (data_dir.parent, data_dir)):
+        if (dataset_dir / "state.json").is_file() and hs_dir.is_dir():
+            return dataset_dir, hs_dir
+    return None
+
+
+def _hs_index(path: Path) -> int | None:
+    stem = path.name.removeprefix("hs_").removesuffix(".safetensors")
+    return int(stem) if path.name.startswith("hs_") and path.name.endswith(".safetensors") and stem.isdigit() else None
+
+
+def _hs_files(hs_dir: Path) -> list[Path]:
+    """hs_{i}.safetensors in row order (hs_10 after hs_9)."""
+    return sorted((p for p in hs_dir.iterdir() if _hs_index(p) is not None), key=_hs_index)
+
+
 def _specforge_files(data_dir: Path) -> list[Path]:
     return _walk(data_dir, lambda name: name.startswith("data_") and name.endswith((".ckpt", ".ckpt.gz")))
 
@@ -56,16 +98,22 @@ def _specforge_files(data_dir: Path) -> list[Path]:
 def detect_format(data_dir: str | Path) -> str:
     """The layout of `data_dir`, from the names of the files in it."""
     data_dir = Path(data_dir)
+    found = _found_format(data_dir)
+    if found is None:
+        raise FileNotFoundError(f"no training samples in {data_dir}; formats tried: {'; '.join(TRIED)} "
+                                "(run `python -m trainer.prepare` to make longrun's)")
+    return found
+
+
+def _found_format(data_dir: Path) -> str | None:
     if list_samples(data_dir):
         return "longrun"
-    if _speculators_files(data_dir):
+    layout = _arrow_layout(data_dir)
+    if (layout and _hs_files(layout[1])) or _speculators_files(data_dir):
         return "speculators"
     if _specforge_files(data_dir):
         return "specforge"
-    raise FileNotFoundError(
-        f"no training samples in {data_dir}: looked for longrun's {SAMPLE_PATTERN} (run `python -m trainer.prepare`), "
-        "speculators' data_*.pt and SpecForge's data_*.ckpt[.gz]"
-    )
+    return None
 
 
 def _torch_file(path: Path) -> dict:
@@ -114,6 +162,92 @@ def read_specforge_sample(path: Path, rows: int) -> dict[str, torch.Tensor]:
     }
 
 
+class ArrowRows:
+    """`input_ids`, `loss_mask` and `seq_len` of a `datasets.save_to_disk` directory, memory-mapped with pyarrow
+    (its shards are Arrow IPC streams, listed in state.json `_data_files`), read without `datasets`."""
+
+    def __init__(self, dataset_dir: Path):
+        import pyarrow as pa
+
+        state_path = dataset_dir / "state.json"
+        try:
+            shards = [dataset_dir / f["filename"] for f in json.loads(state_path.read_text())["_data_files"]]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{state_path}: no '_data_files' ({error!r}): not a speculators >= 0.5 Arrow dataset; "
+                             f"formats tried: {'; '.join(TRIED)}") from None
+        tables = []
+        for shard in shards:
+            try:
+                tables.append(pa.ipc.open_stream(pa.memory_map(str(shard))).read_all())
+            except (OSError, pa.ArrowInvalid) as error:
+                raise ValueError(f"{shard}: not an Arrow stream ({error})") from None
+            missing = {"input_ids", "loss_mask"} - set(tables[-1].column_names)
+            if missing:
+                raise KeyError(f"{shard} has no {sorted(missing)}: not a speculators >= 0.5 dataset "
+                               f"(it holds {tables[-1].column_names}); formats tried: {'; '.join(TRIED)}")
+        table = pa.concat_tables(tables)
+        self.path = dataset_dir
+        self.columns = {}
+        for name in ("input_ids", "loss_mask"):
+            column = table.column(name).combine_chunks()
+            self.columns[name] = (column.offsets.to_numpy(), column.values.to_numpy(zero_copy_only=False))
+
+    def __len__(self) -> int:
+        return len(self.columns["input_ids"][0]) - 1
+
+    def row(self, name: str, index: int) -> torch.Tensor:
+        offsets, values = self.columns[name]
+        return torch.from_numpy(values[offsets[index] : offsets[index + 1]].copy())
+
+    def length(self, index: int) -> int:
+        offsets = self.columns["input_ids"][0]
+        return int(offsets[index + 1] - offsets[index])
+
+
+def read_hs_file(path: Path, rows: int, arrow: ArrowRows) -> dict[str, torch.Tensor]:
+    """The first `rows` positions of hs_{i}.safetensors and row i of the Arrow dataset; FP8 stays FP8, with its
+    per-token scale, for `trainer.data.dequantize` on the device."""
+    index = _hs_index(path)
+    with open(path, "rb", buffering=0) as file:
+        hs = SampleFile(file, path, HS_FILE_KEYS, f"a speculators >= 0.5 hidden-states file; formats tried: "
+                        f"{'; '.join(TRIED)}")
+        dtype, shape = hs.dtype_and_row_shape("hidden_states")
+        if len(shape) != 2 or shape[0] != 4:
+            raise ValueError(f"{path}: 'hidden_states' rows are {shape}, expected [4, H] (3 captured layers and "
+                             "the last): not a speculators >= 0.5 EAGLE-3 file")
+        n = min(hs.rows("token_ids"), rows)
+        if hs.rows("hidden_states") != hs.rows("token_ids"):
+            raise ValueError(f"{path}: 'hidden_states' has {hs.rows('hidden_states')} rows for "
+                             f"{hs.rows('token_ids')} 'token_ids'")
+        states = torch.empty((n, *shape), dtype=dtype)
+        hs.read_rows("hidden_states", states)
+        token_ids = torch.empty(n, dtype=hs.dtype_and_row_shape("token_ids")[0])
+        hs.read_rows("token_ids", token_ids)
+        scales = None
+        if dtype == FP8_DTYPE:
+            if HS_SCALES_KEY not in hs.entries:
+                raise KeyError(f"{path} has float8 'hidden_states' and no {HS_SCALES_KEY!r}: the scales of "
+                               "hs_connectors' FP8 connector are missing")
+            scales = torch.empty((n, *hs.dtype_and_row_shape(HS_SCALES_KEY)[1]), dtype=torch.float32)
+            hs.read_rows(HS_SCALES_KEY, scales)
+    if index >= len(arrow):
+        raise IndexError(f"{path}: row {index} is past the {len(arrow)} rows of {arrow.path}")
+    input_ids = arrow.row("input_ids", index)[:n].long()
+    if not torch.equal(input_ids, token_ids.long()):
+        raise ValueError(f"{path}: 'token_ids' differ from 'input_ids' of row {index} of {arrow.path}: the hidden "
+                         "states are of another sample")
+    sample = {
+        "input_ids": input_ids,
+        "loss_mask": arrow.row("loss_mask", index)[:n].to(torch.uint8),
+        "hidden_states": states[:, :3].reshape(n, 3 * shape[1]),
+        "last_hidden_state": states[:, 3].contiguous(),
+    }
+    if scales is not None:  # one scale per token over all four layers
+        for scale in FP8_SCALES.values():
+            sample[scale] = scales.reshape(n, 1)
+    return sample
+
+
 class TorchSampleDataset(HiddenStatesDataset):
     """Per-sample torch files (speculators', SpecForge's), batched and packed exactly as `HiddenStatesDataset`
     batches its own files: only the reading of samples differs."""
@@ -139,7 +273,12 @@ class TorchSampleDataset(HiddenStatesDataset):
         lengths = [[s["input_ids"].shape[0] for s in row] for row in samples]
         longest = max(sum(row) for row in lengths)
         out: dict[str, torch.Tensor] = {}
-        for name in TENSOR_NAMES:
+        every = [s for row in samples for s in row]
+        scales = [name for name in FP8_SCALES.values() if any(name in s for s in every)]
+        if scales and not all(name in s for s in every for name in scales):
+            raise ValueError(f"{self.files[rows[0][0]].parent}: FP8 and bf16 samples in one batch; one dataset, "
+                             "one storage")
+        for name in (*TENSOR_NAMES, *scales):
             first = samples[0][0][name]
             out[name] = torch.zeros((len(rows), longest, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
             for row, (row_samples, row_lengths) in enumerate(zip(samples, lengths, strict=True)):
@@ -148,6 +287,17 @@ class TorchSampleDataset(HiddenStatesDataset):
         for row, row_lengths in enumerate(lengths):
             out["attention_mask"][row, : sum(row_lengths)] = 1
         return out, lengths
+
+
+class ArrowDatasetSamples(TorchSampleDataset):
+    """speculators >= 0.5 data: the files are hs_{i}.safetensors; lengths come from the Arrow rows."""
+
+    def __init__(self, files: Sequence[Path], max_seq_len: int, arrow: ArrowRows):
+        super().__init__(files, max_seq_len, lambda path, rows: read_hs_file(path, rows, arrow))
+        self.arrow = arrow
+
+    def lengths(self) -> list[int]:
+        return [min(self.arrow.length(_hs_index(path)), self.max_seq_len) for path in self.files]
 
 
 def _metadata(data_dir: Path, name: str) -> dict | None:
@@ -163,35 +313,69 @@ class TrainingData:
     files: list[Path]
     layer_ids: list[int]  # the verifier layers whose INPUTS the features are (longrun's convention)
     last_hidden_state_normed: bool  # the stored last hidden state is already through the final norm
+    arrow: ArrowRows | None = field(default=None, repr=False)  # speculators >= 0.5: the token rows
 
     def dataset(self, files: Sequence[Path], max_seq_len: int) -> Dataset:
         """A dataset over `files` (a split of `self.files`) with `read_batch(indices, pin)`."""
         if self.format == "longrun":
             return HiddenStatesDataset(None, max_seq_len, files=files)
+        if self.arrow is not None:
+            return ArrowDatasetSamples(files, max_seq_len, self.arrow)
         read = read_speculators_sample if self.format == "speculators" else read_specforge_sample
         return TorchSampleDataset(files, max_seq_len, read)
 
 
-def open_training_data(data_dir: str | Path, data_format: str, num_layers: int) -> TrainingData:
-    """The samples of `data_dir` in `data_format` ("auto" detects it) for a verifier of `num_layers` layers."""
+def open_training_data(data_dir: str | Path, data_format: str, num_layers: int,
+                       layer_ids: Sequence[int] | None = None) -> TrainingData:
+    """The samples of `data_dir` in `data_format` ("auto" detects it) for a verifier of `num_layers` layers;
+    `layer_ids` (`--layer-ids`: the layers whose inputs the features are) overrides what the data says."""
     data_dir = Path(data_dir)
-    data = _open(data_dir, detect_format(data_dir) if data_format == "auto" else data_format, num_layers)
+    data = _open(data_dir, detect_format(data_dir) if data_format == "auto" else data_format, num_layers,
+                 list(layer_ids) if layer_ids else None)
     if not data.files:
-        raise FileNotFoundError(f"no {data.format} samples in {data_dir} (it holds {detect_format(data_dir)} data)")
+        found = _found_format(data_dir)
+        holds = f"it holds {found} data" if found else f"formats tried: {'; '.join(TRIED)}"
+        raise FileNotFoundError(f"no {data.format} samples in {data_dir} ({holds})")
+    if len(data.layer_ids) != 3 or not all(0 <= i <= num_layers for i in data.layer_ids):
+        raise ValueError(f"layer ids {data.layer_ids} for {data_dir}: expected 3 ids in [0, {num_layers}]")
     return data
 
 
-def _open(data_dir: Path, data_format: str, num_layers: int) -> TrainingData:
+def _open(data_dir: Path, data_format: str, num_layers: int, layer_ids: list[int] | None) -> TrainingData:
     if data_format == "longrun":
         metadata = _metadata(data_dir, "prepare.json") or {}
-        return TrainingData("longrun", list_samples(data_dir), metadata.get("layer_ids", default_layer_ids(num_layers)),
+        recorded = metadata.get("layer_ids")
+        if layer_ids and recorded and list(recorded) != layer_ids:
+            raise ValueError(f"--layer-ids {layer_ids}, but {data_dir} was prepared from layers {recorded} "
+                             "(prepare.json 'layer_ids')")
+        return TrainingData("longrun", list_samples(data_dir), layer_ids or recorded or default_layer_ids(num_layers),
                             last_hidden_state_normed=False)
     if data_format == "speculators":
+        layout = _arrow_layout(data_dir)
+        if layout and _hs_files(layout[1]):
+            return _open_arrow(*layout, num_layers, layer_ids)
         config = _metadata(data_dir, "data_config.json") or {}
         captured = (config.get("hidden_states") or {}).get("layer_ids") or [2, num_layers // 2, num_layers - 3]
-        layer_ids = [i + 1 for i in captured[:3]]  # speculators captures layer outputs
-        return TrainingData("speculators", _speculators_files(data_dir), layer_ids, last_hidden_state_normed=False)
+        # speculators 0.3-0.4 captures layer outputs
+        return TrainingData("speculators", _speculators_files(data_dir), layer_ids or [i + 1 for i in captured[:3]],
+                            last_hidden_state_normed=False)
     if data_format == "specforge":
-        return TrainingData("specforge", _specforge_files(data_dir), default_layer_ids(num_layers),
+        return TrainingData("specforge", _specforge_files(data_dir), layer_ids or default_layer_ids(num_layers),
                             last_hidden_state_normed=True)
     raise ValueError(f"unknown data format {data_format!r}; expected auto or one of {', '.join(DATA_FORMATS)}")
+
+
+def _open_arrow(dataset_dir: Path, hs_dir: Path, num_layers: int, layer_ids: list[int] | None) -> TrainingData:
+    files = _hs_files(hs_dir)
+    if not layer_ids:
+        with open(files[0], "rb") as file:
+            recorded = SampleFile(file, files[0], HS_FILE_KEYS, "a speculators >= 0.5 hidden-states file").metadata
+        if LAYER_IDS_METADATA_KEY not in recorded:
+            raise ValueError(
+                f"{dataset_dir} is speculators >= 0.5 data, which records no layer ids: {files[0]} has no "
+                f"{LAYER_IDS_METADATA_KEY!r} metadata. Pass --layer-ids: the first three of the ids vLLM captured "
+                f"(launch_vllm.py --target-layer-ids; its default for this {num_layers}-layer verifier is "
+                f"{','.join(map(str, [2, num_layers // 2, num_layers - 3]))})")
+        ids = json.loads(recorded[LAYER_IDS_METADATA_KEY])
+        layer_ids = [int(i) for i in ids][:3]
+    return TrainingData("speculators", files, layer_ids, last_hidden_state_normed=False, arrow=ArrowRows(dataset_dir))

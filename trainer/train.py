@@ -47,6 +47,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
     p.add_argument("--data-dir", required=True, help="per-sample files: trainer.prepare's, speculators' or SpecForge's")
     p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default="auto", help="layout of --data-dir")
+    p.add_argument("--layer-ids", type=lambda v: [int(i) for i in v.split(",")], default=None,
+                   help="the verifier layers whose inputs the stored features are, e.g. 2,16,29 (speculators >= 0.5 "
+                        "data records none: the ids given to vLLM, no +1)")
     p.add_argument("--vocab-mapping-dir", required=True,
                    help="vocab_mapping.safetensors, speculators' d2t.npy + t2d.npy or SpecForge's vocab_mapping.pt")
     p.add_argument("--output-dir", required=True)
@@ -212,7 +215,7 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     verifier = read_verifier_config(args.verifier_path)
     config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps, args.draft_num_heads,
                                        args.draft_num_kv_heads, args.draft_head_dim, args.fc_norm, args.norm_output)
-    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"])
+    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids)
     config.aux_hidden_state_layer_ids = data.layer_ids
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
     head.input_is_normed = data.last_hidden_state_normed
@@ -237,7 +240,8 @@ def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
 
 def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
     """(training set, validation set or None) over `--data-dir` in its `--data-format`, split by `--val-ratio`."""
-    data = open_training_data(args.data_dir, args.data_format, read_verifier_config(args.verifier_path)["num_hidden_layers"])
+    data = open_training_data(args.data_dir, args.data_format,
+                              read_verifier_config(args.verifier_path)["num_hidden_layers"], args.layer_ids)
     train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
     if not train_files:
         raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")

@@ -82,10 +82,15 @@ def save_vocab_mapping(directory: str | Path, d2t: torch.Tensor, t2d: torch.Tens
 def _read_mapping_file(path: Path) -> dict:
     if path.suffix == ".pt":
         return torch.load(path, map_location="cpu", weights_only=True)
-    if path.suffix == ".npy":  # speculators writes d2t.npy and t2d.npy side by side
+    if path.suffix == ".npy":  # speculators writes d2t[-<size>].npy and t2d[-<size>].npy side by side
         import numpy
 
-        return {name: torch.from_numpy(numpy.load(path.parent / f"{name}.npy")) for name in ("d2t", "t2d")}
+        size = path.stem.removeprefix("d2t")
+        files = {name: path.parent / f"{name}{size}.npy" for name in ("d2t", "t2d")}
+        missing = [str(f) for f in files.values() if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path} has no companion {', '.join(missing)}: speculators writes both maps")
+        return {name: torch.from_numpy(numpy.load(f)) for name, f in files.items()}
     return load_file(str(path))
 
 
@@ -93,12 +98,18 @@ def load_vocab_mapping(directory: str | Path) -> tuple[torch.Tensor, torch.Tenso
     """Read `(d2t, t2d)` from a directory (or file) written by `save_vocab_mapping`, speculators or SpecForge."""
     path = Path(directory)
     if path.is_dir():
-        candidates = [path / VOCAB_MAPPING_FILE, path / "d2t.npy", path / "vocab_mapping.pt"]
+        # speculators >= 0.5 names its maps by draft vocab size (d2t-<size>.npy beside its Arrow dataset)
+        sized = sorted(path.glob("d2t-*.npy"))
+        if len(sized) > 1:
+            raise ValueError(f"{path} holds vocab maps of several sizes ({', '.join(p.name for p in sized)}): "
+                             "name the directory of one, or the d2t-<size>.npy file itself")
+        candidates = [path / VOCAB_MAPPING_FILE, path / "d2t.npy", *sized, path / "vocab_mapping.pt"]
         path = next((c for c in candidates if c.is_file()), candidates[0])
     if not path.is_file():
         raise FileNotFoundError(
-            f"no vocab mapping at {path} ({VOCAB_MAPPING_FILE}, speculators' d2t.npy + t2d.npy or SpecForge's "
-            "vocab_mapping.pt); run `python -m trainer.prepare` to build one"
+            f"no vocab mapping at {path} ({VOCAB_MAPPING_FILE}, speculators' d2t.npy + t2d.npy or "
+            "d2t-<size>.npy + t2d-<size>.npy, or SpecForge's vocab_mapping.pt); run `python -m trainer.prepare` "
+            "to build one"
         )
     tensors = _read_mapping_file(path)
     for name in ("d2t", "t2d"):

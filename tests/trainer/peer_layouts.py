@@ -114,3 +114,49 @@ def write_specforge(verifier: LlamaForCausalLM, samples: list[tuple[torch.Tensor
     (out / "vocab_mapping").mkdir()
     torch.save({"d2t": d2t, "t2d": t2d}, out / "vocab_mapping" / "vocab_mapping.pt")
     return {"data": out, "vocab": out / "vocab_mapping"}
+
+
+def write_speculators_arrow(verifier_path: Path, verifier: LlamaForCausalLM,
+                            samples: list[tuple[torch.Tensor, torch.Tensor]], out: Path, draft_vocab_size: int,
+                            fp8: bool = False, layer_ids: list[int] | None = None) -> Path:
+    """A speculators >= 0.5 dataset in `out`, written with speculators 0.9.0's own code where it runs on the CPU.
+
+    - the Arrow rows: `build_speculator_training_dataset` (data_generation/preprocessing.py; speculator-format
+      rows pass straight through) and `save_to_disk`, as cli/prepare_data.py does; `save_token_frequency_distribution`
+      (train/vocab_mapping.py) writes token_freq.pt;
+    - the vocab maps: train/cli.py `_generate_vocab_mappings` writes d2t-<size>.npy and t2d-<size>.npy;
+    - hidden_states/hs_{i}.safetensors: what vLLM's ExampleHiddenStatesConnector (extract_hidden_states, driven by
+      scripts/launch_vllm.py) saves, {"hidden_states": [S, 4, H] bf16, "token_ids": [S] int64}, the inputs of
+      layers [2, N//2, N-3] (or `layer_ids`) and of "layer N", the last layer's output before the final norm;
+      with `fp8`, hs_connectors 0.9.0's `FP8HiddenStatesConnector._write_tensors`: `quantize_tensor_to_fp8` and
+      the scales under `SCALES_KEY`. vLLM itself does not run here (it needs a GPU); the tensors are the same.
+    """
+    from argparse import Namespace
+
+    from datasets import Dataset as HFDataset
+    from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+    from safetensors.torch import save_file
+    from speculators.data_generation.preprocessing import build_speculator_training_dataset
+    from speculators.train.cli import _generate_vocab_mappings
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    num_layers = verifier.config.num_hidden_layers
+    captured = [*(layer_ids or [2, num_layers // 2, num_layers - 3]), num_layers]
+    raw = HFDataset.from_dict({"input_ids": [ids.tolist() for ids, _ in samples],
+                               "loss_mask": [mask.long().tolist() for _, mask in samples]})
+    dataset = build_speculator_training_dataset(raw, None, max_length=4096, num_proc=1)
+    dataset.save_to_disk(str(out))
+    save_token_frequency_distribution(dataset, out / "token_freq.pt")
+    _generate_vocab_mappings(Namespace(token_freq_path=None, verifier_name_or_path=str(verifier_path),
+                                       trust_remote_code=False, draft_vocab_size=draft_vocab_size), out)
+    (out / "hidden_states").mkdir()
+    for idx in range(len(dataset)):
+        ids = dataset[idx]["input_ids"].long()
+        states, last = layer_states(verifier, ids)
+        layers = [states[i][0] if i < num_layers else last[0] for i in captured]
+        tensors = {"hidden_states": torch.stack(layers, dim=1).to(torch.bfloat16).contiguous(), "token_ids": ids}
+        if fp8:
+            quantized, scales = quantize_tensor_to_fp8(tensors["hidden_states"])
+            tensors = {**tensors, "hidden_states": quantized, SCALES_KEY: scales}
+        save_file(tensors, str(out / "hidden_states" / f"hs_{idx}.safetensors"))
+    return out

@@ -1,5 +1,6 @@
-"""The trainer reads speculators' and SpecForge's offline data (written as their code writes it, see peer_layouts)
-into the same batches, features and targets as its own layout, and trains on them with the seed's flags."""
+"""The trainer reads speculators' (0.3-0.4 and >= 0.5, bf16 and FP8) and SpecForge's offline data (written as their
+code writes it, see peer_layouts) into the same batches, features and targets as its own layout, and trains on them
+with the seed's flags."""
 
 import json
 import sys
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from server.schemas import RunCreate
-from tests.trainer.peer_layouts import write_specforge, write_speculators
+from tests.trainer.peer_layouts import write_specforge, write_speculators, write_speculators_arrow
 from tests.trainer.test_train import read_metrics, run
 from tests.trainer.tiny_setup import DRAFT_VOCAB, LAYERS, build_dataset, build_verifier
-from trainer.data import HiddenStatesDataset, list_samples
+from trainer.data import HiddenStatesDataset, batch_to, list_samples
 from trainer.formats import detect_format, open_training_data
 from trainer.model import read_draft_config
 from trainer.train import parse_args
@@ -41,26 +43,43 @@ def layouts(tmp_path_factory) -> dict[str, dict[str, Path]]:
     speculators_default = write_speculators(verifier, samples[:2], root / "speculators_default", None, DRAFT_VOCAB)
     specforge = write_specforge(verifier, samples, root / "specforge", compress=False, d2t=d2t, t2d=t2d)
     specforge_gz = write_specforge(verifier, samples[:2], root / "specforge_gz", compress=True, d2t=d2t, t2d=t2d)
+    arrow = write_speculators_arrow(root / "verifier", verifier, samples, root / "speculators_arrow", DRAFT_VOCAB)
+    arrow_fp8 = write_speculators_arrow(root / "verifier", verifier, samples, root / "speculators_arrow_fp8",
+                                        DRAFT_VOCAB, fp8=True)
     torch.set_num_threads(threads)
     return {
         "verifier": root / "verifier",
         "longrun": {"data": root / "longrun" / "hidden_states", "vocab": root / "longrun" / "vocab_mapping"},
         "speculators": speculators, "speculators_default": speculators_default,
         "specforge": specforge, "specforge_gz": specforge_gz,
+        # speculators >= 0.5: --data-dir and the vocab maps are the Arrow dataset's directory
+        "speculators_arrow": {"data": arrow, "vocab": arrow}, "speculators_arrow_fp8": {"data": arrow_fp8, "vocab": arrow_fp8},
     }
 
 
-@pytest.mark.parametrize("layout", ["speculators", "specforge", "specforge_gz"])
+ARROW_LAYER_IDS = [2, 4, 5]  # vLLM's default for 8 layers: inputs of 2, N//2, N-3 (and N, the last)
+
+
+@pytest.mark.parametrize("layout", ["speculators", "specforge", "specforge_gz", "speculators_arrow",
+                                    "speculators_arrow_fp8"])
 def test_peer_layouts_give_longrun_batches_features_and_targets(layouts, layout):
-    data = open_training_data(layouts[layout]["data"], "auto", LAYERS)
+    arrow = layout.startswith("speculators_arrow")
+    data = open_training_data(layouts[layout]["data"], "auto", LAYERS, ARROW_LAYER_IDS if arrow else None)
     reference = open_training_data(layouts["longrun"]["data"], "longrun", LAYERS)
-    assert data.format == layout.removesuffix("_gz") and data.layer_ids == reference.layer_ids == [2, 4, 5]
+    assert data.format == layout.removesuffix("_gz").removesuffix("_fp8").removesuffix("_arrow")
+    assert data.layer_ids == reference.layer_ids == [2, 4, 5]
     count = len(data.files)
-    batch = data.dataset(data.files, 24).read_batch(list(range(count)))
-    expected = reference.dataset(reference.files[:count], 24).read_batch(list(range(count)))
+    cpu = torch.device("cpu")
+    stored = data.dataset(data.files, 24).read_batch(list(range(count)))
+    assert stored["hidden_states"].dtype == (torch.float8_e4m3fn if layout.endswith("fp8") else torch.bfloat16)
+    batch = batch_to(stored, cpu, torch.float32)
+    expected = batch_to(reference.dataset(reference.files[:count], 24).read_batch(list(range(count))), cpu, torch.float32)
     for name in ("input_ids", "loss_mask", "attention_mask"):
         assert torch.equal(batch[name], expected[name]), name
-    torch.testing.assert_close(batch["hidden_states"].float(), expected["hidden_states"].float(), atol=0.03, rtol=0.02)
+    # FP8 e4m3 keeps 3 mantissa bits: 1/16 relative at worst
+    tolerance = {"atol": 0.05, "rtol": 0.07} if layout.endswith("fp8") else {"atol": 0.03, "rtol": 0.02}
+    for name in ("hidden_states", *(() if data.last_hidden_state_normed else ("last_hidden_state",))):
+        torch.testing.assert_close(batch[name], expected[name], **tolerance)
     rows = [list(range(count))]  # --pack-samples: every sample in one row
     packed = data.dataset(data.files, 24).read_packed_batch(rows)
     expected_packed = reference.dataset(reference.files[:count], 24).read_packed_batch(rows)
@@ -77,12 +96,80 @@ def test_peer_layouts_give_longrun_batches_features_and_targets(layouts, layout)
     assert (targets == expected_targets).float().mean() > 0.97  # bf16 storage may flip a near tie
 
 
+def test_speculators_arrow_data_is_read_as_speculators_own_reader_reads_it(layouts):
+    """speculators 0.9.0's ArrowDataset (with hs_connectors' FP8Transfer for FP8) gives the same features."""
+    from hs_connectors import FileTransfer, FP8Transfer
+    from speculators.train.data import ArrowDataset
+
+    for layout, transfer in (("speculators_arrow", FileTransfer), ("speculators_arrow_fp8", FP8Transfer)):
+        root = layouts[layout]["data"]
+        theirs = ArrowDataset(64, root, transfer=transfer(root / "hidden_states"), on_missing="raise")[1]
+        data = open_training_data(root, "speculators", LAYERS, ARROW_LAYER_IDS)
+        ours = batch_to(data.dataset(data.files, 64).read_batch([1]), torch.device("cpu"), torch.bfloat16)
+        assert torch.equal(ours["input_ids"][0], theirs["input_ids"])
+        assert torch.equal(ours["loss_mask"][0].long(), theirs["loss_mask"].long())
+        assert torch.equal(ours["hidden_states"][0], theirs["hidden_states"].to(torch.bfloat16)), layout
+        assert torch.equal(ours["last_hidden_state"][0], theirs["verifier_last_hidden_states"].to(torch.bfloat16))
+
+
+def test_speculators_arrow_layer_ids_come_from_the_flag_or_the_files_never_shifted(layouts, tmp_path):
+    root = layouts["speculators_arrow"]["data"]
+    for data_dir in (root, root / "hidden_states"):  # the dataset's directory or its hidden_states
+        with pytest.raises(ValueError, match=r"hs_0\.safetensors has no 'eagle_aux_hidden_state_layer_ids' metadata"
+                                             r".*--layer-ids.*default for this 8-layer verifier is 2,4,5"):
+            open_training_data(data_dir, "auto", LAYERS)
+        assert open_training_data(data_dir, "speculators", LAYERS, [1, 3, 6]).layer_ids == [1, 3, 6]
+    copy = tmp_path / "arrow"
+    (copy / "hidden_states").mkdir(parents=True)
+    for name in ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"):
+        (copy / name).write_bytes((root / name).read_bytes())
+    for path in sorted((root / "hidden_states").iterdir()):
+        save_file(load_file(path), str(copy / "hidden_states" / path.name),
+                  metadata={"eagle_aux_hidden_state_layer_ids": "[2, 4, 5, 8]"})
+    assert open_training_data(copy, "auto", LAYERS).layer_ids == [2, 4, 5]  # vLLM's ids as they are: no +1
+
+
+def test_speculators_arrow_errors_name_the_file_the_key_and_the_formats_tried(layouts, tmp_path):
+    root = layouts["speculators_arrow_fp8"]["data"]
+    copy = tmp_path / "arrow"
+    (copy / "hidden_states").mkdir(parents=True)
+    for name in ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"):
+        (copy / name).write_bytes((root / name).read_bytes())
+    tensors = load_file(root / "hidden_states" / "hs_0.safetensors")
+    save_file({k: v for k, v in tensors.items() if k != "hidden_states_scales"}, str(copy / "hidden_states" / "hs_0.safetensors"))
+    save_file({"hidden_states": tensors["hidden_states"]}, str(copy / "hidden_states" / "hs_1.safetensors"))
+    swapped = load_file(root / "hidden_states" / "hs_2.safetensors")
+    save_file({**swapped, "token_ids": tensors["token_ids"]}, str(copy / "hidden_states" / "hs_2.safetensors"))
+    dataset = open_training_data(copy, "auto", LAYERS, ARROW_LAYER_IDS).dataset(
+        open_training_data(copy, "auto", LAYERS, ARROW_LAYER_IDS).files, 24)
+    with pytest.raises(KeyError, match=r"hs_0\.safetensors has float8 'hidden_states' and no 'hidden_states_scales'"):
+        dataset[0]
+    with pytest.raises(KeyError, match=r"hs_1\.safetensors lacks \['token_ids'\]: not a speculators >= 0\.5 "
+                                       r"hidden-states file; formats tried: longrun .*SpecForge"):
+        dataset[1]
+    with pytest.raises(ValueError, match=r"hs_2\.safetensors: 'token_ids' differ from 'input_ids' of row 2"):
+        dataset[2]
+    (copy / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"state\.json: no '_data_files'.*formats tried"):
+        open_training_data(copy, "speculators", LAYERS, ARROW_LAYER_IDS)
+    # a format forced on a directory without it names what it holds, or every format tried (this raised itself)
+    with pytest.raises(FileNotFoundError, match=r"no specforge samples .*holds speculators data"):
+        open_training_data(root, "specforge", LAYERS)
+    (tmp_path / "empty").mkdir()
+    for forced in ("longrun", "speculators", "specforge"):
+        with pytest.raises(FileNotFoundError, match=r"empty \(formats tried: longrun \(sample_\*\.safetensors\); "
+                                                    r"speculators >= 0\.5 .*speculators 0\.3-0\.4.*SpecForge"):
+            open_training_data(tmp_path / "empty", forced, LAYERS)
+
+
 def test_speculators_default_layers_are_outputs_so_inputs_shift_by_one(layouts):
     data = open_training_data(layouts["speculators_default"]["data"], "speculators", LAYERS)
     assert data.layer_ids == [3, LAYERS // 2 + 1, LAYERS - 2]  # outputs of 2, N//2, N-3
 
 
 def test_vocab_maps_of_both_peers_are_read(layouts):
+    sized = load_vocab_mapping(layouts["speculators_arrow"]["vocab"])  # d2t-192.npy, t2d-192.npy
+    assert sized[0].shape == (DRAFT_VOCAB,) and int(sized[1].sum()) == DRAFT_VOCAB
     d2t, t2d = load_vocab_mapping(layouts["speculators"]["vocab"])
     assert d2t.shape == (DRAFT_VOCAB,) and t2d.dtype == torch.bool and int(t2d.sum()) == DRAFT_VOCAB
     target_ids = torch.arange(DRAFT_VOCAB) + d2t
@@ -112,9 +199,12 @@ def test_a_file_that_is_not_what_it_claims_is_named_with_its_missing_key(layouts
 
 
 @pytest.mark.slow  # real torchrun runs
-def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to_5(layouts, tmp_path):
-    common = [*(str(a) for a in ("--verifier-path", layouts["verifier"], "--data-dir", layouts["speculators"]["data"],
-                                 "--vocab-mapping-dir", layouts["speculators"]["vocab"], "--data-format", "speculators"))]
+@pytest.mark.parametrize("layout", ["speculators", "speculators_arrow", "speculators_arrow_fp8"])
+def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to_5(layouts, tmp_path, layout):
+    common = [*(str(a) for a in ("--verifier-path", layouts["verifier"], "--data-dir", layouts[layout]["data"],
+                                 "--vocab-mapping-dir", layouts[layout]["vocab"], "--data-format", "speculators"))]
+    if layout != "speculators":
+        common += ["--layer-ids", "2,4,5"]
     first = run([sys.executable, "-m", "trainer.train", *common, "--output-dir", str(tmp_path / "ttt3"),
                  *SEED_FLAGS[:8], "--ttt-steps", "3", *SEED_FLAGS[10:]], timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -142,12 +232,14 @@ def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_comma
         assert getattr(args, name) == getattr(seed, name), name
 
 
-def test_speculators_data_through_the_service_with_the_seed_flags_restarts_from_ttt_3_to_5(layouts, service):
+@pytest.mark.parametrize("layout", ["speculators", "speculators_arrow_fp8"])
+def test_speculators_data_through_the_service_with_the_seed_flags_restarts_from_ttt_3_to_5(layouts, service, layout):
     """The seed's run as a user submits it: speculators' data and vocab mapping, the production flags unchanged
     (TTT=3 first), then a restart at TTT=5 into a cleaned output directory, with per-step metrics of both."""
-    out = service.workspace / "output_100k"
-    trainer = {"verifier_path": str(layouts["verifier"]), "data_dir": str(layouts["speculators"]["data"]),
-               "vocab_mapping_dir": str(layouts["speculators"]["vocab"]), "data_format": "speculators",
+    out = service.workspace / f"output_100k_{layout}"
+    extra = {} if layout == "speculators" else {"layer_ids": "2,4,5"}
+    trainer = {"verifier_path": str(layouts["verifier"]), "data_dir": str(layouts[layout]["data"]),
+               "vocab_mapping_dir": str(layouts[layout]["vocab"]), "data_format": "speculators", **extra,
                "output_dir": str(out), "epochs": 5, "lr": 3e-5, "max_seq_len": 4096, "num_workers": 4,
                "ttt_steps": 3, "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05}
     run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer})
