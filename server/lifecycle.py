@@ -296,6 +296,8 @@ class NodeFailure:
     note: str | None = None  # what the host saw that the job's log may not say (a full disk)
     # its scheduler ended it at its time limit: retried (from its checkpoint) by the retry rule like any failure
     time_limit: bool = False
+    # the exception its first failed rank recorded, and that rank (worker/failure_cause.py)
+    cause: str | None = None
 
     @property
     def why(self) -> str:
@@ -304,6 +306,8 @@ class NodeFailure:
     def _what(self) -> str:
         if self.time_limit:
             return f"reached its time limit on {self.host}: the scheduler ended it (exit code {self.exit_code})"
+        if self.state == NodeState.EXITED and self.cause:
+            return f"exited with code {self.exit_code} on {self.host}: {self.cause}"
         if self.state == NodeState.EXITED:
             return f"exited with code {self.exit_code} on {self.host}; see its log"
         # hostside.py stops whatever a dead wrapper left before it answers the node lost

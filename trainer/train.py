@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
@@ -457,4 +458,5 @@ def describe_run(draft: EagleDraft, args: argparse.Namespace, data: TrainingData
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torch elastic's @record: a rank's exception goes to TORCHELASTIC_ERROR_FILE, which torchrun (and longrun) read
+    sys.exit(record(main)())

@@ -48,6 +48,10 @@ LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 CONTAINMENT_FILE = "containment"
 EXIT_FILE = "exit_code"
+# torch elastic's error file: torchrun copies there the exception its first failed rank recorded (@record)
+ERROR_FILE = "error.json"
+# how much of it, and of the log's end (where torchrun names that rank), a probe of a failed job hands back
+FAILURE_BYTES = 16 << 10
 # written at launch, so that the exit code finds room on a disk the job has filled since
 EXIT_RESERVE = "exit_code.reserve"
 # written by a stop before it signals: a wrapper still starting then stops the job it starts (or starts none)
@@ -294,6 +298,7 @@ def launch(req):
             env["GLOO_SOCKET_IFNAME"] = ifname
     env[TOKEN_VAR] = req["token"]
     env["LONGRUN_METRICS_FILE"] = os.path.join(d, METRICS_FILE)
+    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(d, ERROR_FILE)
     env[DIR_VAR] = d
     # the bytes an exit code needs, taken while there is room (see _record_exit)
     _write_atomic(os.path.join(d, EXIT_RESERVE), " " * 8)
@@ -507,7 +512,20 @@ def probe(req):
         out["gpus"] = gpus({**req["gpus"], "dirs": {_read(os.path.join(d, "token")): d}})
     if (out["state"] == "lost" or out["exit_code"] not in (None, 0)) and not out.get("note"):
         out["note"] = _space_note(d)
+    if out["exit_code"] not in (None, 0) and not out["more"]:
+        out["failure"] = {"error_file": _tail(os.path.join(d, ERROR_FILE), FAILURE_BYTES),
+                          "log_tail": _tail(os.path.join(d, LOG_FILE), FAILURE_BYTES)}
     return out
+
+
+def _tail(path, limit):
+    """The last `limit` bytes of a file as text, or None when it is not there."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def _sweep(d, wrapper):
@@ -931,7 +949,8 @@ def slurm_launch(req):
     if not already:
         env = dict(os.environ)
         env.update(req.get("env") or {})
-        env.update({TOKEN_VAR: req["token"], "LONGRUN_METRICS_FILE": os.path.join(d, METRICS_FILE), DIR_VAR: d})
+        env.update({TOKEN_VAR: req["token"], "LONGRUN_METRICS_FILE": os.path.join(d, METRICS_FILE), DIR_VAR: d,
+                    "TORCHELASTIC_ERROR_FILE": os.path.join(d, ERROR_FILE)})
         # % starts a Slurm file-name pattern (%j): a literal one is %%
         log = os.path.join(d, LOG_FILE).replace("%", "%%")
         rc, out, err = _slurm(["sbatch", "--parsable", "--export=ALL", f"--job-name={batch['job_name']}",

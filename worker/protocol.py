@@ -196,6 +196,8 @@ class ProbeAnswer:
     note: str | None = None
     # a batch job: what its scheduler says of it
     queue: QueueState | None = None
+    # a job that exited non-zero: torch elastic's error file and the log's end (worker/failure_cause.py)
+    failure: dict[str, str | None] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -205,7 +207,13 @@ class ProbeAnswer:
                    _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
                    GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
                    _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
-                   QueueState.from_wire(raw.get("queue")))
+                   QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")))
+
+
+def _failure(raw: Any) -> dict[str, str | None] | None:
+    if not isinstance(raw, dict):
+        return None
+    return {k: raw[k] if isinstance(raw.get(k), str) else None for k in ("error_file", "log_tail")}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from server.lifecycle import (
     wait_for_gpus,
 )
 from server.models import Attempt, Host, Run
+from worker import failure_cause
 from worker.attempt_io import probe_nodes, store_probes
 from worker.attempt_stopper import AttemptStopper
 from worker.clock import Clock
@@ -198,7 +199,8 @@ class RunDriver:
                 return False
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
-                                   time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit)
+                                   time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit,
+                                   cause=failure_cause.cause(bad.answer.failure))
                        if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
             return fresh.status == RunStatus.LAUNCHING  # a retry
