@@ -65,7 +65,8 @@ class ProposalPublic(BaseModel):
     tokens_per_second_after: float | None = None
     gain: float | None = Field(None, description="tokens_per_second_after / tokens_per_second_now - 1")
     predicted_tau_after: float | None = Field(
-        None, description="tokens per verifier pass at depth_after that the restart is expected to reach")
+        None, description="tokens per verifier pass at depth_after that a deeper TTT is expected to reach (also "
+        "with keep_going: there it is why a restart does not pay)")
     predicted_position_acceptance_after: list[float] = Field(default_factory=list)
     predicted_training_seconds: float | None = Field(None, description="the restart's dry run: its whole duration")
     remaining_seconds: float | None = Field(None, description="the current attempt's ETA")
@@ -196,6 +197,11 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
     }
     where = f"{deploy['host']} ({advice.interconnect}, tp={tp}, {drafting.engine})"
+    if retrain.depth_after is not None:
+        # what a deeper TTT is expected to reach (RETRAIN_ASSUMPTION), whether or not it pays off
+        after = improved_positions(positions, trained)
+        fields |= {"predicted_position_acceptance_after": after,
+                   "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
     if not (retrain.pays_off and retrain.suggested_ttt_steps and retrain.suggested_ttt_steps > trained):
         return ProposalPublic(
             run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
@@ -203,10 +209,8 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
                      f"{advice.recommended_depth} on {where}; {retrain.reason}"))
 
     ttt = retrain.suggested_ttt_steps
-    after = improved_positions(positions, trained)
     restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
-    fields |= {"suggested_ttt": ttt, "restart": restart, "predicted_position_acceptance_after": after,
-               "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
+    fields |= {"suggested_ttt": ttt, "restart": restart}
     dry = _dry_run(measured, with_ttt(spec, ttt))
     fields["dry_run"] = dry
     seconds = dry.predicted_duration_seconds

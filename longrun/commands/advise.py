@@ -28,7 +28,7 @@ def proposal_view(p: dict) -> Group:
     if p.get("action") == "restart":
         econ = Table(show_header=False, box=None, pad_edge=False)
         for label, value in (
-                ("restart body", f"{p['restart']}"),
+                ("restart body", json.dumps(p["restart"])),
                 ("training (dry run)", duration(p.get("predicted_training_seconds"))),
                 ("this attempt's ETA", duration(p.get("remaining_seconds"))),
                 ("GPU-hours (restart, extra)", f"{_num(p.get('restart_gpu_hours'))}, {_num(p.get('extra_gpu_hours'))}"

@@ -114,6 +114,9 @@ def test_keep_going_when_deeper_training_would_not_pay_and_unavailable_without_a
     validate(api, run_id, 1, 10, STEADY)
     got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
     assert got["action"] == "keep_going" and got["restart"] is None
+    # what a deeper TTT would reach is still said: the reason it does not pay
+    assert got["predicted_tau_after"] == pytest.approx(
+        1 + sum(got["predicted_position_acceptance_after"][:got["depth_after"]]))
     assert got["summary"].startswith("keep going: the advisor predicts")
     assert not got["advice"]["drafting"]["sharded"]
     no_deploy = trainer_run(api)
