@@ -12,7 +12,7 @@ import typer
 from typer._click.exceptions import ClickException
 
 from longrun.client import APIError, ServerUnreachable
-from longrun.commands import advise, config, export, hosts, runs, service
+from longrun.commands import advise, check_draft, config, export, hosts, runs, service
 from longrun.commands.common import OUTPUT, GlobalOptions, print_json
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, exit_codes_help
@@ -58,6 +58,7 @@ app.add_typer(runs.app)
 app.add_typer(hosts.app, name="hosts")
 app.add_typer(export.app)
 app.add_typer(advise.app)
+app.add_typer(check_draft.app)
 app.add_typer(config.app, name="config")
 app.add_typer(service.app)
 

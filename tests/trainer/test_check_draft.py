@@ -1,0 +1,119 @@
+"""`longrun check-draft`: on real exports of a tiny trained draft, each engine's reading (written from its source,
+longrun/commands/check_draft.py) says which layers it captures; exports an engine would misread are refused with
+the reason; a verifier adds a one-prompt smoke decode; the command loads no torch until it decodes."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from longrun.cli import main
+from tests.trainer.conftest import one_cpu_thread
+from trainer.train import main as train_main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_verifier, prepared_data, tmp_path_factory) -> dict[str, Path]:
+    """A plain EAGLE-3 export and an EAGLE 3.1 one, each in both formats, of drafts trained on the tiny verifier."""
+    root = tmp_path_factory.mktemp("exports")
+    with one_cpu_thread():
+        for name, extra in (("eagle3", []), ("eagle31", ["--fc-norm", "--norm-output"])):
+            assert train_main([
+                "--verifier-path", str(tiny_verifier), "--data-dir", str(prepared_data / "hidden_states"),
+                "--vocab-mapping-dir", str(prepared_data / "vocab_mapping"), "--output-dir", str(root / name),
+                "--max-steps", "3", "--max-seq-len", "64", "--num-workers", "0", "--val-ratio", "0",
+                "--export-format", "engine,speculators", *extra,
+            ]) == 0
+    return {"eagle3": root / "eagle3", "eagle31": root / "eagle31", "verifier": tiny_verifier}
+
+
+def check(capsys, *args: str) -> tuple[int, dict]:
+    capsys.readouterr()
+    try:
+        with one_cpu_thread():
+            code = main(["check-draft", *map(str, args), "--json"])
+    except SystemExit as exc:
+        code = exc.code
+    return code, json.loads(capsys.readouterr().out)
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl"))
+    return dst
+
+
+def trained_layers(export: Path) -> list[int]:
+    return json.loads((export / "config.json").read_text())["aux_hidden_state_layer_ids"]
+
+
+def test_a_good_export_passes_for_every_engine_with_a_smoke_decode(exports, capsys):
+    code, answer = check(capsys, exports["eagle3"], "--verifier", exports["verifier"])
+    assert code == 0 and answer["ok"]
+    engines = {e["engine"]: e for e in answer["engines"]}
+    assert set(engines) == {"vllm", "sglang", "speculators"}
+    assert engines["speculators"]["directory"].endswith("speculators")
+    for engine in engines.values():
+        assert engine["capture_layers"] == trained_layers(exports["eagle3"]) and not engine["refused"]
+        assert engine["smoke_decode"]["passes"] > 0 and engine["smoke_decode"]["mean_accepted"] >= 1
+
+
+def test_wrong_layer_ids_are_refused_naming_the_engine_and_layers(exports, tmp_path, capsys):
+    bad = copy(exports["eagle3"], tmp_path / "bad")
+    config = json.loads((bad / "config.json").read_text())
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 2, 5]  # SGLang: inputs of 1, 3, 6
+    (bad / "config.json").write_text(json.dumps(config))
+    code, answer = check(capsys, bad, "--engine", "sglang")
+    assert code == 2 and not answer["ok"]
+    (reason,) = answer["engines"][0]["refused"]
+    assert "sglang captures layers [1, 3, 6]" in reason and f"trained on {trained_layers(bad)}" in reason
+    assert check(capsys, bad, "--engine", "vllm")[0] == 0  # vLLM reads the top-level key, still right
+
+    del config["eagle_aux_hidden_state_layer_ids"], config["eagle_config"]
+    (bad / "config.json").write_text(json.dumps(config))
+    code, answer = check(capsys, bad, "--engine", "vllm", "--verifier", exports["verifier"])
+    assert code == 2 and "vllm finds no capture layer ids" in answer["engines"][0]["refused"][0]
+
+
+def test_a_missing_d2t_is_refused(exports, tmp_path, capsys):
+    for fmt in ("", "speculators"):
+        bad = copy(exports["eagle3"], tmp_path / f"bad{fmt}")
+        weights = bad / fmt / "model.safetensors"
+        state = load_file(str(weights))
+        del state["d2t"]
+        save_file(state, str(weights))
+        code, answer = check(capsys, bad / fmt)
+        assert code == 2
+        refused = [r for e in answer["engines"] for r in e["refused"]]
+        assert refused and all("no d2t" in r for r in refused), refused
+
+
+def test_eagle31_flags_are_refused_where_the_engine_drops_them(exports, capsys):
+    code, answer = check(capsys, exports["eagle31"])
+    assert code == 2
+    engines = {e["engine"]: e for e in answer["engines"]}
+    for name in ("vllm", "sglang"):
+        assert set(engines[name]["ignored"]) == {"fc_norm", "norm_output"}
+        assert any(r.startswith("fc_norm is on and") for r in engines[name]["refused"])
+    assert engines["speculators"]["refused"] == []  # speculators reads both
+    assert check(capsys, exports["eagle31"] / "speculators", "--engine", "speculators")[0] == 0
+
+
+def test_the_speculators_export_without_its_embedding_is_refused(exports, tmp_path, capsys):
+    bad = copy(exports["eagle3"] / "speculators", tmp_path / "bad")
+    state = load_file(str(bad / "model.safetensors"))
+    del state["embed_tokens.weight"]
+    save_file(state, str(bad / "model.safetensors"))
+    code, answer = check(capsys, bad, "--engine", "speculators")
+    assert code == 2 and "embed_tokens.weight" in answer["engines"][0]["refused"][0]
+
+
+def test_the_cli_loads_no_torch_for_its_other_commands():
+    code = "import sys, longrun.cli; print('torch' in sys.modules, 'trainer' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
