@@ -2,7 +2,7 @@
 
     python -m trainer.prepare --verifier-path V --corpus FILE --output-dir D [--max-seq-len N]
         [--draft-vocab-size K] [--max-samples M] [--batch-size B] [--layer-ids 2,16,29]
-        [--device auto|cuda:1|cpu] [--trust-remote-code]
+        [--device auto|cuda:1|cpu] [--trust-remote-code] [--store-dtype bf16|fp8]
 
 The verifier is spread over every GPU of the host (`--device auto`, the default with CUDA: accelerate's
 `device_map="auto"`), so a verifier larger than one GPU prepares on one machine. Samples stream from the
@@ -17,6 +17,9 @@ Output under D:
   `last_hidden_state` bf16 [S, H] (output of the last decoder layer, before the final norm, so that
   `lm_head(norm(last_hidden_state))` are the verifier's logits), `verifier_top_ids` int32 [S] (the verifier's
   top-1 token at each position: with it the trainer multiplies only the draft vocabulary's rows of the head);
+  with `--store-dtype fp8` both features are float8_e4m3fn and each has its float32 [S, 1] scale
+  (`hidden_states_scale`, `last_hidden_state_scale`: one per token, as speculators' FP8 connector; see
+  `trainer.data.quantize_fp8`), half the bytes on disk and on the way to the GPU;
 - vocab_mapping/vocab_mapping.safetensors: the K most frequent tokens at loss-masked positions (trainer.vocab);
 - prepare.settings.json: what the samples were made with (a relaunch with other settings starts over);
 - prepare.json: metadata, written last.
@@ -38,6 +41,7 @@ from safetensors.torch import save_file
 from transformers.utils import logging as hf_logging
 
 from trainer.corpus import ReadProgress, iter_samples
+from trainer.data import FP8_SCALES, quantize_fp8
 from trainer.verifier_model import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
@@ -46,6 +50,7 @@ SETTINGS_FILE = "prepare.settings.json"
 PREPARE_FORMAT = 1
 WRITERS = 4  # threads writing sample files while the verifier computes the next batch
 REPORT_SECONDS = 30  # between progress lines
+STORE_DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}  # --store-dtype: how the features are stored
 
 
 def _save_sample(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -107,8 +112,16 @@ def _fitting_draft_vocab(draft_vocab_size: int, vocab_size: int) -> int:
     return min(draft_vocab_size, vocab_size)
 
 
+def _stored(tensors: dict[str, torch.Tensor], store_dtype: str) -> dict[str, torch.Tensor]:
+    if store_dtype == "bf16":
+        return tensors
+    for name, scale in FP8_SCALES.items():
+        tensors[name], tensors[scale] = quantize_fp8(tensors[name])
+    return tensors
+
+
 def _capture(model, batch: list[tuple[Path, list[int], list[int]]], layer_ids: list[int],
-             pad_id: int) -> list[dict[str, torch.Tensor]]:
+             pad_id: int, store_dtype: str = "bf16") -> list[dict[str, torch.Tensor]]:
     """Each sample's tensors: its tokens and loss mask, and what the verifier computes on them (bf16, on the CPU)."""
     lengths = [len(ids) for _, ids, _ in batch]
     longest = max(lengths)
@@ -123,13 +136,13 @@ def _capture(model, batch: list[tuple[Path, list[int], list[int]]], layer_ids: l
     )
     aux, last, top = aux.to(torch.bfloat16).cpu(), last.to(torch.bfloat16).cpu(), top.to(torch.int32).cpu()
     return [
-        {
+        _stored({
             "input_ids": torch.tensor(ids, dtype=torch.long),
             "loss_mask": torch.tensor(mask, dtype=torch.uint8),
             "hidden_states": aux[row, :length].clone(),
             "last_hidden_state": last[row, :length].clone(),
             "verifier_top_ids": top[row, :length].clone(),
-        }
+        }, store_dtype)
         for row, ((_, ids, mask), length) in enumerate(zip(batch, lengths, strict=True))
     ]
 
@@ -182,7 +195,8 @@ def _duration(seconds: float) -> str:
 
 
 def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: bool, max_seq_len: int,
-                   max_samples: int | None, batch_size: int, layer_ids: list[int], started: float) -> Written:
+                   max_samples: int | None, batch_size: int, layer_ids: list[int], started: float,
+                   store_dtype: str = "bf16") -> Written:
     """Stream the corpus's samples through the verifier to sample_dir, skipping those a resumed run already has."""
     vocab_size = model.config.get_text_config().vocab_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -196,7 +210,7 @@ def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: boo
     with SampleWriter(max_pending=4 * batch_size) as writer:
 
         def run_batch(batch: list[tuple[Path, list[int], list[int]]]) -> None:
-            for (path, _, _), tensors in zip(batch, _capture(model, batch, layer_ids, pad_id), strict=True):
+            for (path, _, _), tensors in zip(batch, _capture(model, batch, layer_ids, pad_id, store_dtype), strict=True):
                 writer.write(path, tensors)
 
         batch: list[tuple[Path, list[int], list[int]]] = []
@@ -254,6 +268,7 @@ def prepare(
     layer_ids: Sequence[int] | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
+    store_dtype: str = "bf16",
 ) -> dict:
     """Write D/hidden_states/, D/vocab_mapping/ and D/prepare.json; returns the metadata written.
 
@@ -265,6 +280,8 @@ def prepare(
     corpus, output_dir = Path(corpus), Path(output_dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus {corpus} does not exist")
+    if store_dtype not in STORE_DTYPES:
+        raise ValueError(f"store dtype {store_dtype!r}: expected one of {', '.join(STORE_DTYPES)}")
     model, tokenizer, model_dtype = _load(verifier_path, device, trust_remote_code)
     config = model.config.get_text_config()
     num_layers, hidden_size, vocab_size = config.num_hidden_layers, config.hidden_size, config.vocab_size
@@ -273,10 +290,10 @@ def prepare(
     sample_dir = output_dir / "hidden_states"
     settings = {"verifier_path": str(Path(verifier_path).resolve()), "corpus": str(corpus.resolve()),
                 "corpus_bytes": corpus.stat().st_size, "max_seq_len": max_seq_len, "layer_ids": layer_ids,
-                "dtype": str(model_dtype)}
+                "dtype": str(model_dtype), **({"store_dtype": store_dtype} if store_dtype != "bf16" else {})}
     resume = _start_or_resume(output_dir, sample_dir, settings)
     written = _write_samples(model, tokenizer, corpus, sample_dir, resume, max_seq_len, max_samples, batch_size,
-                             layer_ids, started)
+                             layer_ids, started, store_dtype)
     if written.samples == 0:
         raise ValueError(f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on")
     _drop_surplus(sample_dir, written.samples)
@@ -297,7 +314,7 @@ def prepare(
         "resumed_samples": written.skipped,
         "layer_devices": layer_devices(model),
         "chat_template": "tokenizer" if tokenizer.chat_template else "fallback",
-        "dtype": "bfloat16",
+        "dtype": STORE_DTYPES[store_dtype],
         "seconds": round(time.monotonic() - started, 1),
     }
     tmp = output_dir / "prepare.json.tmp"
@@ -328,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="run the verifier's own modelling/tokenizer code"
     )
+    parser.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bf16",
+                        help="fp8: features as float8_e4m3fn with a scale per token, half the bytes")
     parser.add_argument("--regenerate", action="store_true",
                         help="first replace the responses with the verifier's own (D/regenerated.jsonl, resumable)")
     parser.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
@@ -353,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layer_ids=args.layer_ids,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
+        store_dtype=args.store_dtype,
     )
     print(
         f"prepare: {metadata['num_samples']} samples, {metadata['num_tokens']} tokens "
