@@ -475,9 +475,12 @@ def _status(d):
     return {"state": "lost", "exit_code": None, "pid": pid}
 
 
-def _read_from(path, offset, limit, whole_lines=True):
-    """Text from byte offset on, at most `limit` bytes, ending at a line end (\\n or \\r) unless told otherwise.
+def _read_from(path, offset, limit, line_ends=b"\n\r", final=False):
+    """Text from byte offset on, at most `limit` bytes, ending just after one of `line_ends`; with `final` (the
+    file is complete) the last read also hands back an unterminated last line.
 
+    A read cut short by the limit ends at a line end too, so no line is split between two reads; only a line
+    longer than the limit goes through in pieces (cut at a character boundary) rather than block the stream.
     Returns (text, new_offset, more): `more` says the limit cut the read short."""
     try:
         with open(path, "rb") as f:
@@ -486,12 +489,27 @@ def _read_from(path, offset, limit, whole_lines=True):
     except FileNotFoundError:
         return "", offset, False
     more = len(data) == limit
-    if whole_lines:
-        # tqdm redraws its bar after a carriage return, without a newline until the bar closes
-        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
-        # one line longer than the limit goes through in pieces rather than blocking the stream
-        data = data[: cut + 1] if cut >= 0 or not more else data
+    if more or not final:
+        cut = max(data.rfind(bytes([end])) for end in line_ends)
+        if cut >= 0:
+            data = data[: cut + 1]
+        elif more:
+            data = _whole_characters(data)
+        else:
+            data = b""
     return data.decode("utf-8", "replace"), offset + len(data), more
+
+
+def _whole_characters(data):
+    """`data` less a UTF-8 sequence that its end cuts in two."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return data
+        if byte >= 0xC0:  # the lead byte: its sequence is whole when it is `back` bytes long
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if length <= back else data[:-back]
+    return data
 
 
 def probe(req):
@@ -502,10 +520,13 @@ def probe(req):
     if out["state"] in ("lost", "exited"):
         out.update(_sweep(d, None if slurm else out["pid"]))
     limit = int(req.get("limit", 4 << 20))
-    metrics, m_off, m_more = _read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit)
-    # once the job is over its last, unterminated log line is final: hand it back too
+    # a metric line ends at a newline only: a raw \r inside one is part of it
+    metrics, m_off, m_more = _read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit,
+                                        line_ends=b"\n")
+    # tqdm redraws its bar after a carriage return, without a newline until the bar closes; once the job is over
+    # its last, unterminated log line is final: hand it back too
     log, l_off, l_more = _read_from(os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit,
-                                    whole_lines=out["state"] == "running")
+                                    final=out["state"] != "running")
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
     # a Slurm job's GPUs are on its compute nodes, not on the login node that answers
     if req.get("gpus") and not slurm:

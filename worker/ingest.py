@@ -66,7 +66,8 @@ def parse_metric_lines(text: str) -> MetricLines:
             out.skipped.append(f"a line of more than {MAX_METRIC_LINE_BYTES} bytes")
         else:
             try:
-                obj = json.loads(raw)
+                # strict=False: a raw control character (a \r, a tab) inside a string does not cost the line
+                obj = json.loads(raw, strict=False)
             except (json.JSONDecodeError, RecursionError):
                 obj = {}
             if isinstance(obj, dict) and len(obj) > MAX_KEYS_PER_LINE:

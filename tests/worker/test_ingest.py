@@ -1,8 +1,16 @@
 import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 from server.db import Database
-from server.models import Attempt, MetricPoint, Run
+from server.models import Attempt, MetricPoint, Run, utcnow
+from worker.attempt_io import probe_nodes, store_probes
+from worker.host_agent import HostAgent
 from worker.ingest import store_metrics
+from worker.local_transport import LocalTransport
+from worker.protocol import LaunchRequest, ReadFrom
 
 
 def test_replaying_the_same_lines_stores_nothing_twice(db: Database) -> None:
@@ -36,3 +44,84 @@ def test_garbage_lines_keep_their_place(db: Database) -> None:
     with db.reading() as s:
         assert [(p.line, p.step) for p in s.query(MetricPoint).order_by(MetricPoint.line)] == [(0, 1), (3, 3)]
         assert s.query(Attempt).one().metrics_lines == 4
+
+
+# what a real job wrote, read by the host agent in its largest reads and stored as the worker stores probes
+
+LOG_JOB = """
+import sys
+for i in range(int(sys.argv[1])):
+    print(f"step {i}/{sys.argv[1]} loss {1 + i % 7 * 0.125:.3f} " + "x" * (200 + i % 97))
+"""
+METRICS_JOB = """
+import json, os, sys, time
+with open(os.environ["LONGRUN_METRICS_FILE"], "a") as f:
+    # a line half written, holding a raw carriage return, while the worker reads
+    f.write('{"step": 0, "note": "a\\r'); f.flush()
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
+    f.write('b", "loss": 2.0}\\n')
+    for i in range(1, int(sys.argv[1])):
+        f.write(json.dumps({"step": i, "loss": 1 + i % 7 * 0.125, "pad": "x" * (250 + i % 97)}) + "\\n")
+"""
+
+
+def _add_attempt(db: Database, spec: dict, directory: str) -> None:
+    with db.writing() as s:
+        s.add(Run(id="r", name="r", status="running", spec=spec, hosts=["local"], latest={}, attempt=1))
+        s.add(Attempt(run_id="r", number=1, spec=spec, token="t", metrics_lines=0,
+                      nodes=[{"host": "local", "dir": directory, "state": "running"}]))
+
+
+def _drain(db: Database, agent: HostAgent, until_ended: bool = True) -> int:
+    """Probe and store until the node has ended and nothing is left to read; returns the reads made."""
+    reads, deadline = 0, time.time() + 120
+    while time.time() < deadline:
+        with db.writing() as s:
+            run, attempt = s.get(Run, "r"), s.query(Attempt).one()
+            probes = probe_nodes(SimpleNamespace(agent=lambda host: agent), attempt, {"local": None})
+            store_probes(s, run, attempt, probes, utcnow())
+        reads += 1
+        answer = probes[0].answer
+        if not until_ended or (answer.state != "running" and not answer.more):
+            return reads
+        if answer.state == "running" and not answer.more:
+            time.sleep(0.05)
+    raise AssertionError("the job did not end within 120 s")
+
+
+def _steps(db: Database) -> list[int]:
+    with db.reading() as s:
+        return [p.step for p in s.query(MetricPoint).filter_by(name="loss").order_by(MetricPoint.line)]
+
+
+def test_a_log_of_many_largest_reads_loses_no_line_at_their_boundaries(db: Database, tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("r", 1)
+    n = 36_000  # about 9 MiB of log: two boundaries of the host's 4 MiB reads, each inside a line
+    _add_attempt(db, {"entrypoint": "/opt/train.py", "host": "local"}, d)
+    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", LOG_JOB, str(n)], {}))
+    while agent.probe(d, ReadFrom(1 << 40, 1 << 40)).state == "running":
+        time.sleep(0.1)  # the job has ended before the first read: every read but the last is a full one
+    assert _drain(db, agent) >= 3
+    assert _steps(db) == list(range(n))
+
+
+def test_metric_lines_across_read_boundaries_and_one_half_written_with_a_raw_cr_are_all_stored(
+        db: Database, tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("r", 1)
+    n = 30_000  # about 9 MiB of metric lines
+    go = tmp_path / "go"
+    _add_attempt(db, {"entrypoint": "/opt/train.py", "host": "local"}, d)
+    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", METRICS_JOB, str(n), str(go)], {}))
+    deadline = time.time() + 30
+    while not (Path(d) / "metrics.jsonl").exists() or not (Path(d) / "metrics.jsonl").stat().st_size:
+        assert time.time() < deadline, (Path(d) / "output.log").read_text()
+        time.sleep(0.01)
+    _drain(db, agent, until_ended=False)  # the first line is still being written
+    go.touch()
+    _drain(db, agent)
+    assert _steps(db) == list(range(n))
+    with db.reading() as s:
+        assert s.query(Attempt).one().metrics_lines == n
