@@ -278,6 +278,20 @@ SLURM_OPTION_RE = re.compile(r"^--[a-z][a-z0-9-]*(=.*)?$")
 SLURM_OWN_OPTIONS = frozenset({"--output", "--error", "--input", "--job-name", "--export", "--export-file", "--chdir",
                                "--open-mode", "--nodes", "--ntasks-per-node", "--ntasks", "--parsable", "--wrap",
                                "--array", "--partition", "--account", "--time", "--gpus-per-node"})
+# sbatch reads options with getopt_long, which takes any unique prefix of a long option for it (`--arr=0-2` is
+# `--array`) and an exact name before any prefix: these options of sbatch's own are exact names that also begin
+# one of longrun's, so they stay theirs
+SBATCH_OPTIONS_BEGINNING_OWN = frozenset({"--gpus"})
+
+
+def _sbatch_option_meant(name: str) -> str | None:
+    """The option of longrun's that sbatch would read `name` as, if any: itself, or one it abbreviates (an
+    ambiguous abbreviation is refused too, being one of the possibilities)."""
+    if name in SLURM_OWN_OPTIONS:
+        return name
+    if name in SBATCH_OPTIONS_BEGINNING_OWN:
+        return None
+    return next((own for own in sorted(SLURM_OWN_OPTIONS) if own.startswith(name)), None)
 
 
 def _slurm_value(pattern: re.Pattern[str], what: str) -> Any:
@@ -295,8 +309,9 @@ def _sbatch_option(value: str) -> str:
         raise ValueError(f"{value[:64]!r}: give one long option per item, `--name` or `--name=value` "
                          "(e.g. `--qos=high`, `--exclusive`)")
     name, _, rest = value.partition("=")
-    if name in SLURM_OWN_OPTIONS:
-        raise ValueError(f"{name} is set by longrun (or by its own field in `slurm`)")
+    if (own := _sbatch_option_meant(name)) is not None:
+        spelled = "" if own == name else f" (sbatch reads {name} as {own})"
+        raise ValueError(f"{own} is set by longrun (or by its own field in `slurm`){spelled}")
     if "'" in rest:
         raise ValueError("a value must not hold a single quote: sbatch cannot read it back from an #SBATCH line")
     return value

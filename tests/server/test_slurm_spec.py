@@ -1,6 +1,8 @@
 """Slurm hosts and the `slurm` part of a run spec through the API: what is refused is a 422 naming the field,
 and nothing is written."""
 
+import pytest
+
 from server.lifecycle import RunStatus as S
 from tests.inprocess import App
 from tests.server.test_api_routes import locs
@@ -59,3 +61,19 @@ def test_slurm_goes_with_one_slurm_host_and_restarts_check_it_too(api: App) -> N
     longer = api.client.post(path, params={"dry_run": True}, json={"overrides": {"slurm": {"time_limit": "20"}}})
     assert longer.status_code == 200 and longer.json()["new_spec"]["slurm"]["time_limit"] == "20"
     assert api.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1
+
+
+@pytest.mark.parametrize("option", ["--arr=0-2", "--array=0-2", "--a=0-2", "--outp=/etc/x", "--job=x", "--gpus-per=8",
+                                    "--ti=5", "--wr=id", "--chd=/", "--nt=9", "--export-f=/x", "--n=2", "--part=x"])
+def test_an_abbreviation_of_an_option_longrun_sets_is_refused_as_sbatch_would_read_it(api: App, option: str) -> None:
+    _register_cluster(api)
+    r = api.client.post("/v1/runs", json={**RUN, "slurm": {"sbatch_options": [option]}})
+    assert r.status_code == 422 and "set by longrun" in r.text, r.text
+
+
+@pytest.mark.parametrize("option", ["--gpus=2", "--qos=high", "--exclusive", "--time-min=5", "--nodelist=a1",
+                                    "--comment=--array=0-2", "--gpu-bind=closest"])
+def test_options_that_only_look_like_longruns_are_kept(api: App, option: str) -> None:
+    _register_cluster(api)
+    r = api.client.post("/v1/runs", json={**RUN, "slurm": {"sbatch_options": [option]}})
+    assert r.status_code == 201, r.text
