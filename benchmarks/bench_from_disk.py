@@ -1,10 +1,13 @@
 """Does the data loader keep the GPU busy? The real trainer, training from files on disk, watched by nvidia-smi.
 
     python benchmarks/bench_from_disk.py --work /tmp/disk --out result.json [--seq 2048 --ttt 3 --nproc 1]
+        [--shape llama-8b|kimi-k2|tiny] [--store-dtype bf16|fp8]
 
-Writes a Llama-3.1-8B-shaped verifier directory (config + embedding, final norm and lm_head, random), a
-vocab mapping, and --samples per-sample files in `trainer.prepare`'s layout (random features: ~67 MB
-each at 2048 tokens), drops the page cache when it may (root), then runs the production command
+Writes a verifier directory of --shape (config + embedding, final norm and lm_head, random: Llama-3.1-8B, or
+kimi-k2: 7168 hidden, 163840 vocab, the draft SpecForge trains for that family, 56 heads x 128, 8 KV heads), a
+vocab mapping, and --samples per-sample files in `trainer.prepare`'s layout (random features: ~67 MB each at 2048
+tokens for llama-8b in bf16, ~117 MB for kimi-k2, half that with `--store-dtype fp8`: float8_e4m3fn with a scale
+per token, as `prepare --store-dtype fp8` writes), drops the page cache when it may (root), then runs the production command
 (`torchrun -m trainer.train ... --num-workers 4`) for --steps steps while sampling each GPU's
 utilisation every 0.2 s. Reports, over the steps after the first --skip: utilisation per GPU
 (mean, and the share of samples at or above 95%), tokens/s and ms/step from the trainer's own metrics.
@@ -27,7 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_trainer import LLAMA_8B, TINY, random_vocab_mapping  # noqa: E402
+from trainer.data import FP8_SCALES, quantize_fp8  # noqa: E402
 from trainer.vocab import save_vocab_mapping  # noqa: E402
+
+# a DeepSeek-V3 / Kimi-K2 verifier's width and vocabulary, 61 layers; the draft attention SpecForge uses for it
+KIMI_K2 = dict(
+    hidden_size=7168, intermediate_size=18432, num_attention_heads=56, num_key_value_heads=8, head_dim=128,
+    vocab_size=163840, draft_vocab_size=32000, rope_theta=50000.0, rope_scaling=None, num_hidden_layers=61,
+)
+SHAPES = {"llama-8b": LLAMA_8B, "kimi-k2": KIMI_K2, "tiny": TINY}
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random tensors are drawn
 
@@ -39,7 +50,8 @@ def write_verifier(path: Path, shape: dict = LLAMA_8B) -> None:
     H, V = shape["hidden_size"], shape["vocab_size"]
     path.mkdir(parents=True, exist_ok=True)
     LlamaConfig(hidden_size=H, intermediate_size=shape["intermediate_size"], num_attention_heads=shape["num_attention_heads"],
-                num_key_value_heads=shape["num_key_value_heads"], num_hidden_layers=32, vocab_size=V,
+                num_key_value_heads=shape["num_key_value_heads"], head_dim=shape["head_dim"],
+                num_hidden_layers=shape.get("num_hidden_layers", 32), vocab_size=V,
                 max_position_embeddings=131072, rope_theta=shape["rope_theta"],
                 tie_word_embeddings=False, architectures=["LlamaForCausalLM"]).save_pretrained(path)
     with torch.device(DEVICE):
@@ -49,18 +61,25 @@ def write_verifier(path: Path, shape: dict = LLAMA_8B) -> None:
     save_file({k: v.cpu() for k, v in tensors.items()}, str(path / "model.safetensors"))
 
 
-def write_data(path: Path, samples: int, seq: int, shape: dict = LLAMA_8B) -> None:
+def write_data(path: Path, samples: int, seq: int, shape: dict = LLAMA_8B, store_dtype: str = "bf16") -> None:
     """`samples` per-sample files of random features in `prepare`'s layout, and a random vocab mapping."""
     H, V, DRAFT_V = shape["hidden_size"], shape["vocab_size"], shape["draft_vocab_size"]
+    layers = shape.get("num_hidden_layers", 32)
     (path / "hidden_states").mkdir(parents=True, exist_ok=True)
+    for stale in (path / "hidden_states").glob("sample_*.safetensors"):
+        stale.unlink()
     ids, t2d = random_vocab_mapping(V, DRAFT_V)
     save_vocab_mapping(path / "vocab_mapping", ids - torch.arange(DRAFT_V), t2d)
-    (path / "prepare.json").write_text(json.dumps({"layer_ids": [2, 16, 29], "hidden_size": H, "vocab_size": V}))
+    (path / "prepare.json").write_text(json.dumps({"layer_ids": [2, layers // 2, layers - 3], "hidden_size": H,
+                                                   "vocab_size": V, "store_dtype": store_dtype}))
     for i in range(samples):
         with torch.device(DEVICE):
             sample = {"input_ids": torch.randint(0, V, (seq,)), "loss_mask": torch.ones(seq, dtype=torch.uint8),
                       "hidden_states": torch.randn(seq, 3 * H, dtype=torch.bfloat16),
                       "last_hidden_state": torch.randn(seq, H, dtype=torch.bfloat16)}
+            if store_dtype == "fp8":
+                for name, scale in FP8_SCALES.items():
+                    sample[name], sample[scale] = quantize_fp8(sample[name])
         save_file({k: v.cpu() for k, v in sample.items()}, str(path / "hidden_states" / f"sample_{i:06d}.safetensors"))
 
 
@@ -121,16 +140,20 @@ def main() -> int:
                    "the figures then carry the profiler's overhead")
     p.add_argument("--trainer", default="trainer.train",
                    help="the module (or a .py script) torchrun runs, e.g. benchmarks/loader_variants.py")
-    p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama-8b", help="the verifier's and draft's shape")
+    p.add_argument("--tiny", action="store_true", help="--shape tiny (CPU smoke test)")
+    p.add_argument("--store-dtype", choices=("bf16", "fp8"), default="bf16", help="how the features are stored")
     p.add_argument("--no-sampler", action="store_true", help="do not run nvidia-smi during training")
     args = p.parse_args()
-    shape = TINY if args.tiny else LLAMA_8B
-    verifier, data, output = args.work / "verifier", args.work / "data", args.work / "out"
+    shape_name = "tiny" if args.tiny else args.shape
+    shape = SHAPES[shape_name]
+    verifier, output = args.work / f"verifier-{shape_name}", args.work / "out"
+    data = args.work / f"data-{shape_name}-{args.store_dtype}-{args.seq}"
     t0 = time.time()
     if not (verifier / "model.safetensors").exists():
         write_verifier(verifier, shape)
     if len(list((data / "hidden_states").glob("sample_*.safetensors"))) != args.samples:
-        write_data(data, args.samples, args.seq, shape)
+        write_data(data, args.samples, args.seq, shape, args.store_dtype)
     written_s = time.time() - t0
     subprocess.run(["rm", "-rf", str(output)], check=True)
     cache_dropped, disk_gb_s = False, None
@@ -162,11 +185,14 @@ def main() -> int:
     window = steps[args.skip:]
     begin, end = window[0]["time"], window[-1]["time"]
     result = {
-        "command": " ".join(command), "seq": args.seq, "ttt": args.ttt, "nproc": args.nproc,
+        "command": " ".join(command), "shape": shape_name, "hidden_size": shape["hidden_size"],
+        "vocab_size": shape["vocab_size"], "store_dtype": args.store_dtype, "seq": args.seq, "ttt": args.ttt,
+        "nproc": args.nproc,
         "samples_on_disk": args.samples, "sample_mb": round((data / "hidden_states" / "sample_000000.safetensors").stat().st_size / 1e6, 1),
         "page_cache_dropped": cache_dropped, "cold_read_gb_s": disk_gb_s and round(disk_gb_s, 2), "write_s": round(written_s, 1), "startup_s": round(steps[0]["time"] - started, 1),
         "steps_measured": len(window), "ms_per_step": round((end - begin) / max(1, len(window) - 1) * 1000, 2),
         "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in window)),
+        "disk_bytes_per_token": round((data / "hidden_states" / "sample_000000.safetensors").stat().st_size / args.seq),
         "gpus": {},
     }
     for gpu in sorted({i for _, i, _ in sampler.samples}):
