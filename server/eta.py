@@ -64,8 +64,9 @@ def step_cost_model(measured: list[Measured]) -> tuple[float, float, str]:
                                    f"as one more draft forward+backward ({TTT_FIXED_COST:g} step of fixed work)")
 
 
-def predict_duration(measured: list[Measured], new_spec: dict[str, Any]) -> tuple[float | None, str]:
-    """Predicted seconds for a fresh attempt with `new_spec`, from the newest measured attempts."""
+def predict_duration(measured: list[Measured], new_spec: dict[str, Any], done_steps: int = 0) -> tuple[float | None, str]:
+    """Predicted seconds for an attempt with `new_spec`, from the newest measured attempts; one that resumes a
+    checkpoint at step `done_steps` runs only the steps after it."""
     if not measured:
         return None, "no step has been measured yet for this run or a similar one on this host"
     latest = measured[0]
@@ -95,6 +96,9 @@ def predict_duration(measured: list[Measured], new_spec: dict[str, Any]) -> tupl
     if seq_old and seq_new and seq_old != seq_new:
         sec *= seq_new / seq_old
         notes.append(f"step time scaled for max_seq_len {seq_new} instead of {seq_old}")
+    if done_steps:
+        notes.append(f"resumes at step {done_steps} of {round(steps)}")
+        steps = max(steps - done_steps, 0.0)
     startup, wrapup = latest.startup_seconds, latest.wrapup_seconds
     wrap = f" + {wrapup:.0f}s after the last step (validation, evaluation, export)" if wrapup >= 0.5 else ""
     return startup + steps * sec + wrapup, (f"{startup:.0f}s start-up + {round(steps)} steps x {sec:.3f} s/step"

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from server import eta, queries
+from server import eta, queries, resume
 from server.errors import Conflict, FieldError
 from server.layout import HostLayout
 from server.lifecycle import (
@@ -184,12 +184,13 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run = get_run(session, run_id)
     spec = _restart_spec(session, run, req)
     measured = queries.measured_attempts(session, run)
+    plan = resume.start_plan(run, spec_dict(spec), req.clean)  # before the new attempt joins the run
     try:
-        attempt = restart_run(session, run, spec_dict(spec), req.clean, f"restart requested: attempt {run.attempt + 1}",
-                              overrides=without_env_values(req.overrides))
+        attempt = restart_run(session, run, spec_dict(spec), req.clean, f"restart requested: attempt {run.attempt + 1}"
+                              f" ({plan.why})", overrides=without_env_values(req.overrides))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
-    predicted, basis = eta.predict_duration(measured, attempt.spec)
+    predicted, basis = eta.predict_duration(measured, attempt.spec, done_steps=plan.from_step or 0)
     attempt.predicted_duration_seconds, attempt.prediction_basis = predicted, basis
     wake_workers(session)
     return run
@@ -201,6 +202,9 @@ def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRu
     spec = spec_dict(_restart_spec(session, run, req))
     if run.status in (RunStatus.RESTARTING, RunStatus.CANCELLING):
         raise Conflict(f"run {run_id} is {run.status}; wait until it settles, then restart", run.status)
-    seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec)
+    plan = resume.start_plan(run, spec, req.clean)
+    seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec, done_steps=plan.from_step or 0)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish, basis=basis)
+    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish,
+                        basis=basis, start=plan.start, resumes_from_step=plan.from_step,
+                        resumes_ttt_steps=plan.trained_ttt, start_reason=plan.why)

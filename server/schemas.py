@@ -470,6 +470,12 @@ class DryRunPublic(BaseModel):
     predicted_duration_seconds: float | None
     predicted_finish: datetime | None
     basis: str
+    start: Literal["resume", "fresh", "unknown"] = Field("unknown", description="whether the new attempt resumes "
+                                                         "the checkpoint in its output dir or trains from step 0")
+    resumes_from_step: int | None = Field(None, description="the checkpoint's step when it resumes (the prediction "
+                                          "counts only the steps after it)")
+    resumes_ttt_steps: int | None = Field(None, description="the TTT depth that checkpoint was trained with")
+    start_reason: str = ""
 
 
 class MetricPointPublic(BaseModel):

@@ -44,6 +44,22 @@ def _reconnecting(message: str) -> None:
     stderr().print(Text(message))
 
 
+# the states in which a run has an attempt that a cancel or restart would stop
+LIVE = frozenset({"launching", "running"})
+
+
+def _flat(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec's fields, the trainer's by their own names (as restart overrides name them)."""
+    return {**{k: v for k, v in spec.items() if k != "trainer"}, **(spec.get("trainer") or {})}
+
+
+def spec_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'ttt_steps: 3 -> 5' per changed field, in the order the new spec has them."""
+    before, after = _flat(old), _flat(new)
+    return [f"{k}: {before.get(k, '(unset)')} -> {after.get(k, '(unset)')}"
+            for k in [*after, *(k for k in before if k not in after)] if before.get(k) != after.get(k)]
+
+
 def follow_run(client: Client, run_id: str, interval: float, every: float, as_json: bool) -> ExitCode:
     """Show the run until it ends: a live panel on a terminal, lines on a pipe, JSON lines with --json;
     the exit code says how it ended, also when the server restarted meanwhile (the stream is resumed).
@@ -153,12 +169,18 @@ def cancel(
     wait: Annotated[bool, typer.Option("--wait", help="Return once no process of the run is left (exit 0), "
                                        "or with the run's outcome if it ended otherwise meanwhile.")] = False,
     interval: Interval = 0.5,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before stopping a live attempt (asked on a "
+                                      "terminal only).")] = False,
     as_json: JsonFlag = False,
 ) -> int:
     """Stop a run on every node and verify that no process remains."""
     begin(as_json)
     with connect(ctx) as client:
-        run = client.cancel(run_id)
+        run = client.get(run_id)
+        if run["status"] in LIVE:
+            confirm(f"Cancel {run['name']} [{run['id']}] ({run['status']}, attempt {run['attempt']})?", yes)
+        run = client.cancel(run["id"])
+        run_id = run["id"]
         if wait:
             *_, run = client.watch(run_id, interval=interval, on_reconnect=_reconnecting)
         emit(run, as_json, Text.assemble(run["id"], ": ", run["status"]))
@@ -195,11 +217,15 @@ def restart(
                                                    "ttt_steps=5, args='[\"--steps\",\"10\"]'.")] = None,
     ttt_steps: Annotated[int | None, typer.Option(help="Trainer runs: the new TTT depth (as --set ttt_steps=N).",
                                                   min=1)] = None,
-    clean: Annotated[bool, typer.Option("--clean", help="Empty the output directory first.")] = False,
+    clean: Annotated[bool, typer.Option("--clean", "--fresh", help="Empty the output directory first: the "
+                                        "trainer starts at step 0 instead of resuming its newest checkpoint "
+                                        "(whatever TTT depth that was trained with; --dry-run says which).")] = False,
     init_from_last: Annotated[bool, typer.Option("--init-from-last", help="Trainer runs: warm start from the last "
                                                  "exported draft.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only predict the new attempt's duration; nothing "
-                                          "changes.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change, whether it resumes a "
+                                          "checkpoint, and the new attempt's duration; nothing changes.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before stopping a live attempt (asked on a "
+                                      "terminal only).")] = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch the new attempt until the run ends.")] = False,
     interval: Interval = 1.0,
     every: Every = 5.0,
@@ -211,13 +237,20 @@ def restart(
     if ttt_steps is not None:
         overrides["ttt_steps"] = ttt_steps
     with connect(ctx) as client:
-        answer = client.restart(run_id, overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run)
+        run = client.get(run_id)
+        if not dry_run and run["status"] in LIVE:
+            confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it?", yes)
+        answer = client.restart(run["id"], overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run)
         if as_json:
             print_json(answer, lines=watch and not dry_run)
         elif dry_run:
+            current = next(a for a in run["attempts"] if a["number"] == run["attempt"])["spec"]
+            for line in spec_diff(current, answer["new_spec"]) or ["the spec is unchanged"]:
+                stdout().print(Text(line))
+            stdout().print(Text(f"start: {answer.get('start', 'unknown')}: {answer.get('start_reason', '')}"))
             predicted = answer.get("predicted_duration_seconds")
-            stdout().print(f"the new attempt would take {duration(predicted) if predicted else 'an unknown time'}"
-                           f" ({answer['basis']})")
+            stdout().print(Text(f"the new attempt would take {duration(predicted) if predicted else 'an unknown time'}"
+                                f" ({answer['basis']})"))
         else:
             stdout().print(Text.assemble(answer["id"], f": attempt {answer['attempt']}, ", answer["status"]))
         if watch and not dry_run:

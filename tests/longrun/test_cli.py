@@ -75,7 +75,7 @@ def complete(words: str, url: str) -> list[str]:
 
 def test_shell_completion_offers_commands_and_options() -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
-    assert complete("longrun hosts ", nowhere) == ["list", "add", "show", "gpus", "probe-interconnect"]
+    assert complete("longrun hosts ", nowhere) == ["list", "add", "update", "remove", "show", "gpus", "probe-interconnect"]
     assert complete("longrun restart x --c", nowhere) == ["--clean"]
     assert complete("longrun watch ", nowhere) == []  # run ids come from the server: none without one
 
@@ -115,7 +115,7 @@ def test_status_restart_and_hosts_as_text_and_json(cli: App, tmp_path: Path, cap
     assert main(["restart", run["id"], "--set", 'args=["--steps","5"]', "--dry-run", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["new_spec"]["args"] == ["--steps", "5"]
     assert main(["restart", run["id"], "--dry-run"]) == 0
-    assert capsys.readouterr().out.startswith("the new attempt would take")
+    assert "the new attempt would take" in capsys.readouterr().out
     assert main(["cancel", run["id"], "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "cancelling"
 

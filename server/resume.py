@@ -1,0 +1,60 @@
+"""What a restart's new attempt starts from: the bundled trainer resumes the newest checkpoint in its output
+directory unless the restart cleans it, so a restart without `clean` continues where the checkpoints are, at
+whatever TTT depth they were trained with. This says so before it happens, for the dry run to show and price.
+
+The checkpoint is the trainer's (trainer/checkpoint.py): every `save_every` steps and at each epoch's end, never
+on SIGTERM; its step is inferred from the attempts' measured last steps, so it is what the trainer will find
+unless files were changed by hand."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from server.models import Run
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    start: str  # "resume", "fresh" or "unknown"
+    from_step: int | None  # the checkpoint's step when it resumes
+    trained_ttt: int | None  # the TTT depth that checkpoint was trained with
+    why: str
+
+
+def _checkpoint_step(attempt_spec: dict[str, Any], last_step: int | None, total_steps: int | None) -> int:
+    """The last step at which the trainer of this attempt saved a checkpoint, 0 for none."""
+    if not last_step:
+        return 0
+    trainer = attempt_spec.get("trainer") or {}
+    every = trainer.get("save_every") or 0
+    saved = [last_step // every * every] if every else []
+    epochs = trainer.get("epochs") or 1
+    if total_steps and epochs:
+        per_epoch = total_steps / epochs
+        saved.append(int(last_step // per_epoch * per_epoch) if per_epoch else 0)
+    if total_steps and last_step >= total_steps:
+        saved.append(total_steps)
+    return max(saved, default=0)
+
+
+def start_plan(run: Run, new_spec: dict[str, Any], clean: bool) -> StartPlan:
+    trainer = new_spec.get("trainer")
+    if trainer is None:
+        return StartPlan("unknown", None, None, "an entrypoint run resumes as its own script does (longrun passes "
+                         "no checkpoint): use clean to empty its output_dir first")
+    if clean:
+        return StartPlan("fresh", None, None, f"clean empties {trainer['output_dir']} first: training starts at step 0")
+    step, ttt = 0, None
+    for a in run.attempts:
+        if (a.spec.get("trainer") or {}).get("output_dir") != trainer["output_dir"]:
+            continue
+        saved = _checkpoint_step(a.spec, a.last_step, a.total_steps)
+        if saved and saved >= step:
+            step, ttt = saved, a.spec["trainer"].get("ttt_steps")
+    if not step:
+        return StartPlan("fresh", None, None, f"no checkpoint in {trainer['output_dir']} yet: training starts at step 0")
+    why = f"resumes the checkpoint at step {step} in {trainer['output_dir']}"
+    new_ttt = trainer.get("ttt_steps")
+    if ttt is not None and new_ttt is not None and ttt != new_ttt:
+        why += (f", trained with {ttt} TTT steps, continuing with {new_ttt} (its remaining steps only); "
+                f"clean starts a TTT={new_ttt} training from step 0")
+    return StartPlan("resume", step, ttt, why)

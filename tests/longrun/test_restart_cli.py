@@ -1,0 +1,62 @@
+"""The restart and cancel a user can predict: the dry run prints the spec diff and whether the new attempt resumes a
+checkpoint; stopping a live attempt asks on a terminal (--yes skips); scripts are not asked."""
+
+import io
+
+import pytest
+
+from longrun.exit_codes import ExitCode
+from server.lifecycle import RunStatus as S
+from server.models import Attempt
+from tests.inprocess import App
+from tests.longrun.test_cli import exit_code
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def trainer_run(cli: App) -> dict:
+    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v",
+               "output_dir": str(cli.workspace / "out"), "ttt_steps": 3, "save_every": 100}
+    run = cli.submit(entrypoint=None, trainer=trainer, name="ttt3")
+    cli.move(run["id"], S.LAUNCHING, S.RUNNING)
+    with cli.session() as s:
+        a = s.query(Attempt).filter_by(run_id=run["id"]).one()
+        a.last_step, a.total_steps, a.sec_per_step = 570, 1520, 0.5
+    return run
+
+
+def test_the_dry_run_prints_the_spec_diff_and_the_checkpoint_it_resumes(cli: App, capsys) -> None:
+    trainer_run(cli)
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "ttt_steps: 3 -> 5" in out
+    assert "start: resume: resumes the checkpoint at step 500" in out and "trained with 3 TTT steps" in out
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--fresh", "--dry-run"]) == 0
+    assert "start: fresh:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["cancel", "ttt3"], ["restart", "ttt3", "--ttt-steps", "5"]])
+def test_stopping_a_live_attempt_asks_on_a_terminal(cli: App, capsys, monkeypatch, command: list[str]) -> None:
+    run = trainer_run(cli)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    assert exit_code(command) == ExitCode.INTERRUPTED
+    assert "?" in capsys.readouterr().out
+    assert cli.client.get(f"/v1/runs/{run['id']}").json()["status"] == "running", "a no changes nothing"
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    assert exit_code([*command, "--json"]) == 0
+    assert cli.client.get(f"/v1/runs/{run['id']}").json()["status"] in ("cancelling", "restarting")
+
+
+def test_scripts_and_yes_are_not_asked(cli: App, monkeypatch) -> None:
+    run = trainer_run(cli)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal: as before, no question
+    assert exit_code(["cancel", "ttt3"]) == 0
+    again = trainer_run(cli)
+    monkeypatch.setattr("sys.stdin", Terminal(""))
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    assert exit_code(["restart", again["id"], "--yes"]) == 0
+    assert cli.client.get(f"/v1/runs/{run['id']}").json()["status"] == "cancelling"
