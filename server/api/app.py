@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from server.api.deps import require_token
-from server.api.guards import BodyLimit, HostAllowList
+from server.api.guards import BodyLimit, HostAllowList, SameOriginWrites, SecurityHeaders
 from server.api.routes import hosts, metrics, runs
 from server.config import API_THREADS, Settings
 from server.db import Database
@@ -25,7 +25,8 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
     """The API over `db`; the hooks run when it starts and stops serving (`longrun serve` embeds the worker so).
 
     It answers only to the Host names of settings.host_allow_list(bind_host), refuses bodies above
-    settings.max_body_bytes, and with a token set guards /docs and /openapi.json like every route but /healthz."""
+    settings.max_body_bytes and state-changing requests from pages of other origins, sends the security headers
+    with every answer, and with a token set guards /docs and /openapi.json like every route but /healthz."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -41,8 +42,10 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
                   description="Run long GPU training jobs on remote machines and keep them under control.")
     app.state.db, app.state.settings = db, settings
     app.state.write_line = asyncio.Lock()  # server/api/deps.py write_line
+    app.add_middleware(SameOriginWrites)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HostAllowList, allowed=settings.host_allow_list(bind_host))
+    app.add_middleware(SecurityHeaders)  # outermost: on the guards' refusals too
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""What every request passes before a route: the Host header against an allow-list (DNS rebinding), and a
-bound on the body's size (413 before the body is parsed)."""
+"""What every request passes before a route: the Host header against an allow-list (DNS rebinding), a bound
+on the body's size (413 before the body is parsed), and for a state-changing request a check that no page of
+another origin sent it (cross-site request forgery); and what every answer carries: the security headers."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -71,3 +72,83 @@ class BodyLimit:
             return message
 
         await self.app(scope, bounded, send)
+
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# what a page on another site can send without a CORS preflight (a form, a no-cors fetch): refused as bodies
+JSON_TYPES = ("application/json",)
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host[:port] of an Origin header, or None when it names none ("null", from a sandbox or a file)."""
+    scheme, sep, rest = origin.partition("://")
+    return rest.lower() if sep and scheme in ("http", "https") and rest else None
+
+
+class SameOriginWrites:
+    """Refuse (403) a state-changing request a browser sends on behalf of a page of another origin, and (415) one
+    whose body is not JSON.
+
+    Browsers say where a request comes from: Sec-Fetch-Site (same-origin, or none when the user typed it) and
+    Origin, which they send with every POST, form or no-cors fetch; the CLI and other programs send neither.
+    A page elsewhere can send a form or text/plain body without asking, never a JSON one, so a body must be
+    JSON (an empty one may go without a type). Reads are left alone: a page elsewhere cannot read the answer."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        site = _header(scope, b"sec-fetch-site")
+        if site is not None and site.lower() not in ("same-origin", "none"):
+            return 403, f"refusing a {scope['method']} sent from a page of another site (Sec-Fetch-Site: {site})"
+        origin = _header(scope, b"origin")
+        if site is None and origin is not None:
+            host = (_header(scope, b"host") or "").lower()
+            if _origin_host(origin) != host:
+                return 403, f"refusing a {scope['method']} sent from a page of another origin ({origin[:200]})"
+        content_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+        if content_type and content_type not in JSON_TYPES:
+            return 415, f"the request body must be JSON (Content-Type: application/json), not {content_type[:100]}"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in UNSAFE_METHODS:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                code, detail = refusal
+                await JSONResponse({"detail": detail}, status_code=code)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# the page loads its scripts, styles and data from this server only, and no other page may frame it
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+            "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+# /docs is FastAPI's Swagger UI: its script and styles come from a CDN, with an inline script to start it
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
+            "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"), (b"cross-origin-opener-policy", b"same-origin")]
+
+
+class SecurityHeaders:
+    """Content-Security-Policy, X-Frame-Options, X-Content-Type-Options and Referrer-Policy on every answer."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = (DOCS_CSP if scope["path"] == "/docs" else PAGE_CSP).encode()
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in [(b"content-security-policy", csp), *SECURITY_HEADERS] if k not in names]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

@@ -40,6 +40,9 @@ def page(browser: Browser) -> Iterator[Page]:
     tab = context.new_page()
     tab.errors = []  # type: ignore[attr-defined]
     tab.on("pageerror", lambda error: tab.errors.append(str(error)))  # type: ignore[attr-defined]
+    # what the Content-Security-Policy blocks is no page error, only a console one: count it as one
+    tab.on("console", lambda message: tab.errors.append(message.text)  # type: ignore[attr-defined]
+           if message.type == "error" and "Content Security Policy" in message.text else None)
     tab.set_default_timeout(60_000)
     yield tab
     context.close()
@@ -69,6 +72,6 @@ def chart_points(page: Page, chart: str) -> int:
 
 
 def wait_for_points(page: Page, chart: str, more_than: int, timeout: float = 90_000) -> int:
-    page.wait_for_function(f"Number(document.querySelector('#chart-{chart}')?.dataset.points || 0) > {more_than}",
+    page.wait_for_function(f"() => Number(document.querySelector('#chart-{chart}')?.dataset.points || 0) > {more_than}",
                            timeout=timeout)
     return chart_points(page, chart)

@@ -90,7 +90,7 @@ def test_restart_shows_the_dry_run_prediction_then_a_second_attempt_and_cancel_e
 
     expect(page.locator("#attempts tr[data-attempt='2']")).to_contain_text("--label")
     expect(page.locator("#attempt")).to_have_text("2")
-    page.wait_for_function("document.querySelector('#chart-loss').textContent.includes('attempt 2')", timeout=90_000)
+    page.wait_for_function("() => document.querySelector('#chart-loss').textContent.includes('attempt 2')", timeout=90_000)
     assert web.run(run["id"])["attempts"][1]["spec"]["args"][-1] == "second!"
     expect(page.locator("#log")).to_contain_text("attempt 2", timeout=60_000)
     expect(page.locator("#log")).to_contain_text("second!", timeout=60_000)

@@ -61,7 +61,7 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
 
     expect(page.locator("#attempt")).to_have_text("2", timeout=30_000)
     expect(page.locator("#attempts tr[data-attempt='2']")).to_contain_text("trainer.ttt_steps: 3 → 5")
-    page.wait_for_function("document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
+    page.wait_for_function("() => document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
                            timeout=180_000)
     assert "acc_2 · attempt 1" in legend(page, "acc"), "attempt 1's lines stay: attempt 2 is a new segment"
     # one compact legend row per attempt for the 3 + 5 acc_k lines, not eight entries
@@ -69,7 +69,7 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     assert "acc_0 … acc_4 · attempt 2" in legend(page, "acc")
     # the loss chart is step 0's loss, the same quantity at TTT=3 and TTT=5 (the summed `loss` is not)
     expect(page.locator("#chart-loss .u-title")).to_contain_text("loss_0")
-    page.wait_for_function("document.querySelector('#chart-loss .u-legend')?.textContent.includes('loss_0 · attempt 2')",
+    page.wait_for_function("() => document.querySelector('#chart-loss .u-legend')?.textContent.includes('loss_0 · attempt 2')",
                            timeout=60_000)
     assert "loss_0 · attempt 1" in legend(page, "loss") and "loss · attempt" not in legend(page, "loss")
     # attempt 2 started over (--clean) at step 1: on the shared axis it comes after attempt 1, marked there
@@ -83,7 +83,7 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
 
     assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
     release_gpus(web)
-    page.wait_for_function("document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
+    page.wait_for_function("() => document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
                            timeout=30_000)
     expect(page.locator("#advice")).to_contain_text("TTT")
     assert page.errors == []  # type: ignore[attr-defined]
