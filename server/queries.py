@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from server import eta, hosts, pace, views
@@ -13,6 +13,10 @@ from server.schemas import RunAdvicePublic
 
 # how many recent measured attempts a prediction without a measurement of its own looks through
 PACE_HISTORY_LIMIT = 50
+# GET /v1/runs/{id}/metrics: the points of one answer unless the caller asks for a limit, and how many points
+# each series is thinned to when the caller asks for neither a limit nor max_points
+MAX_POINTS_PER_ANSWER = 100_000
+DEFAULT_MAX_POINTS = 2000
 
 
 # an id prefix shorter than this is too likely to match by accident (ids are 12 hex digits)
@@ -94,20 +98,49 @@ def measured_attempts(session: Session, run: Run) -> list[eta.Measured]:
 
 
 def metric_series(session: Session, run_id: str, names: list[str] | None, attempt: int | None,
-                  since_step: int | None, limit: int) -> dict[str, list[dict[str, Any]]]:
+                  since_step: int | None, limit: int, max_points: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The run's points by name, each series in the order its lines were written, at most `limit` in all.
+
+    With max_points, a series (a name in one attempt) of more points is thinned to at most that many, evenly
+    by position in step order, its first and last points kept; the database picks them from the series index,
+    and only the points kept are loaded."""
     get_run(session, run_id)
-    q = select(MetricPoint).where(MetricPoint.run_id == run_id)
+    filters = [MetricPoint.run_id == run_id]
     if names:
-        q = q.where(MetricPoint.name.in_(names))
+        filters.append(MetricPoint.name.in_(names))
     if attempt is not None:
-        q = q.where(MetricPoint.attempt == attempt)
+        filters.append(MetricPoint.attempt == attempt)
     if since_step is not None:
-        q = q.where(MetricPoint.step > since_step)
-    q = q.order_by(MetricPoint.name, MetricPoint.attempt, MetricPoint.line, MetricPoint.id).limit(limit)
-    series: dict[str, list[dict[str, Any]]] = {}
-    for p in session.scalars(q):
-        series.setdefault(p.name, []).append({"attempt": p.attempt, "step": p.step, "value": p.value, "time": p.time})
-    return series
+        filters.append(MetricPoint.step > since_step)
+    fields = (MetricPoint.name, MetricPoint.attempt, MetricPoint.step, MetricPoint.value, MetricPoint.time)
+    big: dict[tuple[str, int], int] = {}
+    if max_points is not None:
+        counts = session.execute(select(MetricPoint.name, MetricPoint.attempt, func.count()).where(*filters)
+                                 .group_by(MetricPoint.name, MetricPoint.attempt))
+        big = {(name, number): n for name, number, n in counts if n > max_points}
+    rows: dict[tuple[str, int], list[Any]] = {}
+    q = select(*fields).where(*filters)
+    if big:
+        q = q.where(tuple_(MetricPoint.name, MetricPoint.attempt).not_in(list(big)))
+    for row in session.execute(q.order_by(MetricPoint.name, MetricPoint.attempt, MetricPoint.line, MetricPoint.id)
+                               .limit(limit)):
+        rows.setdefault((row[0], row[1]), []).append(row)
+    for (name, number), n in big.items():
+        # positions counted over the series index alone (covering: no point is loaded but those kept)
+        position = func.row_number().over(order_by=(MetricPoint.step, MetricPoint.id)).label("n")
+        ranked = select(MetricPoint.id, position).where(*filters, MetricPoint.name == name,
+                                                        MetricPoint.attempt == number).subquery()
+        stride = -(-n // (max_points - 1))  # every stride-th from the first, and the last: at most max_points
+        kept = select(ranked.c.id).where(((ranked.c.n - 1) % stride == 0) | (ranked.c.n == n))
+        rows[name, number] = list(session.execute(select(*fields).where(MetricPoint.id.in_(kept))
+                                                  .order_by(MetricPoint.step, MetricPoint.id)))
+    out: dict[str, list[dict[str, Any]]] = {}
+    left = limit
+    for key in sorted(rows):
+        for name, number, step, value, when in rows[key][:left]:
+            out.setdefault(name, []).append({"attempt": number, "step": step, "value": value, "time": when})
+        left -= min(left, len(rows[key]))
+    return out
 
 
 def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | None,

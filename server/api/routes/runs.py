@@ -105,9 +105,18 @@ async def restart_run(run_id: RunRef, request: Request, db: DB, response: Respon
 
 @router.get("/{run_id}/metrics", responses=NOT_FOUND)
 def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: int | None = None,
-                since_step: int | None = None, limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> MetricsPublic:
+                since_step: int | None = None, limit: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+                max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None) -> MetricsPublic:
+    """Points by metric name, at most `limit` in all (100000 unless given).
+
+    `max_points` thins each series (a name in one attempt) to at most that many points, evenly spread, its first
+    and last kept. Without `limit` or `max_points`, series are thinned to DEFAULT_MAX_POINTS (2000) each, so a
+    run of millions of points reads in a moment; ask for a `limit` to have every point up to it."""
     wanted = [n for n in names.split(",") if n] if names else None
-    return MetricsPublic(series=queries.metric_series(session, run_id, wanted, attempt, since_step, limit))
+    if max_points is None and limit is None:
+        max_points = queries.DEFAULT_MAX_POINTS
+    return MetricsPublic(series=queries.metric_series(session, run_id, wanted, attempt, since_step,
+                                                      limit or queries.MAX_POINTS_PER_ANSWER, max_points))
 
 
 @router.get("/{run_id}/logs", responses=NOT_FOUND)
