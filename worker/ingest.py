@@ -36,6 +36,8 @@ MAX_KEYS_PER_LINE = 256
 MAX_SERIES_NAME = 128
 # series names a run's `latest` (and so its store) takes: a job inventing new names on every line stops here
 MAX_SERIES_PER_RUN = 1024
+# the event that says so, once per run
+SERIES_REFUSED = "series_refused"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -149,11 +151,15 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     latest = dict(run.latest or {}) if current else {}
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
+    refused: list[str] = []
     for i, obj, step_seconds in records:
         step = _as_step(obj.get("step"))
         when = _as_time(obj.get("time"), now)
         for name, value in obj.items():
-            if not _is_series(name, value) or (name not in latest and len(latest) >= MAX_SERIES_PER_RUN):
+            if not _is_series(name, value):
+                continue
+            if name not in latest and len(latest) >= MAX_SERIES_PER_RUN:
+                refused.append(name)
                 continue
             v = _as_number(value)
             rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,
@@ -191,6 +197,19 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     _drop_old_metrics_events(session, run.id)
     if current and any(name.startswith("sim_acc_") for _, obj, _ in records for name in obj):
         proposal.after_validation_safely(session, run)
+    if refused:
+        _say_series_refused(session, run, attempt, refused)
+
+
+def _say_series_refused(session: Session, run: Run, attempt: Attempt, names: list[str]) -> None:
+    """Once per run, an event saying that new series names are no longer stored, naming the first refused."""
+    if session.scalar(select(Event.id).where(Event.run_id == run.id, Event.kind == SERIES_REFUSED).limit(1)):
+        return
+    session.add(Event(run_id=run.id, kind=SERIES_REFUSED, data={
+        "attempt": attempt.number, "limit": MAX_SERIES_PER_RUN, "first": names[0][:MAX_SERIES_NAME],
+        "message": f"the run has {MAX_SERIES_PER_RUN} series names, as many as it takes: new names are not stored "
+                   f"(first refused: {names[0][:MAX_SERIES_NAME]!r}, in attempt {attempt.number}); series already "
+                   "named go on"}))
 
 
 def _drop_old_metrics_events(session: Session, run_id: str) -> None:
