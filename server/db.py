@@ -21,17 +21,20 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.config import API_THREADS, WORKER_THREADS
 from server.errors import Unavailable
-from server.models import Event
+from server.models import Event, utcnow
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
@@ -104,9 +107,28 @@ class WriteTurns:
                     self._held = False
 
 
+@dataclass(frozen=True)
+class WriteFailure:
+    """The last write the database refused (a full disk, an I/O error), until a write goes through again."""
+
+    since: datetime
+    error: str
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether `exc` is the database failing (full, unreachable, busy), not the caller's mistake."""
+    return isinstance(exc, OperationalError | Unavailable)
+
+
+def _first_line(exc: OperationalError) -> str:
+    return str(exc.orig if exc.orig is not None else exc).splitlines()[0][:500]
+
+
 class Database:
     def __init__(self, url: str):
         self.url = url
+        # this process's view of the store's health (GET /healthz, run answers)
+        self.write_failure: WriteFailure | None = None
         self.engine = make_engine(url)
         self.is_sqlite = url.startswith("sqlite")
         self._turns = WriteTurns() if self.is_sqlite else None
@@ -120,21 +142,27 @@ class Database:
     @contextmanager
     def reading(self) -> Iterator[Session]:
         with self._reader() as session, session.begin():
+            session.info["write_failure"] = self.write_failure  # run answers say when the store refuses writes
             yield session
 
     @contextmanager
     def writing(self) -> Iterator[Session]:
         """A transaction that holds the write lock from its first statement (BEGIN IMMEDIATE); on SQLite it
         waits for its turn among this process's writers first."""
-        if self._turns is None:
-            with self._writer() as session, session.begin():
-                # read-then-write paths lock the rows they read where the database needs it (not SQLite)
-                session.info["lock_rows"] = True
-                yield session
-            return
-        with self._turns.turn(WRITE_WAIT_SECONDS), self._writer() as session, session.begin():
-            session.info["lock_rows"] = False
-            yield session
+        try:
+            if self._turns is None:
+                with self._writer() as session, session.begin():
+                    # read-then-write paths lock the rows they read where the database needs it (not SQLite)
+                    session.info["lock_rows"] = True
+                    yield session
+            else:
+                with self._turns.turn(WRITE_WAIT_SECONDS), self._writer() as session, session.begin():
+                    session.info["lock_rows"] = False
+                    yield session
+        except OperationalError as exc:
+            self.write_failure = WriteFailure(utcnow(), _first_line(exc))
+            raise
+        self.write_failure = None
 
     def migrate(self) -> None:
         upgrade(self.url)

@@ -3,6 +3,7 @@
 from pydantic import ValidationError
 
 from server import eta, hosts, pace
+from server.db import WriteFailure
 from server.errors import Conflict
 from server.lifecycle import TERMINAL, RunStatus, expected_start
 from server.models import Attempt, Host, Run, utcnow
@@ -59,10 +60,22 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
     return progress, seconds
 
 
-def run_public(run: Run, history: list[pace.PastAttempt]) -> RunPublic:
-    """The run as clients see it; `history` is queries.pace_history_for([run]) (empty when not needed)."""
+def run_message(run: Run, write_failure: WriteFailure | None) -> str | None:
+    """The run's message; while the store refuses writes, an active run's says so first (its state is behind)."""
+    if write_failure is None or run.status in TERMINAL:
+        return run.message
+    said = (f"the server cannot store this run's progress since {write_failure.since:%Y-%m-%d %H:%M:%S} UTC "
+            f"({write_failure.error}); the job goes on, and the run is brought up to date, its outcome included, "
+            f"once the store takes writes again")
+    return f"{said}. {run.message}" if run.message else said
+
+
+def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFailure | None = None) -> RunPublic:
+    """The run as clients see it; `history` is queries.pace_history_for([run]) (empty when not needed), and
+    `write_failure` the store's (a read session's info), said in the message of an active run."""
     progress, eta_seconds = progress_and_eta(run, history)
-    return RunPublic(id=run.id, name=run.name, status=run.status, message=run.message, attempt=run.attempt,
+    return RunPublic(id=run.id, name=run.name, status=run.status, message=run_message(run, write_failure),
+                     attempt=run.attempt,
                      hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
                      host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,

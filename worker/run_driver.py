@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from server.config import Settings
-from server.db import Database
+from server.db import Database, is_store_failure
 from server.lifecycle import (
     ENDED_ATTEMPT,
     AttemptStatus,
@@ -101,6 +101,12 @@ class RunDriver:
                 wait_for_gpus(s, fresh, str(exc), self.clock.now(), self.settings.gpu_wait_deadline)
             return False
         except Exception as exc:
+            if is_store_failure(exc):
+                # the database refused a write (a full disk): the job's fate is not this, so nothing is counted
+                # against the run; the same step runs again next tick and stores what the host still answers
+                # (its outcome included) once the store takes writes again; /healthz says what failed
+                log.warning("run %s: the database failed, trying again next tick: %s", run_id, str(exc).splitlines()[0][:300])
+                return False
             # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
             log.exception("run %s: step failed", run_id)
             with fresh_run(self.db, run_id) as (s, fresh):

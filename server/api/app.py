@@ -10,6 +10,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import OperationalError
 
 from server.api.deps import require_token
 from server.api.guards import BodyLimit, HostAllowList, SameOriginWrites, SecurityHeaders
@@ -65,9 +66,21 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
     async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
+    @app.exception_handler(OperationalError)
+    async def _store_failed(_: Request, exc: OperationalError) -> JSONResponse:
+        # the database refused (a full disk, an I/O error): the server's trouble, said as such, never a bare 500
+        failure = db.write_failure if db is not None else None
+        detail = failure.error if failure else str(exc.orig or exc).splitlines()[0][:500]
+        return JSONResponse({"detail": f"the server's database failed: {detail}; try again once it has room"},
+                            status_code=503)
+
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, str]:
+        """`ok`, or `degraded` with the last write the database refused (until a write goes through again)."""
+        failure = db.write_failure if db is not None else None
+        if failure is None:
+            return {"status": "ok"}
+        return {"status": "degraded", "last_write_error": failure.error, "failing_since": failure.since.isoformat()}
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
     def openapi() -> JSONResponse:

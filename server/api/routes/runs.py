@@ -34,7 +34,7 @@ CONFLICT = {409: {"description": "the run's state does not allow it; `status` sa
 
 def _public(session: Session, run: Run) -> RunPublic:
     """The run's response, loading the earlier attempts its ETA needs (one query, only when it does)."""
-    return views.run_public(run, queries.pace_history_for(session, [run]))
+    return views.run_public(run, queries.pace_history_for(session, [run]), session.info.get("write_failure"))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED,
@@ -53,7 +53,8 @@ def list_runs(session: ReadSession, status: RunStatus | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: str | None = None) -> RunPage:
     items, next_cursor = queries.list_runs(session, status, limit, cursor)
     history = queries.pace_history_for(session, items)
-    return RunPage(items=[views.run_public(r, history) for r in items], next_cursor=next_cursor)
+    failure = session.info.get("write_failure")
+    return RunPage(items=[views.run_public(r, history, failure) for r in items], next_cursor=next_cursor)
 
 
 @router.get("/{run_id}", response_model=RunPublic, responses=NOT_FOUND)

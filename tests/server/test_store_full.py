@@ -1,0 +1,79 @@
+"""The server's own disk full (docs/reliability.md, "the server's database disk full"): a real `longrun serve` on
+a SQLite file in a small tmpfs that fills while a run writes metrics. /healthz says `degraded` with the error,
+the run's answer says its progress is not being stored, a write is a 503 that says why; the run is not failed
+for it, and once there is room again it ends as its job did (before: `running` with no word, then `failed`
+"gave up after 3 failed worker steps" although the job succeeded)."""
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service import Service, kill_leftovers, toy_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, sqlite_template: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs holding a migrated database."""
+    mount = tmp_path / "db"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    shutil.copy(sqlite_template, mount / "longrun.db")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Take every free byte of the file system `directory` is on."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: Path, small_disk: Path) -> None:
+    svc = Service(tmp_path / "home", database_url=f"sqlite:///{small_disk / 'longrun.db'}")
+    svc.home.mkdir()
+    svc.start()
+    try:
+        run_id = svc.submit(toy_spec(steps=150, sleep=0.05, nproc=1))["id"]
+        svc.wait(run_id, lambda r: (r["latest"].get("step") or 0) > 5, timeout=120, what="steps stored")
+        filler = _fill(small_disk)
+        deadline = time.time() + 60
+        health = svc.client.get("/healthz").json()
+        while health["status"] == "ok" and time.time() < deadline:
+            time.sleep(0.2)
+            health = svc.client.get("/healthz").json()
+        assert health["status"] == "degraded" and "full" in health["last_write_error"], health
+        run = svc.run(run_id)
+        assert run["status"] == "running"
+        assert "cannot store this run's progress" in run["message"] and "full" in run["message"]
+        refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1))
+        assert refused.status_code == 503 and "full" in refused.json()["detail"], refused.text
+        # the job ends meanwhile (150 steps of 0.05 s): many worker ticks fail to store it, none fails the run
+        time.sleep(12)
+        assert svc.run(run_id)["status"] == "running"
+        filler.unlink()
+        done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
+        assert done["status"] == "succeeded", done["message"]
+        # every line the job wrote is stored, those written while the disk was full included
+        assert [p["step"] for p in svc.series(run_id, "loss", limit=1000)] == list(range(1, 151))
+        assert svc.client.get("/healthz").json() == {"status": "ok"}
+    finally:
+        svc.stop()
+        kill_leftovers(svc.workspace)
