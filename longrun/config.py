@@ -6,7 +6,6 @@
 
 `longrun config set url http://gpu-head:8080` writes it (readable by its owner only)."""
 
-import json
 import os
 import stat
 import sys
@@ -44,7 +43,7 @@ def config_path(env: Mapping[str, str] = os.environ) -> Path:
 def read_config(path: Path) -> dict[str, str]:
     """The file's settings ({} when there is none); a token in a file others can read is warned about."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
     except OSError as exc:
@@ -71,10 +70,24 @@ def write_setting(path: Path, key: str, value: str | None) -> None:
     else:
         values[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        # a JSON string is a TOML basic string
-        f.write("".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(values.items())))
+    # a new file, owner-only, put in place whole: an old file's mode (0644) is not kept, nor is half a file left
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)  # whatever the umask
+            f.write("".join(f"{k} = {toml_string(v)}\n" for k, v in sorted(values.items())))
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string: characters outside the BMP as they are (TOML has no surrogate escapes), control
+    characters escaped."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped) + '"'
 
 
 def resolve(url: str | None = None, token: str | None = None, env: Mapping[str, str] = os.environ) -> Connection:

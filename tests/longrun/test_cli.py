@@ -17,6 +17,7 @@ import typer
 import yaml
 
 from longrun.cli import app, main
+from longrun.config import resolve
 from longrun.exit_codes import ExitCode
 from server.lifecycle import RunStatus as S
 from server.models import LogChunk, Run
@@ -387,3 +388,18 @@ def test_names_workspaces_and_messages_that_read_like_markup_print_as_they_are(c
     assert f"[/] [{runs[0]['id']}]" in shown and "the job said [red]no[/red]" in shown
     assert exit_code(["watch", runs[0]["id"], "--every", "0"]) == ExitCode.FAILED
     assert "the job said [red]no[/red]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("token", ["s3cret-\U0001F511-\U00020000", 'q"uote\\back\ttab'])
+def test_setting_a_token_leaves_the_config_owner_only_and_readable_whatever_the_token(
+        cli: App, tmp_path: Path, capsys, token: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('url = "http://127.0.0.1"\n')
+    config.chmod(0o644)  # an existing file others may read, as an editor or an older longrun left it
+    assert main(["config", "set", "token", token]) == 0
+    assert config.stat().st_mode & 0o777 == 0o600
+    assert resolve().token == token, "read back as it was set"
+    capsys.readouterr()
+    assert main(["config", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_from"] == str(config)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".config")] == []
