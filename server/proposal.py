@@ -31,7 +31,7 @@ from server.advisor import CostModel, Drafting, advise, improved_positions
 from server.advisor.results import Advice
 from server.errors import Conflict, NotFound
 from server.lifecycle import RunStatus, TransitionError, restart_run
-from server.models import Event, Run, utcnow
+from server.models import Event, MetricPoint, Run, utcnow
 from server.schemas import DryRunPublic, without_env_values
 from server.wakeup import wake_workers
 
@@ -162,8 +162,10 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     accs, taus = sim_metrics(run.latest or {})
     if deploy and deploy.get("max_depth"):
         accs, taus = accs[:deploy["max_depth"]], taus[:deploy["max_depth"]]
-    step = (run.latest or {}).get("step")
-    base = {"step": step if isinstance(step, int) else None, "sim_acc": accs, "sim_tau": taus, "deploy": deploy}
+    step = session.scalar(select(MetricPoint.step).where(
+        MetricPoint.run_id == run.id, MetricPoint.attempt == run.attempt, MetricPoint.name == "sim_acc_1")
+        .order_by(MetricPoint.id.desc()).limit(1)) if accs else None
+    base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy}
     if not deploy:
         return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
     if not accs:

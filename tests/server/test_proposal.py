@@ -91,8 +91,11 @@ def test_a_validation_with_sim_acceptance_gives_a_restart_proposal_priced_on_the
     assert all(row["terms"]["draft_allreduces"] == 4 * row["depth"] for row in advice["by_depth"])
     assert got["predicted_tau_after"] == pytest.approx(1 + sum(got["predicted_position_acceptance_after"][:ttt]))
 
+    feed(api, run_id, 2, {"step": 150, "total_steps": 1000, "loss": 1.9}, step_seconds=3.0)
+    assert api.client.get(url).json()["step"] == 100, "the step of the validation it rests on"
     # the same validation again changes nothing: one proposal event, on the stream with its figures
-    validate(api, run_id, 2, 200, SHALLOW)
+    validate(api, run_id, 3, 200, SHALLOW)
+    assert api.client.get(url).json()["step"] == 200
     stream = events(api, run_id)
     proposals = [data for kind, data in stream if kind == "proposal"]
     assert len(proposals) == 1 and proposals[0]["suggested_ttt"] == ttt and proposals[0]["action"] == "restart"
