@@ -450,6 +450,7 @@ class RunPublic(BaseModel):
     hosts: list[str]
     spec: dict[str, Any]
     progress: float | None
+    progress_note: str | None = Field(None, description="an entrypoint run with no known total: how to give one")
     eta_seconds: float | None
     host_reachable: bool
     latest: dict[str, Any] = Field(description=f"each series' newest value, keyed by name: {SERVER_SERIES_DOC}")

@@ -6,6 +6,7 @@ from server import eta, hosts, pace
 from server.db import WriteFailure
 from server.errors import Conflict
 from server.lifecycle import TERMINAL, RunStatus, expected_start
+from server.log_patterns import progress_note
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import (
     AttemptEvaluation,
@@ -77,6 +78,7 @@ def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFa
     return RunPublic(id=run.id, name=run.name, status=run.status, message=run_message(run, write_failure),
                      attempt=run.attempt,
                      hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
+                     progress_note=progress_note(run.spec, run.current.total_steps, run.status not in TERMINAL),
                      host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,
                      attempts=[attempt_public(a) for a in run.attempts])

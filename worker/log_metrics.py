@@ -18,7 +18,7 @@ from typing import Any
 
 import regex
 
-from server.log_patterns import FORMATS, compile_pattern
+from server.log_patterns import FORMATS, compile_pattern, spec_ranks, total_from_arguments
 
 # a longer record is not a progress line (and would be slow to scan)
 MAX_RECORD_CHARS = 16384
@@ -71,7 +71,8 @@ class LogMetricsConfig:
             patterns = tuple(compile_pattern(p) for p in given.get("patterns", ()))
         except ValueError:
             patterns = ()  # checked when the run was submitted; an older spec must not stop the worker
-        config = cls(frozenset(given.get("formats", FORMATS)), patterns, given.get("total_steps"))
+        total = given.get("total_steps") or total_from_arguments(spec.get("args"), spec_ranks(spec))
+        config = cls(frozenset(given.get("formats", FORMATS)), patterns, total)
         return config if config.formats or config.patterns else None
 
 

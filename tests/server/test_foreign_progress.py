@@ -4,6 +4,7 @@ read from what it prints, through the real service (`local` host, torchrun)."""
 from collections import Counter
 from pathlib import Path
 
+from server.log_patterns import total_from_arguments
 from tests.service import Service
 
 FOREIGN = str(Path(__file__).resolve().parent.parent / "fixtures" / "trainer_logs" / "foreign_trainer.py")
@@ -76,3 +77,26 @@ def test_a_bad_pattern_or_a_pattern_on_a_trainer_run_is_a_422_naming_the_field(s
                                                   "log_metrics": {"total_steps": 10}})
     assert mixed.status_code == 422 and "`log_metrics` goes with `entrypoint`" in mixed.text
     assert service.client.get("/v1/runs").json()["items"] == []
+
+
+def test_the_total_comes_from_the_trainers_arguments_else_the_answer_says_how_to_give_one(service: Service) -> None:
+    run = service.submit(foreign_spec(400, 0.05, "--style", "untotalled", "--max-steps", "40"))
+    running = service.wait(run["id"], lambda r: r["status"] == "running" and 0 < (r["progress"] or 0) < 1,
+                           what="progress from --max-steps")
+    assert running["latest"]["total_steps"] == 40 and running["progress_note"] is None
+    assert service.wait_status(run["id"], "succeeded", "failed")["attempts"][0]["last_step"] == 40
+
+    run = service.submit(foreign_spec(400, 0.05, "--style", "untotalled"))
+    running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) > 2,
+                           what="steps without a total")
+    assert running["progress"] is None and "log_metrics.total_steps" in running["progress_note"]
+    service.client.post(f"/v1/runs/{run['id']}/cancel")
+    service.wait_status(run["id"], "cancelled", "failed")
+
+
+def test_totals_read_from_speculators_and_specforge_arguments() -> None:
+    assert total_from_arguments(["scripts/train.py", "--epochs", "3", "--max-steps", "500"]) == 500  # speculators
+    assert total_from_arguments(["--config", "c.yaml", "training.max_steps=1200"]) == 1200  # SpecForge override
+    assert total_from_arguments(["--training.num-epochs=2", "--num-samples", "1000", "--training.batch-size", "4",
+                                 "--training.accumulation-steps", "2"], ranks=8) == 32  # 2 x 1000 / (4 x 2 x 8), up
+    assert total_from_arguments(["--epochs", "3", "--lr", "3e-5"]) is None  # no samples: no total
