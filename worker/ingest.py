@@ -21,7 +21,7 @@ from server import proposal
 from server.eta import fold_step_time, update_step_rate
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from server.series import SERVER_SERIES
-from worker.log_metrics import LogMetricsConfig, read_log
+from worker.log_metrics import PATTERN_SECONDS_PER_READ, LogMetricsConfig, read_log
 
 # progress fields, not series
 NOT_SERIES = frozenset({"step", "total_steps", "time"})
@@ -38,6 +38,7 @@ MAX_SERIES_NAME = 128
 MAX_SERIES_PER_RUN = 1024
 # the event that says so, once per run
 SERIES_REFUSED = "series_refused"
+PATTERN_SLOW = "log_pattern_slow"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -212,6 +213,21 @@ def _say_series_refused(session: Session, run: Run, attempt: Attempt, names: lis
                    "named go on"}))
 
 
+def _say_patterns_slow(session: Session, run: Run, attempt: Attempt, patterns: list[str]) -> None:
+    """Once per attempt and pattern, an event saying that a `log_metrics` pattern ran out of its time on a read."""
+    said = {tuple(e.data.get(k) for k in ("attempt", "pattern")) for e in session.scalars(
+        select(Event).where(Event.run_id == run.id, Event.kind == PATTERN_SLOW))}
+    for pattern in patterns:
+        if (attempt.number, pattern) in said:
+            continue
+        session.add(Event(run_id=run.id, kind=PATTERN_SLOW, data={
+            "attempt": attempt.number, "pattern": pattern,
+            "message": f"log_metrics pattern {pattern[:200]!r} ran out of its {PATTERN_SECONDS_PER_READ:g} s per read of "
+                       f"the log (a search that backtracks without end?): it is left out of the rest of each read "
+                       "where it does; the other patterns and formats go on. Make it simpler (anchor it, avoid nested "
+                       "repeats) and restart"}))
+
+
 def _drop_old_metrics_events(session: Session, run_id: str) -> None:
     session.flush()
     oldest_kept = session.scalar(select(Event.id).where(Event.run_id == run_id, Event.kind == "metrics")
@@ -232,6 +248,8 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tu
         return position
     first, midline = position
     got = read_log(text, first, midline, complete, config)
+    if got.slow_patterns:
+        _say_patterns_slow(session, run, attempt, got.slow_patterns)
     step = attempt.last_step
     shown = dict(run.latest or {}) if attempt.number == run.attempt else {}
     records = []

@@ -23,9 +23,11 @@ from server.log_patterns import FORMATS, compile_pattern, spec_ranks, total_from
 # a longer record is not a progress line (and would be slow to scan)
 MAX_RECORD_CHARS = 16384
 MAX_SERIES_PER_RECORD = 64
-# a run's own pattern may backtrack without end: each search, and all of one read's, get a time limit
+# a run's own pattern may backtrack without end: each search, and each pattern's searches in one read, get a time
+# limit; a pattern that runs out of it (or whose one search does) is left out for the rest of the read, the others
+# keep theirs
 PATTERN_SECONDS = 0.05
-PATTERNS_SECONDS_PER_READ = 1.0
+PATTERN_SECONDS_PER_READ = 1.0
 # steps and totals are 32-bit columns in the database
 MAX_STEP = 2**31 - 1
 MAX_ABS_VALUE = 1e300
@@ -92,6 +94,30 @@ class LogRead:
     records: list[LogRecord]
     consumed: int
     midline: bool
+    # the run's patterns left out of part of this read for running out of time (their source)
+    slow_patterns: list[str] = field(default_factory=list)
+
+
+class PatternBudget:
+    """Each pattern's time left in one read; a pattern whose time is out is left out of the rest of it."""
+
+    def __init__(self, count: int, seconds: float = PATTERN_SECONDS_PER_READ):
+        self.left = [seconds] * count
+
+    def search(self, index: int, pattern: regex.Pattern[str], text: str) -> regex.Match[str] | None:
+        if self.left[index] <= 0:
+            return None
+        started = time.monotonic()
+        try:
+            return pattern.search(text, timeout=min(self.left[index], PATTERN_SECONDS))
+        except (TimeoutError, RecursionError, MemoryError):
+            self.left[index] = 0.0  # one search that long: the pattern backtracks without end on this log
+            return None
+        finally:
+            self.left[index] -= time.monotonic() - started
+
+    def out_of_time(self) -> list[int]:
+        return [i for i, left in enumerate(self.left) if left <= 0]
 
 
 def _number(text: str) -> float | None:
@@ -230,9 +256,9 @@ def parse_line(text: str, formats: frozenset[str]) -> dict[str, Any]:
 
 
 def parse_record(text: str, config: LogMetricsConfig,
-                 patterns_until: float = math.inf) -> tuple[dict[str, Any], float | None] | None:
+                 budget: PatternBudget | None = None) -> tuple[dict[str, Any], float | None] | None:
     """The metrics of one record, or None when it has none; `text` has no line ends. The run's patterns are
-    searched until the monotonic time `patterns_until`."""
+    searched each within its time left in `budget` (one read's)."""
     if len(text) > MAX_RECORD_CHARS:
         return None
     text = ANSI_RE.sub("", text)
@@ -244,14 +270,9 @@ def parse_record(text: str, config: LogMetricsConfig,
     if config.formats & {"json", "key_value"}:
         for name, value in parse_line(text, config.formats).items():
             out.setdefault(name, value)
-    for pattern in config.patterns:
-        left = patterns_until - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            found = pattern.search(text, timeout=min(left, PATTERN_SECONDS))
-        except (TimeoutError, RecursionError, MemoryError):
-            found = None
+    budget = budget or PatternBudget(len(config.patterns))
+    for i, pattern in enumerate(config.patterns):
+        found = budget.search(i, pattern, text)
         if found is not None:
             _take({k: v for k, v in found.groupdict().items() if v is not None}, out)
     return (out, seconds) if out else None
@@ -284,13 +305,13 @@ def _records(text: str, midline: bool, complete: bool) -> tuple[list[tuple[int, 
 def read_log(text: str, first_index: int, midline: bool, complete: bool, config: LogMetricsConfig) -> LogRead:
     """The metric records in one read of the log, which starts at record `first_index`."""
     pieces, consumed, ends_midline = _records(text, midline, complete)
-    patterns_until = time.monotonic() + PATTERNS_SECONDS_PER_READ
+    budget = PatternBudget(len(config.patterns))
     records = []
     for i, piece in pieces:
-        parsed = parse_record(piece, config, patterns_until)
+        parsed = parse_record(piece, config, budget)
         if parsed is not None:
             values, seconds = parsed
             if config.total_steps and "step" in values:
                 values.setdefault("total_steps", config.total_steps)
             records.append(LogRecord(first_index + i, values, seconds))
-    return LogRead(records, consumed, ends_midline)
+    return LogRead(records, consumed, ends_midline, [config.patterns[i].pattern for i in budget.out_of_time()])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server.db import Database
-from server.models import Attempt, MetricPoint, Run
+from server.models import Attempt, Event, MetricPoint, Run
 from worker.host_agent import HostAgent
 from worker.ingest import store_log_metrics, store_metrics
 from worker.local_transport import LocalTransport
@@ -286,3 +286,15 @@ def test_the_host_hands_out_a_running_bar_up_to_its_last_redraw(tmp_path: Path) 
         assert [r.values["step"] for r in chunk.records] == [1, 2] and not chunk.midline
     finally:
         agent.cancel(d, grace=2)
+
+
+def test_a_pattern_that_backtracks_without_end_leaves_the_others_their_time_and_is_said_once(db: Database) -> None:
+    bad, good = r"(?P<x>(a|aa)+)$", r"probe (?P<step>\d+) score=(?P<score>\S+)"
+    _add_run(db, {**ENTRYPOINT, "log_metrics": {"formats": [], "patterns": [bad, good]}})
+    lines = [f"probe {i} score={i / 1000} " + "a" * 60 + "!\n" for i in range(2000)]
+    for start in range(0, 2000, 1000):  # two reads of the log
+        _ingest_log(db, "".join(lines[start:start + 1000]))
+    assert [step for step, _ in _points(db, "score")] == list(range(2000)), "the good pattern read every line"
+    with db.reading() as s:
+        events = [e.data for e in s.query(Event).filter_by(run_id="r", kind="log_pattern_slow")]
+    assert len(events) == 1 and events[0]["pattern"] == bad and "left out of the rest" in events[0]["message"]
