@@ -120,6 +120,7 @@ class DraftConfig:
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
             **asdict(self),
+            "rope_scaling": engine_rope_scaling(self),
             "eagle_aux_hidden_state_layer_ids": layer_ids,
             "eagle_config": {
                 "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
@@ -199,6 +200,23 @@ def _yarn_inverse_frequencies(config: DraftConfig, scaling: dict) -> Tensor:
     pos_freqs = base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     extrapolation = 1 - ramp
     return (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+
+
+def engine_rope_scaling(config: DraftConfig) -> dict | None:
+    """`rope_scaling` as the engines must read it to apply the draft's own RoPE. vLLM's `get_rope` (and SGLang's
+    copy of it) builds a Llama draft's YaRN from `factor`, `original_max_position_embeddings`, `beta_fast`,
+    `beta_slow`, `extrapolation_factor`, `attn_factor` only, and scales cos/sin by (0.1 ln(factor) + 1) x attn_factor
+    (vllm/model_executor/layers/rotary_embedding/__init__.py @ 07b12f1, yarn_scaling_rope.py): DeepSeek's
+    mscale / mscale_all_dim (a factor of 1 for DeepSeek-V3) are dropped. `attn_factor` is set so that their product
+    is the factor the draft trained with; transformers and longrun read `attention_factor` or the mscales, not it."""
+    scaling = dict(config.rope_scaling) if config.rope_scaling else None
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        factor = scaling.get("factor") or config.max_position_embeddings / scaling["original_max_position_embeddings"]
+        engine = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+        trained = rope_attention_factor(config)
+        if abs(trained - engine) > 1e-9:
+            scaling["attn_factor"] = trained / engine
+    return scaling
 
 
 def rope_attention_factor(config: DraftConfig) -> float:
@@ -485,7 +503,8 @@ def speculators_config(config: DraftConfig, verifier_path: str | Path | None = N
     rope = {"rope_theta": config.rope_theta, "rope_type": "default"}
     if config.rope_scaling:
         kind = config.rope_scaling.get("rope_type", config.rope_scaling.get("type", "default"))
-        rope.update({k: v for k, v in config.rope_scaling.items() if k not in ("type", "rope_type")}, rope_type=kind)
+        scaling = engine_rope_scaling(config) or {}
+        rope.update({k: v for k, v in scaling.items() if k not in ("type", "rope_type")}, rope_type=kind)
     layer = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size, "num_hidden_layers": 1,

@@ -3,6 +3,7 @@ Kimi-K2 family default) and a YaRN-scaled verifier's RoPE, carried into the expo
 past its original 4k context."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -64,6 +65,12 @@ def test_yarn_rope_is_exported_and_equals_the_verifiers_own_past_4k(tmp_path, ro
         our_cos, our_sin = reread.rope(POSITIONS)
         torch.testing.assert_close(our_cos, cos[0], atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(our_sin, sin[0], atol=2e-5, rtol=1e-5)
+
+    # vLLM / SGLang build a Llama draft's YaRN from these keys only and scale cos/sin by (0.1 ln f + 1) x attn_factor
+    # (vllm/model_executor/layers/rotary_embedding/__init__.py @ 07b12f1): the product is the verifier's factor
+    exported = engine["rope_scaling"]
+    vllm_mscale = (0.1 * math.log(exported["factor"]) + 1) * exported.get("attn_factor", 1.0)
+    assert vllm_mscale == pytest.approx(float(cos[0, 0, 0]), rel=1e-6)  # cos(0) x the verifier's factor
 
     # a Llama-architecture engine reads the exported rope_scaling with transformers' own Llama RoPE
     llama = LlamaConfig.from_pretrained(tmp_path)
