@@ -3,7 +3,7 @@ it answers stops the job on request (issue 18).
 
     python benchmarks/bench_launch.py [--repeat 10] [--root TREE]
 
-Runs worker/hostside.py for real over `LocalTransport` (the `local` host's transport), as the worker does, with
+Runs the host agent (worker/hostside/, shipped as its zipapp) for real over `LocalTransport` (the `local` host's transport), as the worker does, with
 the containment layer this machine offers. Each round launches a job that exits 0 on SIGTERM, times the launch
 call, then cancels it at once (grace 3 s) and records how long the cancel took and the attempt's exit code: 0 or
 143 is a stop on request, 137 a job that was left running until the grace period's SIGKILL. `--root` imports the

@@ -310,7 +310,7 @@ class NodeFailure:
             return f"exited with code {self.exit_code} on {self.host}: {self.cause}"
         if self.state == NodeState.EXITED:
             return f"exited with code {self.exit_code} on {self.host}; see its log"
-        # hostside.py stops whatever a dead wrapper left before it answers the node lost
+        # the host agent stops whatever a dead wrapper left before it answers the node lost
         return (f"lost its wrapper on {self.host}: it died without recording the job's exit code (killed, out of "
                 "memory, or the host restarted); no process of the attempt is left there")
 

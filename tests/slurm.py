@@ -13,7 +13,7 @@ tracked by proctrack/linuxproc. With network namespaces (of one tests.netns.Priv
 own, n1, n2, ..., at the namespace's address, its slurmd entered into the namespace with nsenter (`ip netns exec`
 would mount a /sys without the cgroup file systems slurmd needs); slurmctld listens on the network's gateway. Accounting needs slurmdbd (and a MySQL server), which the tests do not run:
 `sacct` answers "Slurm accounting storage is disabled", so finished jobs are read from the controller, which keeps
-them for MinJobAge seconds (hostside.py asks the controller first and sacct only after).
+them for MinJobAge seconds (the host agent asks the controller first and sacct only after).
 slurmd runs jobs as their submitting user only as root: without root the fixture fails saying so.
 KillWait (SIGTERM to SIGKILL) is Slurm's default 30 s: the trainer stopping at a step takes several seconds to exit
 on a loaded 2-core machine, and a SIGKILL must mean that it did not stop.

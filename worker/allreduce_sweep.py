@@ -2,7 +2,7 @@
 
     python allreduce_sweep.py --tp 2|all [--sizes 1024,4096,...] [--iters 50] [--repeats 5]
 
-Runs on the host with the host's python that has torch (the worker ships this file beside hostside.py); it
+Runs on the host with the host's python that has torch (the worker ships this file beside the host agent); it
 imports nothing of longrun. It starts tp processes (torch.multiprocessing spawn), one per GPU, joined by NCCL.
 For each message size (bf16 values) it times `iters` all-reduces issued back to back between two CUDA events,
 takes the median of `repeats` such timings and the slowest rank's, and reports the time per call in µs: what a

@@ -7,16 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-QUERY_GPU_CMD = [
-    "nvidia-smi",
-    "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total",
-    "--format=csv,noheader,nounits",
-]
-QUERY_APPS_CMD = [
-    "nvidia-smi",
-    "--query-compute-apps=pid,gpu_uuid,used_memory,process_name",
-    "--format=csv,noheader,nounits",
-]
+# the host agent runs these itself (its `gpus` verb): the worker reads their output
+from worker.hostside.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD  # noqa: F401 (what the parsers read)
 
 # Some drivers print this sentence instead of an empty CSV when no process uses a GPU.
 _NO_PROCESSES = "no running processes found"
@@ -151,7 +143,7 @@ def snapshot_from_outputs(
 
 
 def attach_users(snapshot: GpuSnapshot, users: dict[int, str | None]) -> None:
-    """Name each process's owner (the host side looks them up: worker/hostside.py's `gpus` verb)."""
+    """Name each process's owner (the host side looks them up: worker/hostside/gpus.py)."""
     for gpu in snapshot.gpus:
         for proc in gpu.processes:
             proc.user = users.get(proc.pid, proc.user)

@@ -1,16 +1,20 @@
-"""The worker's client of a host: each call sends one request of worker/protocol.py to worker/hostside.py
-over a transport and reads its typed answer.
+"""The worker's client of a host: each call sends one request of worker/protocol.py to the host agent
+(worker/hostside/) over a transport and reads its typed answer.
 
-The request travels on stdin, never in argv (its env values and the attempt token would show in `ps`):
-stdin is the request as one JSON line, then the agent's source. The agent installs itself from that source
-on first use (content-addressed under <workspace>/.longrun/bin), inside the same single command, so every
+The agent travels as one zipapp built here from the package (`hostside_zipapp`: fixed timestamps, sorted entries,
+so the same code is the same bytes and the same name), and runs with the host's python, so a host needs nothing
+installed. The request travels on stdin, never in argv (its env values and the attempt token would show in `ps`):
+stdin is the request as one JSON line, then the zipapp. The agent installs itself from it on first use
+(content-addressed under <workspace>/.longrun/bin), inside the same single command, so every
 action stays one round trip. Its answer is untrusted input: anything but one JSON object of the expected
 shape, within MAX_ANSWER_BYTES, is a CommandFailed that says so.
 """
 
 import hashlib
+import io
 import json
 import shlex
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +38,30 @@ from worker.protocol import (
 )
 from worker.transport_interface import CommandResult, Transport
 
-HOSTSIDE_SOURCE = (Path(__file__).parent / "hostside.py").read_bytes()
-HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_SOURCE).hexdigest()[:12]}.py"
+
+def hostside_zipapp(package: Path = Path(__file__).parent / "hostside") -> bytes:
+    """The agent package as one zipapp: its modules under `hostside/`, its __main__.py also at the top (what
+    `python file.pyz` runs). Every entry has the same fixed time and mode, in sorted order: the bytes depend only
+    on the code."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        modules = sorted(package.glob("*.py"))
+        entries = [("__main__.py", package / "__main__.py")] + [(f"hostside/{m.name}", m) for m in modules]
+        for name, path in entries:
+            entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, path.read_bytes())
+    return buffer.getvalue()
+
+
+HOSTSIDE_ZIPAPP = hostside_zipapp()
+HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}.pyz"
 # ssh's own exit status when the connection failed: the host never ran the command
 SSH_FAILED = 255
 # a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
 MAX_ANSWER_BYTES = 64 << 20
-# run when the agent is not installed yet: install it from stdin (after the request line), then run it
+# run when the agent is not installed yet: install it from stdin (after the request line), then run it (run_path
+# runs a zipapp's __main__.py with the archive first on sys.path)
 INSTALL_AND_RUN = (
     "import io, os, runpy, sys\n"
     "path, verb = sys.argv[1], sys.argv[2]\n"
@@ -72,7 +93,7 @@ class HostAgent:
         run = shlex.join([self.python, "-S", self.script, request.verb])
         install = shlex.join([self.python, "-S", "-c", INSTALL_AND_RUN, self.script, request.verb])
         command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
-        payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_SOURCE
+        payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_ZIPAPP
         result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
         answer = _answer_of(request.verb, result)
         try:

@@ -1,7 +1,7 @@
-"""The host protocol: one request and one answer type per verb of worker/hostside.py.
+"""The host protocol: one request and one answer type per verb of the host agent (worker/hostside/).
 
 On the wire each request is a JSON object (`to_wire`) and each answer one JSON line, read back with
-`from_wire`; the field names are hostside.py's. An answer is untrusted input: `from_wire` checks every
+`from_wire`; the field names are the agent's. An answer is untrusted input: `from_wire` checks every
 field's type and raises TypeError, ValueError or KeyError on another shape (HostAgent names the verb). worker/host_agent.py sends them over a transport;
 tests/worker/fake_host.py answers them from an in-memory host.
 """
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from server.lifecycle import NodeState
-from worker.gpus import QUERY_APPS_CMD, QUERY_GPU_CMD, GpuSnapshot, attach_users, snapshot_from_outputs
+from worker.gpus import GpuSnapshot, attach_users, snapshot_from_outputs
 
 
 def _typed(raw: dict[str, Any], name: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
@@ -49,11 +49,10 @@ class GpuView:
 
 @dataclass(frozen=True)
 class GpuQuery:
-    """Ask for nvidia-smi's two answers and which process carries which of `tokens`."""
+    """Ask for nvidia-smi's two answers (the agent runs its own QUERY_GPU_CMD and QUERY_APPS_CMD) and which process
+    carries which of `tokens`."""
 
     tokens: list[str]
-    query_gpu: list[str] = field(default_factory=lambda: list(QUERY_GPU_CMD))
-    query_apps: list[str] = field(default_factory=lambda: list(QUERY_APPS_CMD))
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class Request:
 
 @dataclass(frozen=True)
 class QueueState:
-    """A batch job as its scheduler sees it (Slurm: hostside.py's Slurm section): its id, the scheduler's state,
+    """A batch job as its scheduler sees it (Slurm: worker/hostside/slurm.py): its id, the scheduler's state,
     why it waits (`Resources`, `Priority`, ...) and, while it waits, when the scheduler expects it to start."""
 
     job_id: str
@@ -132,7 +131,7 @@ class QueueState:
 class LaunchAnswer:
     pid: int  # the wrapper's pid; for a batch job its job id
     already: bool
-    # the layer that holds the attempt's processes (hostside.py: systemd-scope, cgroup, session, or slurm)
+    # the layer that holds the attempt's processes (worker/hostside/: systemd-scope, cgroup, session, or slurm)
     containment: str | None = None
     # a batch job may wait in its scheduler's queue (pending) before it runs
     state: NodeState = NodeState.RUNNING
@@ -303,7 +302,7 @@ class InterconnectAnswer:
 
 @dataclass(frozen=True)
 class InterconnectRequest(Request):
-    """Run `topo_cmd` and the all-reduce sweep at `tp` ranks (`tp` "all": every GPU); the sweep script travels
+    """Run `nvidia-smi topo -m` (the agent's TOPO_CMD) and the all-reduce sweep at `tp` ranks (`tp` "all": every GPU); the sweep script travels
     in `sweep_source` and is installed at `sweep_path` (content-addressed) unless already there."""
 
     verb: ClassVar[str] = "interconnect"
@@ -311,6 +310,5 @@ class InterconnectRequest(Request):
     tp: int | str
     sweep_path: str
     sweep_source: str
-    topo_cmd: list[str] = field(default_factory=lambda: ["nvidia-smi", "topo", "-m"])
     sizes: list[int] | None = None
     timeout: float = 600.0

@@ -1,5 +1,5 @@
 """A run's attempt as a Slurm batch job (hosts of kind `slurm`): the batch script the worker sends, and what the
-run says while the job waits in the queue. worker/hostside.py submits, probes and cancels it on the login node.
+run says while the job waits in the queue. worker/hostside/slurm.py submits, probes and cancels it on the login node.
 
 The script asks for `slurm.nodes` nodes with one task each and runs torchrun on every one of them through `srun`:
 standalone on one node, a c10d rendezvous served by the first node otherwise. Every value from the run spec goes

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.service import Service, alive, attempt_processes, kill_leftovers, toy_spec
-from worker import hostside
+from worker.hostside import containment
 
 pytestmark = pytest.mark.slow  # each row starts a real `longrun serve` and torchrun
 HERE = Path(__file__).resolve().parent
@@ -91,7 +91,7 @@ def test_host_reboot_every_process_killed_at_once_retries_from_the_checkpoint(se
 
 def test_a_helper_forked_outside_the_jobs_environment_and_session_does_not_survive_cancel(
         service: Service, tmp_path: Path) -> None:
-    if "cgroup" not in hostside._layers() and "systemd-scope" not in hostside._layers():
+    if "cgroup" not in containment.layers() and "systemd-scope" not in containment.layers():
         pytest.skip("only a cgroup holds a helper started with `env -i setsid`; this host offers none")
     helper_file = tmp_path / "helper.pid"
     run = service.submit({"name": "forks", "host": "local", "nproc_per_node": 1,

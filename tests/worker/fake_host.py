@@ -1,6 +1,6 @@
-"""An in-memory host: a Transport that answers worker/hostside.py's verbs from a model of processes and files.
+"""An in-memory host: a Transport that answers the host agent's verbs (worker/hostside/) from a model of processes and files.
 
-It reads the very command HostAgent sends (`... exec python hostside-….py VERB`, the request on stdin), so the worker's
+It reads the very command HostAgent sends (`... exec python -S hostside-….pyz VERB`, the request on stdin), so the worker's
 client, protocol and services run unchanged; only the host is imagined. Tests drive the host with
 `write_metrics`, `finish`, `vanish`, `go_down` and `hold_gpu`.
 """
@@ -126,7 +126,7 @@ class FakeHost(Transport):
         answer = getattr(self, f"_{verb}")(request)
         return CommandResult(2 if "error" in answer else 0, json.dumps(answer) + "\n", "")
 
-    # the verbs, as worker/hostside.py answers them
+    # the verbs, as worker/hostside/ answers them
 
     def _launch(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["dir"] in self.jobs:
@@ -147,7 +147,7 @@ class FakeHost(Transport):
         out = self._status(req["dir"])
         job = self.jobs.get(req["dir"])
         if job is not None and job.orphaned:
-            # as hostside.py: a dead wrapper's processes are stopped before the node is answered lost
+            # as the host agent: a dead wrapper's processes are stopped before the node is answered lost
             job.orphaned = job.stubborn
             out.update(stopped=job.pids[1:], remaining=job.pids[1:] if job.stubborn else [])
         metrics = (job.metrics if job else "")[req["metrics_offset"]:]

@@ -1,7 +1,7 @@
 """Containment on this machine: every process an attempt starts is the attempt's, whatever it does to its
 environment or session, and nothing of it outlives a cancel or the death of its wrapper.
 
-These run worker/hostside.py for real (LocalTransport); the layer they get is the best this host offers
+These run the host agent (worker/hostside/) for real (LocalTransport); the layer they get is the best this host offers
 (a cgroup v2 directory here, as root) unless LONGRUN_CONTAINMENT picks one.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.service import ROOT, alive
-from worker import hostside
 from worker.gpu_placement import gpu_holders
 from worker.host_agent import HostAgent
+from worker.hostside import containment, procfs
 from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom
 from worker.transport_interface import CommandResult
@@ -43,7 +43,7 @@ OWN_SESSION, FRESH_ENV, ESCAPED = range(3)
 
 
 def cgroup_v2_writable() -> bool:
-    return "cgroup" in hostside._layers()
+    return "cgroup" in containment.layers()
 
 
 def start_job(tmp_path: Path, token: str, env: dict[str, str] | None = None) -> tuple[HostAgent, str, list[int], int]:
@@ -73,8 +73,8 @@ def test_in_a_cgroup_cancel_stops_helpers_that_left_the_session_and_dropped_the_
     agent, d, helpers, wrapper = start_job(tmp_path, "tok-cgroup")
     try:
         box = json.loads((Path(d) / "containment").read_text())
-        assert box["layer"] == "cgroup" and wrapper in hostside._cgroup_pids(box["cgroup"])
-        assert helpers[ESCAPED] in hostside._cgroup_pids(box["cgroup"]), "env -i setsid does not leave a cgroup"
+        assert box["layer"] == "cgroup" and wrapper in procfs.cgroup_pids(box["cgroup"])
+        assert helpers[ESCAPED] in procfs.cgroup_pids(box["cgroup"]), "env -i setsid does not leave a cgroup"
         answer = agent.cancel(d, grace=2)
         assert answer.remaining == [] and set(helpers) <= set(answer.signalled)
         assert [p for p in helpers + [wrapper] if alive(p)] == []

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from worker import hostside
 from worker.host_agent import HostAgent
 from worker.host_errors import CommandFailed
-from worker.hostside import pids_with_token
+from worker.hostside.clean import clean
+from worker.hostside.procfs import pids_with_token
 from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom
 
@@ -127,7 +127,7 @@ def test_clean_refuses_a_workspace_whose_real_path_is_the_root(tmp_path: Path) -
     (victim / "data").write_text("precious")
     os.symlink("/", tmp_path / "to-root")
     for workspace in ["/", "//", "/./", "/tmp/..", str(tmp_path / "to-root")]:
-        answer = hostside.clean({"workspace": workspace, "records": workspace + "/.longrun", "path": str(victim)})
+        answer = clean({"workspace": workspace, "records": workspace + "/.longrun", "path": str(victim)})
         assert "it is the root directory" in answer.get("error", ""), workspace
     assert (victim / "data").read_text() == "precious"
 
@@ -149,7 +149,7 @@ def test_clean_never_follows_a_parent_swapped_for_a_symlink_while_it_runs(tmp_pa
 
     monkeypatch.setattr(os, "open", lambda *a, **k: (swap(), real_open(*a, **k))[1])
     monkeypatch.setattr(os, "listdir", lambda *a, **k: (swap(), real_listdir(*a, **k))[1])
-    answer = hostside.clean({"workspace": str(ws), "records": str(ws / ".longrun"), "path": str(ws / "out" / "sub")})
+    answer = clean({"workspace": str(ws), "records": str(ws / ".longrun"), "path": str(ws / "out" / "sub")})
     monkeypatch.undo()
     assert (outside / "sub" / "keep").read_text() == "keep"
     assert "refusing to clean" in answer["error"] and "never followed" in answer["error"]

@@ -1,23 +1,35 @@
-"""The host protocol's two ends agree: the worker's typed requests are what hostside.py reads, and its answers
-read back as the typed answers; the attempt layout's file names are the ones hostside.py writes."""
+"""The host protocol's two ends agree: the worker's typed requests are what the host agent (worker/hostside/)
+reads, and its answers read back as the typed answers; the attempt layout's file names are the ones it writes;
+it ships as one zipapp named by its content."""
 
+import hashlib
 import json
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from server import layout
-from worker import hostside
-from worker.host_agent import MAX_ANSWER_BYTES, HostAgent
+from worker.host_agent import HOSTSIDE_NAME, HOSTSIDE_ZIPAPP, MAX_ANSWER_BYTES, HostAgent, hostside_zipapp
 from worker.host_errors import CommandFailed
+from worker.hostside import files as hostside_files
 from worker.local_transport import LocalTransport
-from worker.protocol import CancelRequest, GpuQuery, LaunchRequest, ProbeAnswer, ProbeRequest, ReadFrom
+from worker.protocol import (
+    CancelRequest,
+    GpuQuery,
+    InterconnectRequest,
+    LaunchRequest,
+    ProbeAnswer,
+    ProbeRequest,
+    ReadFrom,
+)
 from worker.transport_interface import CommandResult, Transport
 
 
 def test_the_layouts_file_names_are_the_ones_the_host_side_writes() -> None:
-    assert (layout.LOG_FILE, layout.METRICS_FILE) == (hostside.LOG_FILE, hostside.METRICS_FILE)
+    assert (layout.LOG_FILE, layout.METRICS_FILE) == (hostside_files.LOG_FILE, hostside_files.METRICS_FILE)
     host = layout.HostLayout("/data/ws/")
     assert host.attempt_dir("r1", 2) == "/data/ws/.longrun/r1/2"
     assert host.attempt_dir("r1", 2, node=1) == "/data/ws/.longrun/r1/2/node1"
@@ -28,8 +40,24 @@ def test_the_layouts_file_names_are_the_ones_the_host_side_writes() -> None:
 def test_requests_go_on_the_wire_with_hostsides_field_names() -> None:
     assert ProbeRequest("/d", 3, 4, GpuQuery(["t"])).to_wire() == {
         "dir": "/d", "metrics_offset": 3, "log_offset": 4,
-        "gpus": {"tokens": ["t"], "query_gpu": GpuQuery(["t"]).query_gpu, "query_apps": GpuQuery(["t"]).query_apps}}
+        "gpus": {"tokens": ["t"]}}
     assert CancelRequest("/d", 2.0, ReadFrom(1, 2)).to_wire()["probe"] == {"metrics_offset": 1, "log_offset": 2}
+    # the agent owns its command lines: no request carries one for it to run
+    sweep = InterconnectRequest(tp=2, sweep_path="/w/.longrun/bin/sweep.py", sweep_source="print()").to_wire()
+    assert set(sweep) == {"tp", "sweep_path", "sweep_source", "sizes", "timeout"}
+
+
+def test_the_agent_ships_as_one_zipapp_named_by_its_content(tmp_path: Path) -> None:
+    assert hostside_zipapp() == HOSTSIDE_ZIPAPP, "the same code builds the same bytes"
+    assert HOSTSIDE_NAME == f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}.pyz"
+    agent = HostAgent(LocalTransport(), str(tmp_path), sys.executable)
+    agent.probe(agent.layout.attempt_dir("r1", 1), ReadFrom())
+    shipped = Path(agent.script)
+    assert shipped.read_bytes() == HOSTSIDE_ZIPAPP and zipfile.is_zipfile(shipped)
+    # installed, it runs alone with -S: no site-packages, nothing of the worker on its path
+    done = subprocess.run([sys.executable, "-S", "-I", str(shipped), "probe"], input='{"dir": "/nonexistent/x"}\n',
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert json.loads(done.stdout)["state"] == "missing", done.stderr
 
 
 def test_a_probe_of_a_directory_never_launched_answers_missing(tmp_path: Path) -> None:

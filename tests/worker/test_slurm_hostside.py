@@ -1,4 +1,4 @@
-"""hostside.py's Slurm section against a real Slurm cluster (tests/slurm.py), verb by verb: a submit whose answer
+"""The host agent's Slurm module (worker/hostside/slurm.py) against a real Slurm cluster (tests/slurm.py), verb by verb: a submit whose answer
 was lost is found again, not made twice; the token is in the job's environment and nowhere else; cancel ends the
 job and verifies it through Slurm and /proc, and says so again when asked twice; a held job answers pending with
 Slurm's reason."""
@@ -13,7 +13,7 @@ import pytest
 
 from tests.slurm import SlurmCluster
 from worker.host_agent import HostAgent
-from worker.hostside import pids_with_token
+from worker.hostside.procfs import pids_with_token
 from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom, SlurmBatch
 

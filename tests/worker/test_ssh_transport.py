@@ -20,7 +20,7 @@ from tests.netns import NetNamespace, PrivateNetwork
 from tests.sshd import SshServer
 from worker.host_agent import HostAgent
 from worker.host_errors import AuthRefused, CommandFailed, HostKeyRefused, HostUnreachable
-from worker.hostside import pids_with_token
+from worker.hostside.procfs import pids_with_token
 from worker.protocol import CleanAnswer, LaunchRequest, ReadFrom
 from worker.ssh_transport import SSHTransport
 from worker.supervisor import Supervisor

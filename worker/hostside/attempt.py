@@ -1,0 +1,79 @@
+"""The probe and cancel verbs over an attempt directory: a node's state, its new metric lines and log text, and a
+stop in the same round trip. The directory says whether Slurm holds the attempt (slurm.py) or a wrapper does."""
+
+import os
+
+from .files import (
+    ERROR_FILE,
+    EXIT_FILE,
+    FAILURE_BYTES,
+    LOG_FILE,
+    METRICS_FILE,
+    read,
+    read_from,
+    space_note,
+    tail,
+)
+from .gpus import gpus
+from .procfs import carries_token
+from .slurm import slurm_job, slurm_status, slurm_stop
+from .stop import stop_attempt, sweep
+
+
+def _status(d):
+    code = read(os.path.join(d, EXIT_FILE))
+    pid = read(os.path.join(d, "pid"))
+    token = read(os.path.join(d, "token"))
+    if code is not None:
+        return {"state": "exited", "exit_code": int(code), "pid": int(pid) if pid else None}
+    if pid is None:
+        return {"state": "missing", "exit_code": None, "pid": None}
+    pid = int(pid)
+    if carries_token(pid, token):
+        return {"state": "running", "exit_code": None, "pid": pid}
+    # re-read: the wrapper may have written its exit code between the two reads
+    code = read(os.path.join(d, EXIT_FILE))
+    if code is not None:
+        return {"state": "exited", "exit_code": int(code), "pid": pid}
+    return {"state": "lost", "exit_code": None, "pid": pid}
+
+
+def probe(req):
+    """Status, new metric lines and log text; once the job is over, what is left of the attempt is stopped."""
+    d = req["dir"]
+    slurm = slurm_job(d) is not None
+    out = slurm_status(d) if slurm else _status(d)
+    if out["state"] in ("lost", "exited"):
+        out.update(sweep(d, None if slurm else out["pid"]))
+    limit = int(req.get("limit", 4 << 20))
+    # a metric line ends at a newline only: a raw \r inside one is part of it
+    metrics, m_off, m_more = read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit,
+                                       line_ends=b"\n")
+    # tqdm redraws its bar after a carriage return, without a newline until the bar closes; once the job is over
+    # its last, unterminated log line is final: hand it back too
+    log, l_off, l_more = read_from(os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit,
+                                   final=out["state"] != "running")
+    out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
+    # a Slurm job's GPUs are on its compute nodes, not on the login node that answers
+    if req.get("gpus") and not slurm:
+        out["gpus"] = gpus({**req["gpus"], "dirs": {read(os.path.join(d, "token")): d}})
+    if (out["state"] == "lost" or out["exit_code"] not in (None, 0)) and not out.get("note"):
+        out["note"] = space_note(d)
+    if out["exit_code"] not in (None, 0) and not out["more"]:
+        out["failure"] = {"error_file": tail(os.path.join(d, ERROR_FILE), FAILURE_BYTES),
+                          "log_tail": tail(os.path.join(d, LOG_FILE), FAILURE_BYTES)}
+    return out
+
+
+def cancel(req):
+    """Stop the attempt (below); in the same call, when asked, a GPU snapshot once nothing of it remains
+    (`gpus`: to check that none of its processes still holds GPU memory) and a last `probe` from the given
+    offsets (`probe`: what it wrote until the end), so that a cancel is one round trip."""
+    d = req["dir"]
+    slurm = slurm_job(d) is not None
+    out = (slurm_stop if slurm else stop_attempt)(d, float(req.get("grace", 10)))
+    if req.get("gpus") and not out["remaining"] and not slurm:
+        out["gpus"] = gpus({**req["gpus"], "dirs": {read(os.path.join(d, "token")): d}})
+    if req.get("probe") is not None:
+        out["probe"] = probe({**req["probe"], "dir": d})
+    return out
