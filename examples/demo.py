@@ -1,9 +1,12 @@
 """`make demo`: the whole loop on this machine, through the REST API as a user would drive it.
 
 Builds (once) a small demo verifier and its hidden states, starts `longrun serve` (embedded SQLite,
-the `local` host) under .demo/, trains an EAGLE-3 draft with TTT=3 on two processes and shows it
-live, asks what TTT=5 would cost (dry run), restarts at TTT=5, checks the prediction against what it
-took, prints acceptance by depth for both drafts and the advisor's depth for PCIe and NVLink.
+the `local` host) under .demo/, measures the deployment box's all-reduce times (probe-interconnect),
+trains an EAGLE-3 draft with TTT=3 on two processes and shows it live, prints the service's depth
+proposal as it appears after a validation (restart at a deeper TTT, with the dry run, GPU-hours and
+tokens/s on the deployment box), takes the restart it proposes, checks the dry run's prediction
+against what it took, prints acceptance by depth for both drafts, the proposal's predicted acceptance
+beside the deeper draft's measured one, and the advisor's depth for PCIe and NVLink.
 """
 
 import argparse
@@ -54,6 +57,10 @@ class Demo:
     def start_server(self) -> None:
         env = {**os.environ, "LONGRUN_HOME": str(self.home), "LONGRUN_PORT": str(self.port),
                "LONGRUN_POLL_INTERVAL": "0.5"}
+        if not shutil.which("nvidia-smi"):
+            # no GPU here to measure an all-reduce on: the probe of `local` answers with the NCCL times captured
+            # on two H200s through host memory (NCCL_P2P_DISABLE=1: no GPU peer links, the PCIe-box stand-in)
+            env["LONGRUN_ALLREDUCE_SWEEP"] = f"env NCCL_P2P_DISABLE=1 {ROOT / 'tests' / 'fakegpu' / 'allreduce-sweep'}"
         log = open(self.home / "server.log", "wb")
         self.server = subprocess.Popen([sys.executable, "-m", "longrun.cli", "serve"], cwd=ROOT, env=env,
                                        stdout=log, stderr=subprocess.STDOUT)
@@ -77,14 +84,20 @@ class Demo:
             sys.exit(f"{method} {path}: {r.status_code} {r.text}")
         return r.json()
 
-    def watch(self, run_id: str, until: Any = None, every: float = 2.0) -> dict[str, Any]:
-        shown = None
+    def watch(self, run_id: str, until: Any = None, every: float = 2.0, proposals: bool = False) -> dict[str, Any]:
+        shown, proposed = None, None
         while True:
             run = self.call("GET", f"/v1/runs/{run_id}")
             if (run["status"], run["attempt"]) != shown:
                 shown = (run["status"], run["attempt"])
                 print(f"  {run['status']} (attempt {run['attempt']})" + (f": {run['message']}" if run["message"] else ""))
             print("  " + progress_line(run), flush=True)
+            if proposals and "sim_acc_1" in run["latest"]:
+                proposal = self.call("GET", f"/v1/runs/{run_id}/proposal")
+                if (proposal["step"], proposal["action"]) != proposed:  # once per validation
+                    proposed = (proposal["step"], proposal["action"])
+                    print(f"  >> live proposal after the validation at step {proposal['step']}: GET /v1/runs/{{id}}/proposal")
+                    print(proposal_lines(proposal), flush=True)
             if run["status"] in TERMINAL or (until and until(run)):
                 return run
             time.sleep(every)
@@ -137,6 +150,47 @@ def acceptance_table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def proposal_lines(p: dict[str, Any]) -> str:
+    """The proposal as a user reads it: the one line, then the figures it rests on."""
+    lines = [f"     {p['summary']}"]
+    lines.append("     sim_acc_k (conditional acceptance by draft position, validation data): "
+                 + " ".join(f"{a:.2f}" for a in p["sim_acc"]))
+    if p["action"] == "restart":
+        lines.append(f"     GPU-hours: {p['restart_gpu_hours']:.3g} for the restart on {p['gpus']} processes "
+                     f"({p['extra_gpu_hours']:.3g} more than finishing); tokens/s on the deployment box "
+                     f"{p['tokens_per_second_now']:.1f} -> {p['tokens_per_second_after']:.1f}"
+                     if p.get("extra_gpu_hours") is not None else "     (no measured step yet to price it)")
+    terms = next((r["terms"] for r in (p.get("advice") or {}).get("by_depth", [])
+                  if r["depth"] == (p.get("depth_after") or p.get("depth_now"))), None)
+    if terms:
+        lines.append(f"     a round at that depth: verifier {terms['verifier_ms']:.2f} ms + its {terms['verifier_allreduces']} "
+                     f"all-reduces {terms['verifier_allreduce_ms']:.2f} ms + {terms['draft_forwards']} draft forwards "
+                     f"{terms['draft_compute_ms']:.2f} ms + their {terms['draft_allreduces']} collectives "
+                     f"{terms['draft_allreduce_ms']:.2f} ms = {terms['round_ms']:.2f} ms")
+    return "\n".join(lines)
+
+
+def prediction_table(proposal: dict[str, Any], reports: list[dict[str, Any]]) -> str:
+    """The proposal's predicted acceptance after a deeper TTT (made from the TTT=3 run's sim_acc, before the deeper
+    draft existed) beside what both drafts measured in real decoding."""
+    predicted = proposal["predicted_position_acceptance_after"]
+    first, last = reports[0], reports[-1]
+    depth = min(len(predicted), len(last["position_acceptance"]), len(first["position_acceptance"]))
+    lines = [f"  the proposal ({proposal['action'].replace('_', ' ')}) predicted from TTT=3's sim_acc; measured: real "
+             "decoding of held-out prompts",
+             f"    position  P(1..k accepted): predicted  TTT={first['ttt_steps']} measured  "
+             f"TTT={last['ttt_steps']} measured"]
+    for k in range(depth):
+        lines.append(f"    {k + 1:>8}  {predicted[k]:25.2f}  {first['position_acceptance'][k]:14.2f}  "
+                     f"{last['position_acceptance'][k]:14.2f}")
+    at = min(proposal["depth_after"] or depth, depth)
+    taus = [next((r["mean_accepted"] for r in rep["by_depth"] if r["depth"] == at), None) for rep in (first, last)]
+    if None not in taus:
+        lines.append(f"  τ at depth {at}: predicted {1 + sum(predicted[:at]):.2f}; measured TTT={first['ttt_steps']} "
+                     f"{taus[0]:.2f}, TTT={last['ttt_steps']} {taus[1]:.2f}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-regenerate", action="store_true",
@@ -154,18 +208,36 @@ def main() -> int:
                             "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05,
                             "eval_corpus": str(verifier / "corpus" / "heldout.txt"), "eval_max_depth": 6,
                             "eval_samples": EVAL_PROMPTS, "eval_new_tokens": EVAL_NEW_TOKENS}}
-        say("4. submit the TTT=3 draft training on 2 processes: POST /v1/runs")
+        say("4. the deployment box: measure its all-reduce times, POST /v1/hosts/local/interconnect")
+        demo.call("POST", "/v1/hosts/local/interconnect", json={"tp": 2})
+        while (box := demo.call("GET", "/v1/hosts/local/interconnect"))["status"] == "pending":
+            time.sleep(0.5)
+        if box["status"] != "measured":
+            sys.exit(f"probe-interconnect: {box['message']}")
+        print(f"  tp={box['tp']} on {', '.join(box['gpus'])}, {box['nccl_env'] or 'default transport'}: "
+              + " ".join(f"{r['bytes'] // 1024}K:{r['us']:.0f}us" for r in box["allreduce"][:6]))
+        spec["deploy"] = {"host": "local", "tp": 2, "engine": "sglang", "max_depth": 5}
+        say("5. submit the TTT=3 draft training on 2 processes, to be served by SGLang at tp=2 there, at most "
+            "5 deep: POST /v1/runs")
         run = demo.call("POST", "/v1/runs", json=spec)
         print(f"  run {run['id']}: torchrun --nproc-per-node=2 -m trainer.train ... --ttt-steps 3")
-        first = demo.watch(run["id"], every=3)
+        first = demo.watch(run["id"], every=3, proposals=True)
         if first["status"] != "succeeded":
             print(demo.call("GET", f"/v1/runs/{run['id']}/logs", params={"tail": 30})["lines"])
             return 1
-        say("5. the deployment box is PCIe-only: what would TTT=5 cost? POST /v1/runs/{id}/restart?dry_run=true")
-        change = {"overrides": {"ttt_steps": 5}, "clean": True}
+        say("6. the proposal after the last validation, and its restart: GET /v1/runs/{id}/proposal")
+        proposal = demo.call("GET", f"/v1/runs/{run['id']}/proposal")
+        print(proposal_lines(proposal))
+        if proposal["action"] == "restart":
+            change = proposal["restart"]
+            print(f"  taking it: POST /v1/runs/{{id}}/restart {change}")
+        else:
+            change = {"overrides": {"ttt_steps": 5}, "clean": True}
+            print(f"  the service says {proposal['action']}; the demo restarts at TTT=5 anyway to show the loop")
         dry = demo.call("POST", f"/v1/runs/{run['id']}/restart", params={"dry_run": "true"}, json=change)
-        print(f"  predicted {dry['predicted_duration_seconds']:.0f}s; basis: {dry['basis']}")
-        say("6. restart at TTT=5: stop and verify, clean the output directory, relaunch as attempt 2")
+        print(f"  dry run: predicted {dry['predicted_duration_seconds']:.0f}s; basis: {dry['basis']}")
+        deeper = change["overrides"]["ttt_steps"]
+        say(f"7. restart at TTT={deeper}: stop and verify, clean the output directory, relaunch as attempt 2")
         demo.call("POST", f"/v1/runs/{run['id']}/restart", json=change)
         final = demo.watch(run["id"], every=3)
         second = final["attempts"][-1]
@@ -173,12 +245,15 @@ def main() -> int:
             print(f"  attempt 2 took {second['actual_duration_seconds']:.0f}s; the dry run predicted "
                   f"{second['predicted_duration_seconds']:.0f}s (error {second['prediction_error'] * 100:+.0f}%)")
         latest = final["latest"]
-        print("  per-step accuracy of the TTT=5 draft: " +
-              " ".join(f"acc_{k} {latest[f'acc_{k}']:.2f}" for k in range(5) if f"acc_{k}" in latest))
-        say("7. acceptance by depth and position, measured with the verifier on held-out prompts")
+        print(f"  per-step accuracy of the TTT={deeper} draft: " +
+              " ".join(f"acc_{k} {latest[f'acc_{k}']:.2f}" for k in range(deeper) if f"acc_{k}" in latest))
+        say("8. acceptance by depth and position, measured with the verifier on held-out prompts")
         reports = demo.call("GET", f"/v1/runs/{run['id']}/evaluation")["by_attempt"]
         print(acceptance_table(reports))
-        say("8. the advisor: expected tokens/s of a 70B-class verifier at tp=8, per interconnect")
+        if proposal["predicted_position_acceptance_after"]:
+            say(f"9. the proposal's prediction beside the TTT={deeper} draft's measured acceptance")
+            print(prediction_table(proposal, reports))
+        say("10. the advisor: expected tokens/s of a 70B-class verifier at tp=8, per interconnect")
         for link in ("nvlink", "pcie"):
             advice = demo.call("GET", f"/v1/runs/{run['id']}/advice", params={"interconnect": link, "tp": 8})
             speeds = " ".join(f"{row['depth']}:{row['tokens_per_second']:.0f}" for row in advice["by_depth"])
