@@ -2,22 +2,25 @@
 when the service's depth proposal for a run changes (server/proposal.py).
 
 The worker's tick only reads the events table and queues what it finds; a thread of the notifier's own
-posts each notification, signed with an HMAC-SHA256 of the shared secret, and retries a failed post with
-exponential backoff, so a receiver that is slow or down delays no run. The cursor is in memory: a
+posts each notification, signed with an HMAC-SHA256 of the shared secret, each within one deadline
+(LONGRUN_WEBHOOK_TIMEOUT, however the receiver answers), and retries a failed post with exponential backoff, so
+a receiver that is slow, down or dripping delays no run and holds the next notification no longer than that. The cursor is in memory: a
 notifier starts at the newest event, and one process (the embedded worker, say) should have the URL set.
 """
 
 import hashlib
 import heapq
 import hmac
+import http.client
 import json
 import logging
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 from sqlalchemy import func, select
 
 from server.config import Settings
@@ -30,6 +33,8 @@ log = logging.getLogger("longrun.notifier")
 # the first retry waits this long, each later one twice the one before, up to the cap
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 300.0
+# of a receiver's answer only the status counts; its body is read up to this and dropped
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,6 @@ class WebhookNotifier:
         self._order = 0
         self._wake = threading.Condition()
         self._stopped = False
-        self._client = httpx.Client(timeout=settings.webhook_timeout)
         self._thread = threading.Thread(target=self._deliver_forever, name="longrun-webhooks", daemon=True)
         self._thread.start()
 
@@ -117,7 +121,6 @@ class WebhookNotifier:
             self._stopped = True
             self._wake.notify()
         self._thread.join(timeout=self.settings.webhook_timeout + 1)
-        self._client.close()
 
     def _schedule(self, note: Notification, tries: int, when: float) -> None:
         with self._wake:
@@ -145,11 +148,39 @@ class WebhookNotifier:
             headers |= {"X-Longrun-Timestamp": stamp,
                         "X-Longrun-Signature": signature(self.settings.webhook_secret, stamp, body)}
         try:
-            response = self._client.post(self.settings.webhook_url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            log.warning("webhook %s for run %s not delivered: %s", note.event, note.run_id, exc)
+            status = post_within(self.settings.webhook_url, body, headers, self.settings.webhook_timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            log.warning("webhook %s for run %s not delivered within %gs: %s", note.event, note.run_id,
+                        self.settings.webhook_timeout, exc.__class__.__name__)
             return False
-        if response.is_success:
+        if 200 <= status < 300:
             return True
-        log.warning("webhook %s for run %s refused: HTTP %s", note.event, note.run_id, response.status_code)
+        log.warning("webhook %s for run %s refused: HTTP %s", note.event, note.run_id, status)
         return False
+
+
+def post_within(url: str, body: bytes, headers: dict[str, str], seconds: float) -> int:
+    """POST `body` and return the answer's status, all within `seconds`: a receiver that answers a byte at a time
+    is cut off at the deadline (a socket timeout alone counts each read apart). Redirects are not followed."""
+    parts = urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname or "", parts.port, timeout=seconds)
+    deadline = threading.Timer(seconds, _cut, args=(connection,))
+    deadline.start()
+    try:
+        connection.request("POST", parts.path + (f"?{parts.query}" if parts.query else "") or "/", body, headers)
+        response = connection.getresponse()
+        response.read(MAX_ANSWER_BYTES)
+        return response.status
+    finally:
+        deadline.cancel()
+        connection.close()
+
+
+def _cut(connection: http.client.HTTPConnection) -> None:
+    """End a delivery at its deadline: a shut-down socket wakes the read that waits on it."""
+    if connection.sock is not None:
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -12,7 +12,7 @@ from server.lifecycle import RunStatus, host_unreachable, transition
 from server.models import Run
 from tests.inprocess import App
 from tests.service import Service, kill_leftovers, toy_spec
-from tests.worker.webhook_receiver import Receiver
+from tests.worker.webhook_receiver import Dripper, Receiver
 from worker.notifier import WebhookNotifier, signature
 
 S = RunStatus
@@ -122,3 +122,22 @@ def test_a_real_server_notifies_each_change_and_a_hung_receiver_delays_nothing(t
             kill_leftovers(svc.workspace)
         receiver.close()
         hung.close()
+
+
+def test_a_receiver_dripping_a_byte_every_2s_holds_a_delivery_no_longer_than_its_timeout(api: App) -> None:
+    dripper = Dripper(every=2.0)
+    notifier = WebhookNotifier(api.db, Settings(home=api.settings.home, webhook_url=dripper.url, webhook_timeout=3,
+                                                webhook_tries=1))
+    try:
+        first, second = (api.submit(name=n)["id"] for n in ("first", "second"))
+        api.move(first, S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
+        api.move(second, S.LAUNCHING, S.RUNNING, S.FAILED)
+        started = time.monotonic()
+        assert len(notifier.run_once()) == 2
+        assert time.monotonic() - started < 1, "the worker's tick only queues"
+        wait_for("the second delivery", lambda: dripper.answered, timeout=30)
+        # the first call is given up at its 3 s deadline (before: held for as long as the bytes dripped)
+        assert dripper.answered[0] - dripper.calls[0] < 5, dripper.answered[0] - dripper.calls[0]
+    finally:
+        notifier.close()
+        dripper.close()
