@@ -3,7 +3,8 @@
 import json
 import logging
 import os
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 import typer
 
@@ -25,10 +26,37 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(line)
 
 
+# what may end a line on a terminal or in a log reader: C0 controls but the tab, DEL, C1, the Unicode separators
+LINE_BREAKING = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters escaped: a host's field or a job's words cannot start a log line."""
+    return LINE_BREAKING.sub(lambda m: _ESCAPES.get(m[0]) or f"\\u{ord(m[0]):04x}", text)
+
+
+class PlainLineFormatter(logging.Formatter):
+    """One line per record, whatever the stored or host strings in its message; a traceback follows indented, so
+    that no line of it reads as a record of its own."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802  (logging's name)
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return "\n".join("    " + one_line(line) for line in super().formatException(ei).split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return "\n".join("    " + one_line(line) for line in stack_info.split("\n"))
+
+
 def configure_logging(as_json: bool) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonLineFormatter() if as_json else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLineFormatter() if as_json else PlainLineFormatter())
     level = os.environ.get("LONGRUN_LOG_LEVEL", "INFO")
     logging.basicConfig(level=level, handlers=[handler], force=True)
     if level.upper() != "DEBUG":

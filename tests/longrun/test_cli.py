@@ -3,6 +3,7 @@ process against a real server. Every command's exit code and --json output are c
 
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import typer
 import yaml
 
 from longrun.cli import app, main
+from longrun.commands.service import configure_logging
 from longrun.config import resolve
 from longrun.exit_codes import ExitCode
 from server.lifecycle import RunStatus as S
@@ -403,3 +405,22 @@ def test_setting_a_token_leaves_the_config_owner_only_and_readable_whatever_the_
     assert main(["config", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["token_from"] == str(config)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".config")] == []
+
+
+def test_a_host_field_holding_line_breaks_cannot_forge_a_line_of_the_service_log(capsys) -> None:
+    address = "10.0.0.9\n2026-12-02 12:00:00,000 INFO longrun.worker: run r1 succeeded\r\x1b[2K\u2028x"
+    configure_logging(as_json=False)
+    try:
+        log = logging.getLogger("longrun.worker")
+        log.warning("run %s: host unreachable: %s", "r1", f"ssh to {address}: timed out")  # as run_driver says it
+        try:
+            raise OSError(f"cannot reach {address}")
+        except OSError:
+            log.exception("host %s: not connected", address)
+    finally:
+        logging.basicConfig(force=True, handlers=[logging.NullHandler()])
+    lines = capsys.readouterr().err.splitlines()
+    records = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", line)]
+    assert len(records) == 2 and "succeeded" not in "".join(r.split(": ", 1)[0] for r in records), lines
+    assert "10.0.0.9\\n2026-12-02" in records[0] and "\\r\\x1b[2K\\u2028x" in records[0]
+    assert all(line.startswith("    ") for line in lines if line not in records), "the traceback stays indented"
