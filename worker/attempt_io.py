@@ -10,7 +10,7 @@ from server.lifecycle import NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
-from worker.ingest import store_log, store_log_metrics, store_metrics
+from worker.ingest import say_truncated, store_log, store_log_metrics, store_metrics
 from worker.protocol import GpuView, ProbeAnswer, ReadFrom
 
 
@@ -46,6 +46,8 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
         node, a = nodes[p.index], p.answer
         if ReadFrom(node.metrics_offset, node.log_offset) != p.read_from:
             continue
+        if a.truncated is not None:
+            say_truncated(session, run, attempt, p.index, a.truncated)
         if p.index == 0 and a.metrics:
             store_metrics(session, run, attempt, a.metrics, now)
         log_position = (node.log_records, node.log_midline)

@@ -39,6 +39,7 @@ MAX_SERIES_PER_RUN = 1024
 # the event that says so, once per run
 SERIES_REFUSED = "series_refused"
 PATTERN_SLOW = "log_pattern_slow"
+FILE_TRUNCATED = "file_truncated"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -226,6 +227,17 @@ def _say_patterns_slow(session: Session, run: Run, attempt: Attempt, patterns: l
                        f"the log (a search that backtracks without end?): it is left out of the rest of each read "
                        "where it does; the other patterns and formats go on. Make it simpler (anchor it, avoid nested "
                        "repeats) and restart"}))
+
+
+def say_truncated(session: Session, run: Run, attempt: Attempt, node: int, truncated: dict[str, Any]) -> None:
+    """An event saying that the job cut its metrics file short: what it wrote there since is read from the start,
+    numbered after the lines already stored (none of those is lost or doubled)."""
+    session.add(Event(run_id=run.id, kind=FILE_TRUNCATED, data={
+        "attempt": attempt.number, "node": node, "file": truncated["file"], "offset": truncated["offset"],
+        "message": f"attempt {attempt.number} node {node}: the job truncated {truncated['file']} below the "
+                   f"{truncated['offset']} bytes already read; it is read again from its start, and its lines are "
+                   f"stored after the {attempt.metrics_lines} stored before (open the file for appending to keep "
+                   "one series)"}))
 
 
 def _drop_old_metrics_events(session: Session, run_id: str) -> None:

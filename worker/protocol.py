@@ -197,6 +197,8 @@ class ProbeAnswer:
     queue: QueueState | None = None
     # a job that exited non-zero: torch elastic's error file and the log's end (worker/failure_cause.py)
     failure: dict[str, str | None] | None = None
+    # the job truncated its metrics file below the offset read from: {"file", "offset"}, and the read is from 0
+    truncated: dict[str, Any] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -206,7 +208,13 @@ class ProbeAnswer:
                    _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
                    GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
                    _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
-                   QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")))
+                   QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")), _truncated(raw.get("truncated")))
+
+
+def _truncated(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("offset"), int) or not isinstance(raw.get("file"), str):
+        return None
+    return {"file": raw["file"][:255], "offset": raw["offset"]}
 
 
 def _failure(raw: Any) -> dict[str, str | None] | None:

@@ -5,7 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from server.db import Database
-from server.models import Attempt, MetricPoint, Run, utcnow
+from server.models import Attempt, Event, MetricPoint, Run, utcnow
 from worker.attempt_io import probe_nodes, store_probes
 from worker.host_agent import HostAgent
 from worker.ingest import store_metrics
@@ -125,3 +125,35 @@ def test_metric_lines_across_read_boundaries_and_one_half_written_with_a_raw_cr_
     assert _steps(db) == list(range(n))
     with db.reading() as s:
         assert s.query(Attempt).one().metrics_lines == n
+
+
+TRUNCATING_JOB = """
+import json, os, sys, time
+path = os.environ["LONGRUN_METRICS_FILE"]
+with open(path, "a") as f:
+    for i in range(10):
+        f.write(json.dumps({"step": i, "loss": 1.0}) + "\\n")
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+with open(path, "w") as f:  # written anew: truncated, and shorter than what was read
+    for i in range(10, 15):
+        f.write(json.dumps({"step": i, "loss": 0.5}) + "\\n")
+"""
+
+
+def test_a_metrics_file_the_job_truncates_is_read_again_from_its_start_and_said(db: Database, tmp_path: Path) -> None:
+    agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
+    d = agent.layout.attempt_dir("r", 1)
+    go = tmp_path / "go"
+    _add_attempt(db, {"entrypoint": "/opt/train.py", "host": "local"}, d)
+    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", TRUNCATING_JOB, str(go)], {}))
+    deadline = time.time() + 30
+    while len(_steps(db)) < 10:
+        assert time.time() < deadline
+        _drain(db, agent, until_ended=False)
+    go.touch()
+    _drain(db, agent)
+    assert _steps(db) == list(range(15)), "none of the lines written after the truncation is lost"
+    with db.reading() as s:
+        events = [e.data for e in s.query(Event).filter_by(run_id="r", kind="file_truncated")]
+    assert len(events) == 1 and events[0]["file"] == "metrics.jsonl" and "truncated" in events[0]["message"]

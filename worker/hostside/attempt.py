@@ -47,8 +47,12 @@ def probe(req):
         out.update(sweep(d, None if slurm else out["pid"]))
     limit = int(req.get("limit", 4 << 20))
     # a metric line ends at a newline only: a raw \r inside one is part of it
-    metrics, m_off, m_more = read_from(os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit,
-                                       line_ends=b"\n")
+    metrics_path, metrics_offset = os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0))
+    if _shorter_than(metrics_path, metrics_offset):
+        # the job truncated its metrics file (and may have written it anew): read it again from its start
+        out["truncated"] = {"file": METRICS_FILE, "offset": metrics_offset}
+        metrics_offset = 0
+    metrics, m_off, m_more = read_from(metrics_path, metrics_offset, limit, line_ends=b"\n")
     # tqdm redraws its bar after a carriage return, without a newline until the bar closes; once the job is over
     # its last, unterminated log line is final: hand it back too
     log, l_off, l_more = read_from(os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit,
@@ -63,6 +67,13 @@ def probe(req):
         out["failure"] = {"error_file": tail(os.path.join(d, ERROR_FILE), FAILURE_BYTES),
                           "log_tail": tail(os.path.join(d, LOG_FILE), FAILURE_BYTES)}
     return out
+
+
+def _shorter_than(path, offset):
+    try:
+        return os.stat(path).st_size < offset
+    except FileNotFoundError:
+        return offset > 0
 
 
 def cancel(req):
