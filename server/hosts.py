@@ -1,6 +1,7 @@
 """Host commands and queries: registration, lookup, asking the worker for a fresh GPU snapshot or an
 interconnect probe, and the measured all-reduce table the advisor uses for a deployment host."""
 
+import os
 import sys
 
 from sqlalchemy import select
@@ -8,16 +9,33 @@ from sqlalchemy.orm import Session
 
 from server.advisor.tables import Table
 from server.config import Settings
-from server.errors import Conflict, NotFound, Unavailable
+from server.errors import Conflict, FieldError, NotFound, Unavailable
 from server.lifecycle import ACTIVE
 from server.models import Host, Run, utcnow
 from server.schemas import HostCreate, HostUpdate
 from server.wakeup import wake_workers
 
+# where a workspace must not lead, once its symlinks are followed: longrun writes and cleans under it
+SYSTEM_DIRECTORIES = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt",
+                                "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
+
+
+def check_workspace(address: str, workspace: str) -> None:
+    """Refuse a workspace on this machine (the `local` address) whose real path, its symlinks followed, is the
+    root or a system directory. (A remote host's workspace is resolved there, by `clean`, before anything is
+    removed under it.)"""
+    if address != "local":
+        return
+    real = os.path.realpath(workspace)
+    if real in SYSTEM_DIRECTORIES:
+        raise FieldError(("body", "workspace"), f"workspace {workspace!r} leads to {real} (its symlinks followed): "
+                         "give a directory of longrun's own, e.g. /srv/longrun")
+
 
 def register_host(session: Session, spec: HostCreate) -> Host:
     if session.scalar(select(Host).where(Host.name == spec.name)) is not None:
         raise Conflict(f"a host named {spec.name!r} exists already")
+    check_workspace(spec.address, spec.workspace)
     host = Host(**spec.model_dump())
     session.add(host)
     session.flush()
@@ -43,6 +61,8 @@ def update_host(session: Session, name: str, change: HostUpdate) -> Host:
     if "workspace" in fields and fields["workspace"] != host.workspace and (using := runs_using(session, name)):
         raise Conflict(f"{name}'s workspace holds the files of {_in_use(using)}: change it once they have ended "
                        f"(`longrun cancel RUN`)")
+    if fields.keys() & {"address", "workspace"}:
+        check_workspace(fields.get("address", host.address), fields.get("workspace", host.workspace))
     for field, value in fields.items():
         setattr(host, field, value)
     if fields.keys() - {"python"}:

@@ -194,3 +194,19 @@ def test_a_job_clock_an_hour_off_moves_neither_the_eta_nor_the_startup(api: App,
     assert shown["progress"] == 0.1 and shown["attempts"][0]["seconds_per_step"] == pytest.approx(1.0)
     assert 85 < shown["eta_seconds"] <= 90, "90 steps of 1 s left, whatever the job's clock says"
     assert shown["attempts"][0]["first_step_at"] == shown["attempts"][0]["started_at"]
+
+
+@pytest.mark.parametrize("target", ["/", "/etc", "/usr"])
+def test_a_local_workspace_that_is_a_symlink_to_the_root_or_a_system_directory_is_refused(
+        api: App, tmp_path: Path, target: str) -> None:
+    link = tmp_path / "ws-link"
+    link.symlink_to(target)
+    r = api.client.post("/v1/hosts", json={"name": "here", "address": "local", "workspace": str(link / ".")})
+    assert r.status_code == 422 and f"leads to {target}" in r.text, r.text
+    assert api.client.get("/v1/hosts/here").status_code == 404
+    real = tmp_path / "real-ws"
+    real.mkdir()
+    assert api.client.post("/v1/hosts", json={"name": "here", "address": "local",
+                                              "workspace": str(real)}).status_code == 201
+    moved = api.client.patch("/v1/hosts/here", json={"workspace": str(link)})
+    assert moved.status_code == 422 and f"leads to {target}" in moved.text
