@@ -154,9 +154,13 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
     refused: list[str] = []
+    # lines without the job's time all get this read's time: their step rate is measured once, over the read,
+    # from the last step they reach (per line, each read's first line would count the whole read as one step)
+    untimed_step, final = None, None
     for i, obj, step_seconds in records:
         step = _as_step(obj.get("step"))
         when = _as_time(obj.get("time"), now)
+        timed = when is not now
         for name, value in obj.items():
             if not _is_series(name, value):
                 continue
@@ -179,12 +183,20 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
                 attempt.first_step_at = now
             if step_seconds is not None and _as_number(step_seconds) is not None and step_seconds >= 0:
                 sec_per_step = fold_step_time(sec_per_step, step_seconds)
+            elif not timed:
+                untimed_step = step if untimed_step is None else max(untimed_step, step)
             else:
                 sec_per_step = update_step_rate(sec_per_step, last_step, last_time, step, ts)
             if last_step is None or step > last_step:
                 attempt.step_seen_at = now
-            last_step, last_time = step, ts
+            if timed or step_seconds is not None:
+                last_step, last_time = step, ts
+            final = (step, ts)
             latest["step"] = step
+    if untimed_step is not None:
+        sec_per_step = update_step_rate(sec_per_step, last_step, last_time, untimed_step, now.timestamp())
+    if final is not None:
+        last_step, last_time = final
     _insert_ignore(session, MetricPoint.__table__, rows)
     attempt.sec_per_step, attempt.last_step = sec_per_step, last_step
     if last_time is not None:
