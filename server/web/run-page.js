@@ -185,6 +185,8 @@ export function showRun(root, runId, signal) {
   const smoothToggle = el("select", { id: "smoothing", onchange: (e) => { smoothing = Number(e.target.value); drawCharts(); } },
     ...[["0.6", "smoothed 0.6"], ["0.9", "smoothed 0.9"], ["0", "raw"]].map(([value, label]) => el("option", { value }, label)));
   const gpuNote = el("p", { id: "gpu-note", class: "muted small" });
+  const simBox = el("div", { class: "chart", id: "chart-sim" });
+  let simChart = null;
   const attemptsBox = el("div", { id: "attempts" });
   const evaluationBox = el("div", { id: "evaluation" });
   const logBox = el("pre", { id: "log", class: "log" });
@@ -198,7 +200,7 @@ export function showRun(root, runId, signal) {
     section("Actions", "actions-card", actions, restartBox),
     section("Proposal", "proposal-card", proposalBox),
     section("Charts", "charts", el("div", { class: "toolbar" }, el("label", { class: "small" }, "x axis ", xToggle),
-      el("label", { class: "small" }, "training curves ", smoothToggle)), gpuNote, el("div", { class: "grid" }, chartBoxes)),
+      el("label", { class: "small" }, "training curves ", smoothToggle)), gpuNote, el("div", { class: "grid" }, chartBoxes, simBox)),
     section("Attempts", "attempts-card", attemptsBox),
     section("Evaluation", "evaluation-card", evaluationBox),
     section("Log", "log-card", el("div", { class: "toolbar" }, el("label", {}, follow, " follow"), el("label", {}, "node ", nodeSelect)), logBox));
@@ -241,6 +243,24 @@ export function showRun(root, runId, signal) {
       const lines = store.lines(names, xMode, c.spec.smooth ? smoothing : 0);
       c.chart.update(lines, markers(lines));
     }
+    drawSim();
+  }
+
+  // the simulated acceptance at each draft position k = 1..16 of each attempt's newest validation (trainer's
+  // --sim-depth): how acceptance falls past the trained depth, while the run trains
+  function drawSim() {
+    simChart ??= new LineChart(simBox, { title: "Simulated acceptance by position (sim_acc_k, last validation)",
+      xLabel: "position k", yLabel: "P(accepted | earlier accepted)" });
+    const byAttempt = new Map();
+    for (const name of store.names((n) => /^sim_acc_\d+$/.test(n))) {
+      for (const [attempt, points] of store.byName.get(name)) {
+        const newest = points.reduce((a, b) => ((b.step ?? -1) >= (a.step ?? -1) ? b : a));
+        if (!byAttempt.has(attempt)) byAttempt.set(attempt, []);
+        byAttempt.get(attempt).push([Number(name.slice("sim_acc_".length)), newest.value]);
+      }
+    }
+    simChart.update([...byAttempt].sort((a, b) => a[0] - b[0])
+      .map(([attempt, points]) => ({ name: "sim_acc", attempt, points: points.sort((a, b) => a[0] - b[0]) })));
   }
 
   // a host whose snapshot says it has no usable GPU gets no GPU charts (they would say "no points yet" forever)
@@ -279,6 +299,7 @@ export function showRun(root, runId, signal) {
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
       ["Last loss (Σ over TTT steps)", number(run.latest?.loss)],
+      ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.sim_tau_16, 3))],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
     replace(summary, facts.map(([label, value]) => el("div", { class: "fact" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))));
@@ -524,7 +545,8 @@ export function showRun(root, runId, signal) {
     setInterval(loadRun, RUN_POLL_MS),
     setInterval(() => { if (follow.checked) loadLogs(); }, LOG_POLL_MS),
   ];
-  const onResize = () => charts.concat([{ chart: accept.position }, { chart: accept.depth }]).forEach((c) => c.chart?.resize());
+  const onResize = () => charts.concat([{ chart: accept.position }, { chart: accept.depth }, { chart: simChart }])
+    .forEach((c) => c.chart?.resize());
   window.addEventListener("resize", onResize);
   signal.addEventListener("abort", () => {
     timers.forEach(clearInterval);

@@ -37,6 +37,10 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     hold_gpu(web, web.run(run["id"]), 87)
     assert "acc_2" in legend(page, "acc") and "acc_3" not in legend(page, "acc")
     wait_for_points(page, "throughput", 0)
+    # the simulated acceptance of the newest validation, position by position past the trained depth
+    wait_for_points(page, "sim", 15, timeout=180_000)
+    assert "sim_acc · attempt 1" in legend(page, "sim")
+    expect(page.locator("#sim-tau")).to_have_text(re.compile(r"^\d+(\.\d+)?$"))
 
     assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
     release_gpus(web)
