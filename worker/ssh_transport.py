@@ -6,11 +6,8 @@ retried with exponential backoff for at most `connect_timeout`, and callers that
 get its error at once instead of each waiting their own turn. Host keys are verified, never
 learned: the key given at registration, else the user's known_hosts.
 
-The registered address may be a `Host` alias of the worker user's ~/.ssh/config (or LONGRUN_SSH_CONFIG; empty
-turns it off), read as OpenSSH reads it through paramiko's parser: `HostName`, `User`, `Port`, `IdentityFile`
-and `ProxyJump` (a chain of `[user@]host[:port]` hops, each looked up in the same file, each host key verified
-from known_hosts). What the registration sets wins over the file, as OpenSSH's command line does, except port 22,
-the registration's default, which yields to the file's `Port`.
+The registered address may be an alias of the worker user's ~/.ssh/config, reached through its ProxyJump hops
+(worker/ssh_reach.py, with the key helpers).
 
 Commands run under /bin/sh whatever the user's login shell, as with LocalTransport. A command
 killed by a signal on the host reports returncode -1 (SSH carries no number for it).
@@ -19,92 +16,32 @@ Errors (worker/host_errors.py): `HostUnreachable` when the host did not answer, 
 key nobody trusted (nothing was run there), `AuthRefused` when the host refused our key.
 """
 
-import base64
-import binascii
-import getpass
 import os
 import selectors
 import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import paramiko
 import tenacity
 
 from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
+from worker.ssh_reach import (
+    RejectUnknownKey,
+    describe_key,
+    load_key,
+    open_jump_channel,
+    parse_public_key,
+    read_ssh_config,
+    resolve,
+    tcp_socket,
+)
 from worker.transport_interface import CommandResult, Transport
 
 # OpenSSH allows 10 sessions per connection by default (MaxSessions): queue beyond that
 MAX_CHANNELS = 8
 READ_SIZE = 1 << 16
-
-
-def parse_public_key(line: str) -> paramiko.PKey:
-    """An OpenSSH public key line, "ssh-ed25519 AAAA... [comment]", as a paramiko key."""
-    parts = line.split()
-    if len(parts) < 2:
-        raise ValueError(f"not an OpenSSH public key line (expected 'TYPE BASE64 [comment]'): {line!r}")
-    try:
-        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
-    except (binascii.Error, paramiko.SSHException, ValueError) as exc:
-        raise ValueError(f"not a usable {parts[0]} public key: {exc}") from exc
-
-
-def describe_key(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} {key.fingerprint}"
-
-
-class _RejectUnknownKey(paramiko.RejectPolicy):
-    def __init__(self, advice: Callable[[paramiko.PKey], str]):
-        self.advice = advice
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise HostKeyRefused(f"host {hostname} presented an unknown host key ({describe_key(key)}); "
-                           f"refusing to connect. {self.advice(key)}")
-
-
-def read_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
-    """The OpenSSH client config at `path` (default LONGRUN_SSH_CONFIG, else ~/.ssh/config); None when absent."""
-    path = os.environ.get("LONGRUN_SSH_CONFIG", "~/.ssh/config") if path is None else path
-    if not path:
-        return None
-    try:
-        return paramiko.SSHConfig.from_path(os.path.expanduser(path))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, paramiko.ConfigParseError) as exc:
-        raise HostUnreachable(f"cannot read the SSH config {path}: {exc}") from exc
-
-
-def _resolve(config: paramiko.SSHConfig | None, name: str, port: int | None, username: str | None,
-             key_path: str | None) -> tuple[str, int, str, str | None, str | None]:
-    """(address, port, user, key path, ProxyJump) for `name`, the given values winning over the config's."""
-    entry = config.lookup(name) if config is not None else {}
-    address = entry.get("hostname", name)
-    if port in (None, 22) and "port" in entry:
-        port = int(entry["port"])
-    user = username or entry.get("user") or getpass.getuser()
-    if key_path is None:
-        key_path = next((k for k in map(os.path.expanduser, entry.get("identityfile", [])) if os.path.exists(k)),
-                        None)
-    jump = entry.get("proxyjump")
-    return address, port or 22, user, key_path, None if jump in (None, "none") else jump
-
-
-def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` (or `ssh://user@host:port`) of a ProxyJump list."""
-    hop = hop.strip().removeprefix("ssh://")
-    user, _, rest = hop.rpartition("@")
-    host, port = rest, None
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, _, number = rest.partition(":")
-        port = int(number)
-    return user or None, host, port
 
 
 def _worth_retrying(exc: BaseException) -> bool:
@@ -122,7 +59,7 @@ class SSHTransport(Transport):
         self.alias = address
         self.name = name  # the host's name in longrun, for the commands an error suggests
         self.ssh_config = read_ssh_config(ssh_config)
-        self.address, self.port, self.username, key_path, self.proxy_jump = _resolve(
+        self.address, self.port, self.username, key_path, self.proxy_jump = resolve(
             self.ssh_config, address, port, username, key_path)
         self.key_path = os.path.expanduser(key_path) if key_path else None
         try:
@@ -168,7 +105,7 @@ class SSHTransport(Transport):
 
     def _new_client(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(_RejectUnknownKey(self._trust_advice))
+        client.set_missing_host_key_policy(RejectUnknownKey(self._trust_advice))
         if self.host_key is not None:
             client.get_host_keys().add(self.host_name, self.host_key.get_name(), self.host_key)
         elif os.path.exists(self.known_hosts):
@@ -178,70 +115,12 @@ class SSHTransport(Transport):
                 raise HostKeyRefused(f"cannot read known_hosts file {self.known_hosts}: {exc}") from exc
         return client
 
-    @staticmethod
-    def _load_key(key_path: str | None) -> paramiko.PKey | None:
-        if key_path is None:
-            return None
-        try:
-            return paramiko.PKey.from_path(key_path)
-        # cryptography raises TypeError for an encrypted key opened without a passphrase
-        except (paramiko.PasswordRequiredException, TypeError) as exc:
-            raise AuthRefused(f"the SSH key {key_path} is protected by a passphrase; give the host "
-                            "a key without one (longrun cannot prompt)") from exc
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise AuthRefused(f"cannot load the SSH key {key_path}: {exc}") from exc
-
     def _open_socket(self, timeout: float) -> socket.socket | paramiko.Channel:
         if self.proxy_jump:
-            return self._open_jump_channel(timeout)
-        return self._tcp_socket(self.address, self.port, timeout)
-
-    def _tcp_socket(self, address: str, port: int, timeout: float) -> socket.socket:
-        sock = socket.create_connection((address, port), timeout=timeout)
-        # commands are a few small packets each: Nagle plus delayed ACKs would add ~40 ms to each
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        # paramiko's keepalive only sends; the kernel is what notices a peer that stopped answering
-        if self.keepalive and hasattr(socket, "TCP_USER_TIMEOUT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, self.keepalive)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, self.keepalive)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.keepalive * 4 * 1000)
-        return sock
-
-    def _open_jump_channel(self, timeout: float) -> paramiko.Channel:
-        """A channel to our host through the ProxyJump hops, as `ssh -J` opens it: a connection to the first
-        hop, a direct-tcpip channel from each hop to the next, the last one to us. The hops' connections are
-        kept in `_jumps` and closed with ours."""
-        deadline = time.monotonic() + timeout
-        hops = [_resolve(self.ssh_config, host, port, user, None)[:4]
-                for user, host, port in map(_parse_hop, self.proxy_jump.split(","))]
-        sock: socket.socket | paramiko.Channel | None = None
-        jumps: list[paramiko.SSHClient] = []
-        try:
-            for (address, port, user, key_path), after in zip(hops, [*hops[1:], (self.address, self.port)], strict=True):
-                left = max(0.1, deadline - time.monotonic())
-                if sock is None:
-                    sock = self._tcp_socket(address, port, left)
-                client = paramiko.SSHClient()
-                jumps.append(client)
-                advice = (f"If you trust the jump host, add its key to {self.known_hosts} (run "
-                          f"`ssh-keyscan -p {port} {address} >> {self.known_hosts}` where it is reachable)")
-                client.set_missing_host_key_policy(_RejectUnknownKey(lambda key, text=advice: text))
-                if os.path.exists(self.known_hosts):
-                    client.load_host_keys(self.known_hosts)
-                pkey = self._load_key(key_path)
-                client.connect(address, port, username=user, pkey=pkey, sock=sock, timeout=left,
-                               banner_timeout=left, auth_timeout=left, channel_timeout=left,
-                               allow_agent=pkey is None, look_for_keys=pkey is None)
-                sock = client.get_transport().open_channel("direct-tcpip", after[:2], ("127.0.0.1", 0),
-                                                           timeout=left)
-        except BaseException:
-            for client in reversed(jumps):
-                client.close()
-            raise
-        self._jumps = jumps
-        return sock
+            channel, self._jumps = open_jump_channel(self.ssh_config, self.proxy_jump, (self.address, self.port),
+                                                     self.known_hosts, timeout, self.keepalive)
+            return channel
+        return tcp_socket(self.address, self.port, timeout, self.keepalive)
 
     def _close_jumps(self) -> None:
         jumps, self._jumps = self._jumps, []
@@ -249,7 +128,7 @@ class SSHTransport(Transport):
             client.close()
 
     def _connect_once(self, deadline: float) -> paramiko.SSHClient:
-        pkey = self._load_key(self.key_path)
+        pkey = load_key(self.key_path)
         client = self._new_client()
         sock = None
         try:
