@@ -13,6 +13,7 @@ from rich.console import Console, RenderableType
 from longrun.client import Client
 from longrun.config import resolve
 
+YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (one object; a stream of them, one per line, "
                                                        "for commands that follow a run) instead of text.")]
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from longrun.commands.common import JsonFlag, begin, confirm, connect, emit
+from longrun.commands.common import JsonFlag, YesFlag, begin, confirm, connect, emit
 from longrun.exit_codes import ExitCode
 from longrun.views import hosts_table
 
@@ -97,7 +97,7 @@ def update(
 def remove(
     ctx: typer.Context,
     name: HostName,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")] = False,
+    yes: YesFlag = False,
     as_json: JsonFlag = False,
 ) -> int:
     """Forget a host (refused while a run that has not ended uses it); nothing on the host is touched."""

@@ -11,7 +11,17 @@ from rich.live import Live
 from rich.text import Text
 
 from longrun.client import TERMINAL, Client, LongrunError
-from longrun.commands.common import JsonFlag, begin, confirm, connect, emit, print_json, stderr, stdout
+from longrun.commands.common import (
+    JsonFlag,
+    YesFlag,
+    begin,
+    confirm,
+    connect,
+    emit,
+    print_json,
+    stderr,
+    stdout,
+)
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, outcome_code
 from longrun.specs import parse_assignments, read_spec
@@ -193,7 +203,7 @@ def cancel(
 def delete(
     ctx: typer.Context,
     run_id: RunId,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")] = False,
+    yes: YesFlag = False,
     as_json: JsonFlag = False,
 ) -> int:
     """Forget an ended run with its metrics, logs and events (refused while it has not ended: cancel it first);
