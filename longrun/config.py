@@ -33,7 +33,8 @@ class Connection:
     token_from: str | None
 
 
-def config_path(env: Mapping[str, str] = os.environ) -> Path:
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env  # looked up per call: a library may rebind os.environ
     if env.get("LONGRUN_CONFIG"):
         return Path(env["LONGRUN_CONFIG"]).expanduser()
     base = env.get("XDG_CONFIG_HOME") or Path.home() / ".config"
@@ -90,8 +91,9 @@ def toml_string(value: str) -> str:
     return '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped) + '"'
 
 
-def resolve(url: str | None = None, token: str | None = None, env: Mapping[str, str] = os.environ) -> Connection:
+def resolve(url: str | None = None, token: str | None = None, env: Mapping[str, str] | None = None) -> Connection:
     """Each setting from its flag, else LONGRUN_URL / LONGRUN_API_TOKEN, else the config file."""
+    env = os.environ if env is None else env
     path = config_path(env)
     file_values = read_config(path)
 

@@ -69,8 +69,10 @@ class TrackedRun:
 
 
 def tracked_run(output_dir: str | Path, tracking_dir: str | Path | None = None,
-                env: Mapping[str, str] = os.environ) -> TrackedRun:
-    attempt_dir = env.get("LONGRUN_ATTEMPT_DIR")
+                env: Mapping[str, str] | None = None) -> TrackedRun:
+    # os.environ is looked up per call, not bound as a default: `datasets` rebinds it (Dataset.map with
+    # num_proc), and a default bound to the old mapping then misses every variable set since
+    attempt_dir = (os.environ if env is None else env).get("LONGRUN_ATTEMPT_DIR")
     if attempt_dir:
         path = Path(attempt_dir)
         if path.name.startswith("node"):  # a later node's dir: <records>/<run>/<attempt>/node<i>

@@ -22,6 +22,7 @@ drives vLLM; SpecForge's in scripts/prepare_hidden_states.py and drives SGLang),
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,11 @@ def write_speculators_arrow(verifier_path: Path, verifier: LlamaForCausalLM,
     captured = [*(layer_ids or [2, num_layers // 2, num_layers - 3]), num_layers]
     raw = HFDataset.from_dict({"input_ids": [ids.tolist() for ids, _ in samples],
                                "loss_mask": [mask.long().tolist() for _, mask in samples]})
-    dataset = build_speculator_training_dataset(raw, None, max_length=4096, num_proc=1)
+    environ = os.environ
+    try:
+        dataset = build_speculator_training_dataset(raw, None, max_length=4096, num_proc=1)
+    finally:
+        os.environ = environ  # datasets' map(num_proc=…) leaves a copy bound there; keep the process's own
     dataset.save_to_disk(str(out))
     save_token_frequency_distribution(dataset, out / "token_freq.pt")
     _generate_vocab_mappings(Namespace(token_freq_path=None, verifier_name_or_path=str(verifier_path),

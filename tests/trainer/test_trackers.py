@@ -102,3 +102,14 @@ def test_wandb_offline_keeps_one_run_id_across_attempts_and_tags_each(tmp_path, 
     first, second = ((s / "run-r1.wandb").read_bytes() for s in sessions)
     assert b"attempt-1" in first and b"attempt-2" in second and b"attempt-2" not in first
     assert b"train/loss" in second and b"longrun/attempt" in second
+
+
+def test_the_attempt_dir_is_found_after_a_library_rebinds_os_environ(tmp_path, monkeypatch):
+    """`datasets`' map(num_proc=…) leaves a copy of os.environ bound in its place; a tracker found under longrun
+    must still see what the worker set (this once sent a run's TensorBoard to the output directory)."""
+    import copy
+    import os
+    monkeypatch.setattr(os, "environ", copy.deepcopy(os.environ))
+    attempt(tmp_path / "records", 2, monkeypatch)
+    run = tracked_run(tmp_path / "out")
+    assert (run.name, run.attempt, run.directory) == ("r1", 2, tmp_path / "records" / "r1" / "tracking")
