@@ -149,7 +149,7 @@ def write_speculators_arrow(verifier_path: Path, verifier: LlamaForCausalLM,
     try:
         dataset = build_speculator_training_dataset(raw, None, max_length=4096, num_proc=1)
     finally:
-        os.environ = environ  # datasets' map(num_proc=…) leaves a copy bound there; keep the process's own
+        os.environ = environ  # noqa: B003 (datasets leaves a copy bound)
     dataset.save_to_disk(str(out))
     save_token_frequency_distribution(dataset, out / "token_freq.pt")
     _generate_vocab_mappings(Namespace(token_freq_path=None, verifier_name_or_path=str(verifier_path),
