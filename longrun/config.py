@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
+
 from longrun.client import DEFAULT_URL
 
 KEYS = {"url": "LONGRUN_URL", "token": "LONGRUN_API_TOKEN"}
@@ -77,18 +79,11 @@ def write_setting(path: Path, key: str, value: str | None) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             os.fchmod(f.fileno(), 0o600)  # whatever the umask
-            f.write("".join(f"{k} = {toml_string(v)}\n" for k, v in sorted(values.items())))
+            f.write(tomli_w.dumps(dict(sorted(values.items()))))
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def toml_string(value: str) -> str:
-    """A TOML basic string: characters outside the BMP as they are (TOML has no surrogate escapes), control
-    characters escaped."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped) + '"'
 
 
 def resolve(url: str | None = None, token: str | None = None, env: Mapping[str, str] | None = None) -> Connection:

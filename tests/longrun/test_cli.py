@@ -392,7 +392,7 @@ def test_names_workspaces_and_messages_that_read_like_markup_print_as_they_are(c
     assert "the job said [red]no[/red]" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("token", ["s3cret-\U0001F511-\U00020000", 'q"uote\\back\ttab'])
+@pytest.mark.parametrize("token", ["s3cret-\U0001F511-\U00020000", 'q"uote\\back\ttab', "del\x7fnul\x00esc\x1b"])
 def test_setting_a_token_leaves_the_config_owner_only_and_readable_whatever_the_token(
         cli: App, tmp_path: Path, capsys, token: str) -> None:
     config = tmp_path / "config.toml"
