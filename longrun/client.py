@@ -294,12 +294,14 @@ class Client:
         return self._call("GET", f"/v1/runs/{run_id}/evaluation")
 
     def advice(self, run_id: str, interconnect: str | None = None, tp: int | None = None,
-               attempt: int | None = None, deploy_host: str | None = None) -> dict[str, Any]:
+               attempt: int | None = None, deploy_host: str | None = None, engine: str | None = None,
+               topk: int | None = None, draft_tp: int | None = None) -> dict[str, Any]:
         """Tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off; with
         deploy_host on the all-reduce table measured there (probe_interconnect), else on the built-in ones
-        (nvlink, tp=8 unless given)."""
+        (nvlink, tp=8 unless given); with engine (sglang, vllm) the draft priced the way it runs it."""
         params = {k: v for k, v in {"interconnect": interconnect, "tp": tp, "attempt": attempt,
-                                    "deploy_host": deploy_host}.items() if v is not None}
+                                    "deploy_host": deploy_host, "engine": engine, "topk": topk,
+                                    "draft_tp": draft_tp}.items() if v is not None}
         return self._call("GET", f"/v1/runs/{run_id}/advice", params=params)
 
     def proposal(self, run_id: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from server import eta, hosts, pace, views
-from server.advisor import CostModel, advise
+from server.advisor import CostModel, Drafting, advise
 from server.errors import Conflict, FieldError, NotFound
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run
 from server.schemas import RunAdvicePublic
@@ -174,10 +174,43 @@ def events_after(session: Session, run_id: str, after: int, limit: int = 500) ->
     return events, run.status
 
 
+def advice_drafting(engine: str | None, topk: int | None, draft_tp: int | None,
+                    round_ms: list[str] | None) -> Drafting | None:
+    """The advice's serving engine from its query parameters (None: no engine); FieldError naming the parameter."""
+    if engine is None:
+        given = next((name for name, value in (("topk", topk), ("draft_tp", draft_tp), ("round_ms", round_ms))
+                      if value is not None), None)
+        if given:
+            raise FieldError(("query", given), f"{given} prices the draft the way an engine runs it: give engine "
+                             "(sglang, vllm or measured) with it", {"topk": topk, "draft_tp": draft_tp,
+                                                                    "round_ms": round_ms}[given])
+        return None
+    if draft_tp is not None and engine != "vllm":
+        raise FieldError(("query", "draft_tp"), "draft_tp is vLLM's draft_tensor_parallel_size: give it with "
+                         "engine vllm (SGLang runs the draft at the target's tp)", draft_tp)
+    if (round_ms is not None) != (engine == "measured"):
+        raise FieldError(("query", "round_ms"), "round_ms goes with engine measured, and engine measured needs it: "
+                         "DEPTH=MS, repeated (e.g. round_ms=0=20.5&round_ms=3=24.1)", round_ms)
+    timed: dict[int, float] = {}
+    for item in round_ms or []:
+        depth, _, ms = item.partition("=")
+        try:
+            timed[int(depth)] = float(ms)
+        except ValueError:
+            raise FieldError(("query", "round_ms"), f"want DEPTH=MS, e.g. 3=24.1; got {item!r}", item) from None
+        if not 0 <= int(depth) <= 64:
+            raise FieldError(("query", "round_ms"), f"the depth is 0..64; got {item!r}", item)
+    try:
+        return Drafting(engine=engine, topk=topk or 1, draft_tp=draft_tp, round_ms=timed or None)
+    except ValueError as exc:
+        raise FieldError(("query", "round_ms" if engine == "measured" else "engine"), str(exc), engine) from None
+
+
 def run_advice(session: Session, run_id: str, interconnect: str | None, tp: int | None, attempt: int | None = None,
-               deploy_host: str | None = None) -> RunAdvicePublic:
+               deploy_host: str | None = None, drafting: Drafting | None = None) -> RunAdvicePublic:
     """The depth advice for a run's evaluated draft, with predicted retraining times from its measured pace;
-    with deploy_host, on the all-reduce table measured there."""
+    with deploy_host, on the all-reduce table measured there; with drafting, priced the way that engine runs
+    the draft."""
     run = get_run(session, run_id)
     reports = views.evaluations(run)
     if attempt is not None:
@@ -204,9 +237,15 @@ def run_advice(session: Session, run_id: str, interconnect: str | None, tp: int 
             seconds, _ = eta.predict_duration(measured, spec)
             if seconds is not None:
                 seconds_by_ttt[ttt] = seconds
+    if drafting is not None:
+        try:
+            drafting.sharded(tp)
+        except ValueError as exc:
+            raise FieldError(("query", "draft_tp"), str(exc), drafting.draft_tp) from None
     try:
         advice = advise(report.model_dump(), interconnect, tp, cost, trained_ttt=report.ttt_steps,
-                        retrain_seconds_by_ttt=seconds_by_ttt or None, allreduce_basis=basis if tp > 1 else None)
+                        retrain_seconds_by_ttt=seconds_by_ttt or None, allreduce_basis=basis if tp > 1 else None,
+                        drafting=drafting)
     except ValueError as exc:
         raise Conflict(f"the evaluation of attempt {report.attempt} cannot be advised on: {exc}") from None
     return RunAdvicePublic(attempt=report.attempt, deploy_host=deploy_host,

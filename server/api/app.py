@@ -58,8 +58,9 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
 
     @app.exception_handler(FieldError)
     async def _field_error(_: Request, exc: FieldError) -> JSONResponse:
-        # the same body as FastAPI's own validation errors: each field's path starts at the request body
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors]
+        # the same body as FastAPI's own validation errors: each field's path starts at the request body, or at
+        # the query string for a query parameter's
+        errors = [{**e, "loc": e["loc"] if e["loc"][:1] == ("query",) else ("body", *e["loc"])} for e in exc.errors]
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     @app.exception_handler(Unavailable)

@@ -364,6 +364,46 @@ def test_advice_for_an_evaluated_run_and_its_errors(api: App) -> None:
     assert refused.status_code == 409 and "must not increase" in refused.json()["detail"]
 
 
+def test_advice_prices_the_draft_the_way_the_engine_given_runs_it(api: App) -> None:
+    run_id = evaluated_run(api, EVALUATION)
+    url = f"/v1/runs/{run_id}/advice"
+    base = {"interconnect": "pcie", "tp": 8}
+    plain = api.client.get(url, params=base).json()
+    assert plain["drafting"] is None and all(row["terms"] is None for row in plain["by_depth"])
+    sglang = api.client.get(url, params={**base, "engine": "sglang"}).json()
+    vllm = api.client.get(url, params={**base, "engine": "vllm"}).json()
+    assert sglang["drafting"]["engine"] == "sglang" and sglang["drafting"]["sharded"]
+    assert vllm["drafting"]["engine"] == "vllm" and not vllm["drafting"]["sharded"]
+    for advice in (sglang, vllm):
+        for row in advice["by_depth"]:
+            t = row["terms"]
+            assert t["round_ms"] == pytest.approx(t["verifier_ms"] + t["verifier_allreduce_ms"]
+                                                  + t["draft_compute_ms"] + t["draft_allreduce_ms"])
+            assert row["round_ms"] == pytest.approx(t["round_ms"])
+    # SGLang's sharded draft pays 3 all-reduces and a logits all-gather per forward; vLLM's replicated one none
+    assert [row["terms"]["draft_allreduces"] for row in sglang["by_depth"]] == [4, 8, 12]
+    assert [row["terms"]["draft_allreduces"] for row in vllm["by_depth"]] == [0, 0, 0]
+    # the same rounds with vLLM's own default (draft at the target's tp) cost what SGLang's do
+    vllm_tp = api.client.get(url, params={**base, "engine": "vllm", "draft_tp": 8}).json()
+    assert [r["round_ms"] for r in vllm_tp["by_depth"]] == pytest.approx([r["round_ms"] for r in sglang["by_depth"]])
+    # measured: the rounds as timed, only the depths timed
+    timed = api.client.get(url, params={**base, "engine": "measured", "round_ms": ["0=20", "1=21.5", "3=24"]}).json()
+    assert [(r["depth"], r["round_ms"]) for r in timed["by_depth"]] == [(1, 21.5), (3, 24.0)]
+    assert timed["no_speculation"]["round_ms"] == 20.0
+    assert timed["by_depth"][1]["tokens_per_second"] == pytest.approx(1000 * (1 + 0.8 + 0.5 + 0.2) / 24)
+    # a bad value is a 422 naming the parameter
+    assert locs(api.client.get(url, params={"engine": "tensorrt"})) == [["query", "engine"]]
+    assert locs(api.client.get(url, params={"engine": "measured"})) == [["query", "round_ms"]]
+    assert locs(api.client.get(url, params={"engine": "sglang", "round_ms": "1=3"})) == [["query", "round_ms"]]
+    assert locs(api.client.get(url, params={"engine": "measured", "round_ms": "one=3"})) == [["query", "round_ms"]]
+    assert locs(api.client.get(url, params={"engine": "measured", "round_ms": "1=0"})) == [["query", "round_ms"]]
+    assert locs(api.client.get(url, params={"engine": "sglang", "draft_tp": 1})) == [["query", "draft_tp"]]
+    odd = api.client.get(url, params={**base, "engine": "vllm", "draft_tp": 3})
+    assert locs(odd) == [["query", "draft_tp"]] and "1 or the target's tp (8)" in odd.json()["detail"][0]["msg"]
+    assert locs(api.client.get(url, params={"topk": 2})) == [["query", "topk"]]
+    assert locs(api.client.get(url, params={"engine": "sglang", "topk": 0})) == [["query", "topk"]]
+
+
 def test_a_report_of_another_shape_is_a_409_saying_where(api: App) -> None:
     odd = evaluated_run(api, {"position_acceptance": ["high", "low"]})
     for path in ("evaluation", "advice"):

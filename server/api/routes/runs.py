@@ -143,13 +143,25 @@ def get_evaluation(run_id: RunRef, session: ReadSession) -> EvaluationPublic:
 def get_advice(run_id: RunRef, session: ReadSession, interconnect: Literal["pcie", "nvlink"] | None = None,
                tp: Annotated[int | None, Query(ge=1, le=64)] = None,
                attempt: Annotated[int | None, Query(ge=1)] = None,
-               deploy_host: Annotated[str | None, Query(max_length=64)] = None) -> RunAdvicePublic:
+               deploy_host: Annotated[str | None, Query(max_length=64)] = None,
+               engine: Annotated[Literal["sglang", "vllm", "measured"] | None, Query(
+                   description="the serving engine: sglang (draft sharded at tp), vllm (draft_tp 1: replicated, or "
+                   "tp), measured (round_ms as timed); unset: the draft's own collectives are not priced")] = None,
+               topk: Annotated[int | None, Query(ge=1, le=64, description="with engine: 1 chain drafting, more a "
+                                                 "tree of top-k per draft step")] = None,
+               draft_tp: Annotated[int | None, Query(ge=1, le=64, description="with engine vllm: its "
+                                                     "draft_tensor_parallel_size")] = None,
+               round_ms: Annotated[list[str] | None, Query(max_length=65, description="with engine measured, "
+                                                           "repeated: DEPTH=MS, a round's cost as timed (0: "
+                                                           "without speculation)")] = None) -> RunAdvicePublic:
     """Expected tokens/s per speculation depth on this interconnect, the depth to serve, and whether a deeper
     TTT retrain pays off (with its predicted training time from this run's measured steps).
 
     With deploy_host, the all-reduce times are the ones probe-interconnect measured there (tp defaults to the
-    measured one, interconnect to its links); without, the built-in tables (nvlink, tp=8 by default)."""
-    return queries.run_advice(session, run_id, interconnect, tp, attempt, deploy_host)
+    measured one, interconnect to its links); without, the built-in tables (nvlink, tp=8 by default). With
+    engine, each round is priced the way that engine runs the draft and every depth shows its terms."""
+    drafting = queries.advice_drafting(engine, topk, draft_tp, round_ms)
+    return queries.run_advice(session, run_id, interconnect, tp, attempt, deploy_host, drafting)
 
 
 @router.get("/{run_id}/proposal", responses=NOT_FOUND)
