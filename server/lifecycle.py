@@ -199,6 +199,11 @@ class AttemptNode:
     log_midline: bool = False  # whether the log offset stands inside one
     # a batch job waiting in its scheduler's queue: {"job_id", "state", "reason", "expected_start"} (epoch seconds)
     queue: dict[str, Any] | None = None
+    # each file's identity at its offset, as the host said it (read again from the start once it differs), and
+    # the bytes of the log stored before the job last wrote it anew (its text is stored after them)
+    metrics_identity: dict[str, Any] | None = None
+    log_identity: dict[str, Any] | None = None
+    log_base: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
@@ -206,7 +211,8 @@ class AttemptNode:
                    metrics_offset=raw.get("metrics_offset", 0), log_offset=raw.get("log_offset", 0),
                    pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"),
                    log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False),
-                   queue=raw.get("queue"))
+                   queue=raw.get("queue"), metrics_identity=raw.get("metrics_identity"),
+                   log_identity=raw.get("log_identity"), log_base=raw.get("log_base", 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": str(self.state)}
@@ -250,12 +256,18 @@ def expected_start(attempt: Attempt) -> datetime | None:
 
 
 def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: int, state: NodeState,
-                exit_code: int | None, log_position: tuple[int, bool]) -> None:
-    """What the host said of one node: how far its files were read, and whether it still runs."""
+                exit_code: int | None, log_position: tuple[int, bool],
+                identities: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
+                log_base: int | None = None) -> None:
+    """What the host said of one node: how far its files were read (and their identities there), and whether it
+    still runs; `log_base` when its log was read again from the start."""
     nodes = nodes_of(attempt)
     node = nodes[index]
     node.metrics_offset, node.log_offset, node.state, node.exit_code = metrics_offset, log_offset, state, exit_code
     node.log_records, node.log_midline = log_position
+    node.metrics_identity, node.log_identity = identities
+    if log_base is not None:
+        node.log_base = log_base
     set_nodes(attempt, nodes)
 
 

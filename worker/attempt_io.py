@@ -6,11 +6,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from server.layout import LOG_FILE
 from server.lifecycle import NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
-from worker.ingest import say_truncated, store_log, store_log_metrics, store_metrics
+from worker.ingest import say_reread, store_log, store_log_metrics, store_metrics
 from worker.protocol import GpuView, ProbeAnswer, ReadFrom
 
 
@@ -24,8 +25,8 @@ class NodeProbe:
 
 
 def read_from(attempt: Attempt) -> list[ReadFrom]:
-    """Where each node's files were read up to."""
-    return [ReadFrom(n.metrics_offset, n.log_offset) for n in nodes_of(attempt)]
+    """Where each node's files were read up to, and what they were there."""
+    return [ReadFrom(n.metrics_offset, n.log_offset, n.metrics_identity, n.log_identity) for n in nodes_of(attempt)]
 
 
 def probe_nodes(contact: HostContact, attempt: Attempt, hosts: dict[str, Host],
@@ -41,25 +42,31 @@ def probe_nodes(contact: HostContact, attempt: Attempt, hosts: dict[str, Host],
 
 def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[NodeProbe], now: datetime) -> None:
     """Store what the probes read; skipped for a node whose offsets moved since (already stored)."""
-    nodes = nodes_of(attempt)
+    nodes, offsets = nodes_of(attempt), read_from(attempt)
     for p in probes:
         node, a = nodes[p.index], p.answer
-        if ReadFrom(node.metrics_offset, node.log_offset) != p.read_from:
+        if offsets[p.index] != p.read_from:
             continue
-        if a.truncated is not None:
-            say_truncated(session, run, attempt, p.index, a.truncated)
+        for reread in a.reread:
+            say_reread(session, run, attempt, p.index, reread)
         if p.index == 0 and a.metrics:
             store_metrics(session, run, attempt, a.metrics, now)
-        log_position = (node.log_records, node.log_midline)
+        log_position, log_base = (node.log_records, node.log_midline), None
+        if any(r["file"] == LOG_FILE for r in a.reread):
+            # the log written anew: its text is stored after what was stored of it, its records counted on
+            log_base, log_position = node.log_base + node.log_offset, (node.log_records, False)
+            node.log_base, node.log_offset = log_base, 0
         if p.index == 0:
             # the read ends mid-record only while the job runs or the read was cut short
             log_position = store_log_metrics(session, run, attempt, log_position, a.log,
                                              a.state != NodeState.RUNNING and not a.more, now)
-        store_log(session, run.id, attempt.number, p.index, node.log_offset, a.log_offset, a.log)
+        store_log(session, run.id, attempt.number, p.index, node.log_base + node.log_offset,
+                  node.log_base + a.log_offset, a.log)
         if a.gpus is not None:
             host = session.scalar(select(Host).where(Host.name == node.host))
             store_gpu_sample(session, run, attempt, p.index, a.gpus.view(), host, now)
-        node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code, log_position)
+        node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code, log_position,
+                    (a.metrics_identity, a.log_identity), log_base)
 
 
 def store_gpu_sample(session: Session, run: Run, attempt: Attempt, index: int, view: GpuView, host: Host,

@@ -108,7 +108,8 @@ class HostAgent:
     def probe(self, directory: str, read_from: ReadFrom, gpu_tokens: list[str] | None = None) -> ProbeAnswer:
         """Status, new metric lines and log text; with gpu_tokens also a GPU snapshot, in the same round trip."""
         gpus = GpuQuery(gpu_tokens) if gpu_tokens is not None else None
-        return self.call(ProbeRequest(directory, read_from.metrics_offset, read_from.log_offset, gpus))
+        return self.call(ProbeRequest(directory, read_from.metrics_offset, read_from.log_offset, gpus,
+                                      read_from.metrics_identity, read_from.log_identity))
 
     def cancel(self, directory: str, grace: float, read_from: ReadFrom | None = None,
                gpu_tokens: list[str] | None = None) -> CancelAnswer:

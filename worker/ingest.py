@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from server import proposal
 from server.eta import fold_step_time, update_step_rate
+from server.layout import METRICS_FILE
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from server.series import SERVER_SERIES
 from worker.log_metrics import PATTERN_SECONDS_PER_READ, LogMetricsConfig, read_log
@@ -40,6 +41,7 @@ MAX_SERIES_PER_RUN = 1024
 SERIES_REFUSED = "series_refused"
 PATTERN_SLOW = "log_pattern_slow"
 FILE_TRUNCATED = "file_truncated"
+FILE_REWRITTEN = "file_rewritten"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -241,15 +243,22 @@ def _say_patterns_slow(session: Session, run: Run, attempt: Attempt, patterns: l
                        "repeats) and restart"}))
 
 
-def say_truncated(session: Session, run: Run, attempt: Attempt, node: int, truncated: dict[str, Any]) -> None:
-    """An event saying that the job cut its metrics file short: what it wrote there since is read from the start,
-    numbered after the lines already stored (none of those is lost or doubled)."""
-    session.add(Event(run_id=run.id, kind=FILE_TRUNCATED, data={
-        "attempt": attempt.number, "node": node, "file": truncated["file"], "offset": truncated["offset"],
-        "message": f"attempt {attempt.number} node {node}: the job truncated {truncated['file']} below the "
-                   f"{truncated['offset']} bytes already read; it is read again from its start, and its lines are "
-                   f"stored after the {attempt.metrics_lines} stored before (open the file for appending to keep "
-                   "one series)"}))
+def say_reread(session: Session, run: Run, attempt: Attempt, node: int, reread: dict[str, Any]) -> None:
+    """An event saying that the job truncated or wrote anew its metrics file or log: what it holds now is read
+    from the start, its lines numbered (its text stored) after what was stored before, none of that lost or
+    doubled."""
+    name, offset, how = reread["file"], reread["offset"], reread["how"]
+    if how == "truncated":
+        what = f"truncated {name} below the {offset} bytes already read"
+    else:
+        what = (f"wrote {name} anew ({'another file in its place' if how == 'replaced' else 'other bytes'} where "
+                f"the {offset} bytes already read were)")
+    after = (f"its lines are stored after the {attempt.metrics_lines} stored before" if name == METRICS_FILE
+             else "its text is stored after the log stored before")
+    session.add(Event(run_id=run.id, kind=FILE_TRUNCATED if how == "truncated" else FILE_REWRITTEN, data={
+        "attempt": attempt.number, "node": node, "file": name, "offset": offset, "how": how,
+        "message": f"attempt {attempt.number} node {node}: the job {what}; it is read again from its start, and "
+                   f"{after} (open the file for appending to keep one series)"}))
 
 
 def _drop_old_metrics_events(session: Session, run_id: str) -> None:

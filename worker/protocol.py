@@ -171,10 +171,13 @@ class LaunchRequest(Request):
 
 @dataclass(frozen=True)
 class ReadFrom:
-    """Byte offsets to read an attempt's metrics and log from."""
+    """Byte offsets to read an attempt's metrics and log from, each with the identity of its file that the read to
+    there answered (worker/hostside/files.py read_from: a file written anew since is read again from its start)."""
 
     metrics_offset: int = 0
     log_offset: int = 0
+    metrics_identity: dict[str, Any] | None = None
+    log_identity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,12 @@ class ProbeAnswer:
     queue: QueueState | None = None
     # a job that exited non-zero: torch elastic's error file and the log's end (worker/failure_cause.py)
     failure: dict[str, str | None] | None = None
-    # the job truncated its metrics file below the offset read from: {"file", "offset"}, and the read is from 0
-    truncated: dict[str, Any] | None = None
+    # each file's identity at the new offset, to be sent with it next time
+    metrics_identity: dict[str, Any] | None = None
+    log_identity: dict[str, Any] | None = None
+    # the files the job truncated or wrote anew since the offset read from: [{"file", "offset", "how"}], each read
+    # again from its start
+    reread: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -208,13 +215,27 @@ class ProbeAnswer:
                    _typed(raw, "log", str), _typed(raw, "log_offset", int), _typed(raw, "more", bool),
                    GpusAnswer.from_wire(_object(raw["gpus"])) if raw.get("gpus") else None,
                    _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
-                   QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")), _truncated(raw.get("truncated")))
+                   QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")),
+                   _identity(raw.get("metrics_identity")), _identity(raw.get("log_identity")),
+                   _reread(raw.get("reread")))
 
 
-def _truncated(raw: Any) -> dict[str, Any] | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("offset"), int) or not isinstance(raw.get("file"), str):
+def _identity(raw: Any) -> dict[str, Any] | None:
+    """A file's identity as the host said it: an inode and two short digests, else none (nothing is compared)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("inode"), int):
         return None
-    return {"file": raw["file"][:255], "offset": raw["offset"]}
+    digests = {k: raw.get(k) for k in ("head", "tail")}
+    if not all(isinstance(v, str) and len(v) <= 64 for v in digests.values()):
+        return None
+    return {"inode": raw["inode"], **digests}
+
+
+def _reread(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        return []
+    return [{"file": r["file"][:255], "offset": r["offset"], "how": r["how"][:32]} for r in raw[:2]
+            if isinstance(r, dict) and isinstance(r.get("file"), str) and isinstance(r.get("offset"), int)
+            and isinstance(r.get("how"), str)]
 
 
 def _failure(raw: Any) -> dict[str, str | None] | None:
@@ -233,6 +254,8 @@ class ProbeRequest(Request):
     metrics_offset: int
     log_offset: int
     gpus: GpuQuery | None = None
+    metrics_identity: dict[str, Any] | None = None
+    log_identity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from server.db import Database
-from server.models import Attempt, Event, MetricPoint, Run, utcnow
+from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from worker.attempt_io import probe_nodes, store_probes
 from worker.host_agent import HostAgent
 from worker.ingest import store_metrics
@@ -142,18 +144,24 @@ with open(path, "w") as f:  # written anew: truncated, and shorter than what was
 """
 
 
-def test_a_metrics_file_the_job_truncates_is_read_again_from_its_start_and_said(db: Database, tmp_path: Path) -> None:
+def _run_in_two_halves(db: Database, tmp_path: Path, job: str, first_half_stored, *args: str) -> None:
+    """Run `job` (its argv[1]: a file it waits for between its two halves) and store what it writes: its first
+    half read and stored (`first_half_stored()` true) before it goes on, then everything until it has ended."""
     agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
     d = agent.layout.attempt_dir("r", 1)
     go = tmp_path / "go"
     _add_attempt(db, {"entrypoint": "/opt/train.py", "host": "local"}, d)
-    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", TRUNCATING_JOB, str(go)], {}))
+    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", job, str(go), *args], {}))
     deadline = time.time() + 30
-    while len(_steps(db)) < 10:
+    while not first_half_stored():
         assert time.time() < deadline
         _drain(db, agent, until_ended=False)
     go.touch()
     _drain(db, agent)
+
+
+def test_a_metrics_file_the_job_truncates_is_read_again_from_its_start_and_said(db: Database, tmp_path: Path) -> None:
+    _run_in_two_halves(db, tmp_path, TRUNCATING_JOB, lambda: len(_steps(db)) >= 10)
     assert _steps(db) == list(range(15)), "none of the lines written after the truncation is lost"
     with db.reading() as s:
         events = [e.data for e in s.query(Event).filter_by(run_id="r", kind="file_truncated")]
@@ -176,3 +184,61 @@ def test_lines_without_a_time_give_the_step_rate_of_the_reads_that_bring_them(db
         attempt = s.query(Attempt).one()
         assert abs(attempt.sec_per_step - 0.5) < 0.5 * 0.15, attempt.sec_per_step
         assert attempt.last_step == 19
+
+
+REWRITING_JOB = """
+import json, os, sys, time
+path = os.environ["LONGRUN_METRICS_FILE"]
+def lines(first):
+    return "".join(json.dumps({"step": i, "loss": 1.0}) + "\\n" for i in range(first, first + 10))
+with open(path, "a") as f:
+    f.write(lines(10))
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+if sys.argv[2] == "rewrite":  # written anew with as many bytes as were read: no shorter than the offset
+    with open(path, "w") as f:
+        f.write(lines(20))
+else:  # a longer copy of it renamed over it: a new inode, the same bytes where the read stood
+    with open(path + ".tmp", "w") as f:
+        f.write(lines(10) + lines(20))
+    os.replace(path + ".tmp", path)
+"""
+
+
+@pytest.mark.parametrize("how", ["rewrite", "replace"])
+def test_a_metrics_file_the_job_writes_anew_at_the_same_length_is_read_again_and_said(
+        db: Database, tmp_path: Path, how: str) -> None:
+    _run_in_two_halves(db, tmp_path, REWRITING_JOB, lambda: len(_steps(db)) >= 10, how)
+    assert _steps(db) == list(range(10, 30)), "every line written anew stored once, none of the first doubled"
+    with db.reading() as s:
+        events = [e.data for e in s.query(Event).filter_by(run_id="r", kind="file_rewritten")]
+    if how == "rewrite":
+        assert len(events) == 1 and events[0]["file"] == "metrics.jsonl" and events[0]["how"] == "rewritten"
+        assert "wrote metrics.jsonl anew" in events[0]["message"]
+    else:
+        assert events == [], "a copy holding what was read and more is read on, not again"
+
+
+LOG_TRUNCATING_JOB = """
+import os, sys, time
+for i in range(5):
+    print(f"before {i}", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+open(os.path.join(os.environ["LONGRUN_ATTEMPT_DIR"], "output.log"), "w").close()  # stdout appends: it goes on at 0
+for i in range(3):
+    print(f"after {i}", flush=True)
+"""
+
+
+def test_a_log_the_job_truncates_is_read_again_stored_after_the_rest_and_said(db: Database, tmp_path: Path) -> None:
+    _run_in_two_halves(db, tmp_path, LOG_TRUNCATING_JOB, lambda: _log(db).endswith("before 4\n"))
+    assert _log(db) == "".join(f"before {i}\n" for i in range(5)) + "".join(f"after {i}\n" for i in range(3))
+    with db.reading() as s:
+        events = [e.data for e in s.query(Event).filter_by(run_id="r", kind="file_truncated")]
+    assert len(events) == 1 and events[0]["file"] == "output.log" and events[0]["offset"] == 45
+
+
+def _log(db: Database) -> str:
+    with db.reading() as s:
+        return "".join(c.text for c in s.query(LogChunk).filter_by(run_id="r").order_by(LogChunk.offset))

@@ -47,17 +47,20 @@ def probe(req):
         out.update(sweep(d, None if slurm else out["pid"]))
     limit = int(req.get("limit", 4 << 20))
     # a metric line ends at a newline only: a raw \r inside one is part of it
-    metrics_path, metrics_offset = os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0))
-    if _shorter_than(metrics_path, metrics_offset):
-        # the job truncated its metrics file (and may have written it anew): read it again from its start
-        out["truncated"] = {"file": METRICS_FILE, "offset": metrics_offset}
-        metrics_offset = 0
-    metrics, m_off, m_more = read_from(metrics_path, metrics_offset, limit, line_ends=b"\n")
+    metrics, m_off, m_more, m_id, m_change = read_from(
+        os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit, line_ends=b"\n",
+        identity=req.get("metrics_identity"))
     # tqdm redraws its bar after a carriage return, without a newline until the bar closes; once the job is over
     # its last, unterminated log line is final: hand it back too
-    log, l_off, l_more = read_from(os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit,
-                                   final=out["state"] != "running")
-    out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more)
+    log, l_off, l_more, l_id, l_change = read_from(
+        os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit, final=out["state"] != "running",
+        identity=req.get("log_identity"))
+    out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more,
+               metrics_identity=m_id, log_identity=l_id)
+    # a file the job truncated or wrote anew is read again from its start: said, with the offset read to before
+    out["reread"] = [{"file": name, "offset": int(req.get(key, 0)), "how": how}
+                     for name, key, how in ((METRICS_FILE, "metrics_offset", m_change), (LOG_FILE, "log_offset", l_change))
+                     if how is not None]
     # a Slurm job's GPUs are on its compute nodes, not on the login node that answers
     if req.get("gpus") and not slurm:
         out["gpus"] = gpus({**req["gpus"], "dirs": {read(os.path.join(d, "token")): d}})
@@ -67,13 +70,6 @@ def probe(req):
         out["failure"] = {"error_file": tail(os.path.join(d, ERROR_FILE), FAILURE_BYTES),
                           "log_tail": tail(os.path.join(d, LOG_FILE), FAILURE_BYTES)}
     return out
-
-
-def _shorter_than(path, offset):
-    try:
-        return os.stat(path).st_size < offset
-    except FileNotFoundError:
-        return offset > 0
 
 
 def cancel(req):

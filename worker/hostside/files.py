@@ -1,6 +1,8 @@
 """The attempt directory's file names and the writes and reads on them: whole-or-nothing writes, a first-writer-wins
-exit code that finds room on a full disk, reads from a byte offset that end at a line end."""
+exit code that finds room on a full disk, reads from a byte offset that end at a line end and notice a file written
+anew since the last."""
 
+import hashlib
 import os
 
 TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
@@ -19,6 +21,9 @@ EXIT_RESERVE = "exit_code.reserve"
 STOP_FILE = "stop_requested"
 # less free space than this where an attempt ended badly is named as a likely cause
 LOW_SPACE = 1 << 20
+# a file's identity, kept with the offset read to: its inode and digests of its first bytes and of those just before
+# the offset (up to this many each); a file shorter than the offset, or whose bytes there differ, was written anew
+FINGERPRINT_BYTES = 4096
 # the umask hostside was started with: the job gets it back (hostside's own files are private)
 CALLER_UMASK = 0o022
 
@@ -76,29 +81,62 @@ def write_exit_code(d, code):
         _remove_quietly(reserve)
 
 
-def read_from(path, offset, limit, line_ends=b"\n\r", final=False):
+def read_from(path, offset, limit, line_ends=b"\n\r", final=False, identity=None):
     """Text from byte offset on, at most `limit` bytes, ending just after one of `line_ends`; with `final` (the
     file is complete) the last read also hands back an unterminated last line.
 
     A read cut short by the limit ends at a line end too, so no line is split between two reads; only a line
     longer than the limit goes through in pieces (cut at a character boundary) rather than block the stream.
-    Returns (text, new_offset, more): `more` says the limit cut the read short."""
+
+    `identity` is what the last read answered: a file the job truncated below `offset` ("truncated"), or wrote
+    anew whatever its length (other bytes where the last read's were: "rewritten", or "replaced" on another
+    inode), is read again from its start. Returns (text, new_offset, more, identity, change): `more` says the
+    limit cut the read short, `change` is None or how the file was written anew."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(limit)
+        f = open(path, "rb")
     except FileNotFoundError:
-        return "", offset, False
-    more = len(data) == limit
-    if more or not final:
-        cut = max(data.rfind(bytes([end])) for end in line_ends)
-        if cut >= 0:
-            data = data[: cut + 1]
-        elif more:
-            data = _whole_characters(data)
-        else:
-            data = b""
-    return data.decode("utf-8", "replace"), offset + len(data), more
+        return "", 0, False, None, "truncated" if offset > 0 else None
+    with f:
+        inode = os.fstat(f.fileno()).st_ino
+        change = _change(f, inode, offset, identity)
+        if change is not None:
+            offset = 0
+        f.seek(offset)
+        data = f.read(limit)
+        more = len(data) == limit
+        if more or not final:
+            cut = max(data.rfind(bytes([end])) for end in line_ends)
+            if cut >= 0:
+                data = data[: cut + 1]
+            elif more:
+                data = _whole_characters(data)
+            else:
+                data = b""
+        end = offset + len(data)
+        head, tail = _fingerprints(f, end)
+    return data.decode("utf-8", "replace"), end, more, {"inode": inode, "head": head, "tail": tail}, change
+
+
+def _fingerprints(f, offset):
+    """Digests of the file's first bytes and of those just before `offset`, up to FINGERPRINT_BYTES each."""
+    def digest(start, end):
+        f.seek(start)
+        return hashlib.sha256(f.read(end - start)).hexdigest()[:32]
+
+    return digest(0, min(offset, FINGERPRINT_BYTES)), digest(max(0, offset - FINGERPRINT_BYTES), offset)
+
+
+def _change(f, inode, offset, identity):
+    """How the file differs from what the last read to `offset` saw (its `identity`), or None: the same bytes
+    there, though perhaps on another inode (a copy renamed over it holds nothing new to read again)."""
+    size = os.fstat(f.fileno()).st_size
+    if size < offset:
+        return "truncated"
+    if not isinstance(identity, dict):
+        return None
+    if _fingerprints(f, offset) == (identity.get("head"), identity.get("tail")):
+        return None
+    return "rewritten" if identity.get("inode") == inode else "replaced"
 
 
 def _whole_characters(data):
