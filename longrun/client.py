@@ -289,6 +289,12 @@ class Client:
             params["node"] = node
         return self._call("GET", f"/v1/runs/{run_id}/logs", params=params)
 
+    def traceback(self, run_id: str, rank: int, attempt: int | None = None) -> dict[str, Any]:
+        """A failed rank's traceback: {"attempt", "node", "rank", "root_cause", "traceback"} (NotFound when that
+        rank did not fail)."""
+        params = {"rank": rank} | ({"attempt": attempt} if attempt is not None else {})
+        return self._call("GET", f"/v1/runs/{run_id}/traceback", params=params)
+
     def evaluation(self, run_id: str) -> dict[str, Any]:
         """The acceptance report of the run's newest evaluated draft, with every attempt's in `by_attempt`."""
         return self._call("GET", f"/v1/runs/{run_id}/evaluation")

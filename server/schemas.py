@@ -499,6 +499,16 @@ class LogsPublic(BaseModel):
                                "keeps the last 64 MiB of each node's log per attempt (the file on the host is whole)")
 
 
+class TracebackPublic(BaseModel):
+    attempt: int
+    node: int = Field(description="the node whose log holds the rank's failure (0 is the first host)")
+    rank: int = Field(description="the global rank, as torchrun numbers it")
+    root_cause: bool = Field(description="torchrun's first observed failure (the others were mostly stopped "
+                             "because of it)")
+    traceback: str = Field(description="what the rank recorded in torch elastic's error file (its exception's "
+                           "traceback, with @record), or torchrun's word on how it ended (a signal)")
+
+
 class DepthAcceptance(BaseModel):
     model_config = ConfigDict(extra="allow")
 

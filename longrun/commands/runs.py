@@ -279,11 +279,23 @@ def logs(
                                                 "follows this attempt only.", min=1)] = None,
     node: Annotated[int, typer.Option(help="Which node's log in a multi-host run (0 is the first host).",
                                       min=0)] = 0,
+    rank: Annotated[int | None, typer.Option(help="Instead of the log: this failed rank's traceback (what it "
+                                             "recorded with torch elastic's @record), from the attempt's failure "
+                                             "summary.", min=0)] = None,
     interval: Interval = 1.0,
     as_json: JsonFlag = False,
 ) -> int:
-    """An attempt's log."""
+    """An attempt's log, or with --rank a failed rank's traceback."""
     begin(as_json)
+    if rank is not None:
+        if follow:
+            raise typer.BadParameter("--rank shows a traceback once the rank has failed: leave out --follow")
+        with connect(ctx) as client:
+            failed = client.traceback(run_id, rank, attempt)
+        cause = " (the first to fail)" if failed["root_cause"] else ""
+        emit(failed, as_json, Text(f"attempt {failed['attempt']}, rank {failed['rank']} on node {failed['node']}"
+                                   f"{cause}:\n{failed['traceback']}"))
+        return ExitCode.OK
 
     def show(number: int, lines: list[str]) -> None:
         for line in lines:

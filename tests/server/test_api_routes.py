@@ -35,7 +35,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
         "/healthz", "/v1/hosts", "/v1/hosts/{name}", "/v1/hosts/{name}/gpus", "/v1/hosts/{name}/interconnect",
         "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
-        "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
+        "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/traceback", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
         "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/metrics"}
 
     def answer(path: str) -> str:
@@ -56,7 +56,7 @@ def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: 
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path != "/healthz" for method in methods]
-        assert len(routes) == 21  # PATCH and DELETE of a host, DELETE of a run among them
+        assert len(routes) == 22  # PATCH and DELETE of a host, DELETE of a run, a rank's traceback among them
         for method, path in routes:
             r = bare.request(method, path)
             assert r.status_code == 401, (method, path)
@@ -174,7 +174,7 @@ def test_bad_run_specs_are_422s_naming_the_field_and_write_nothing(api: App) -> 
 def test_a_run_is_404_when_unknown_on_every_route(api: App) -> None:
     for method, path in [("GET", "/v1/runs/nope"), ("DELETE", "/v1/runs/nope"), ("POST", "/v1/runs/nope/cancel"),
                          ("POST", "/v1/runs/nope/restart"), ("GET", "/v1/runs/nope/metrics"),
-                         ("GET", "/v1/runs/nope/logs"), ("GET", "/v1/runs/nope/events"),
+                         ("GET", "/v1/runs/nope/logs"), ("GET", "/v1/runs/nope/traceback?rank=1"), ("GET", "/v1/runs/nope/events"),
                          ("GET", "/v1/runs/nope/evaluation"), ("GET", "/v1/runs/nope/advice")]:
         r = api.client.request(method, path)
         assert r.status_code == 404 and r.json() == {
@@ -309,6 +309,26 @@ def test_logs_tail_follow_and_unknown_attempt(api: App) -> None:
     none = api.client.get(f"/v1/runs/{run['id']}/logs", params={"attempt": 3})
     assert none.status_code == 404 and none.json()["detail"] == f"run {run['id']} has no attempt 3"
     assert locs(api.client.get(f"/v1/runs/{run['id']}/logs", params={"tail": -1})) == [["query", "tail"]]
+
+
+def test_a_failed_ranks_traceback_is_found_in_the_log_of_the_node_it_ran_on(api: App) -> None:
+    run = api.submit()
+    add_metrics(api, run["id"])
+    url = f"/v1/runs/{run['id']}/traceback"
+    none = api.client.get(url, params={"rank": 1})
+    assert none.status_code == 404 and "no failure summary of torchrun in its log" in none.json()["detail"]
+    summary = ("Failures:\n  <NO_OTHER_FAILURES>\n------\nRoot Cause (first observed failure):\n[0]:\n"
+               "  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 9)\n"
+               "  traceback : Traceback (most recent call last):\n    File \"t.py\", line 1\n  OSError: gone\n"
+               "======\n")
+    with api.session() as s:
+        s.add(LogChunk(run_id=run["id"], attempt=1, node=1, offset=0, end=len(summary), text=summary))
+    assert api.client.get(url, params={"rank": 3}).json() == {
+        "attempt": 1, "node": 1, "rank": 3, "root_cause": True,
+        "traceback": 'Traceback (most recent call last):\n  File "t.py", line 1\nOSError: gone'}
+    other = api.client.get(url, params={"rank": 1})
+    assert other.status_code == 404 and other.json()["detail"].endswith("failed: rank 3")
+    assert locs(api.client.get(url)) == [["query", "rank"]]
 
 
 def test_events_replay_the_stored_status_changes_and_end_with_the_run(api: App) -> None:

@@ -1,5 +1,6 @@
 """A failed run says why: the exception its first failed rank recorded (torch elastic's error file), with that
-rank, in the API and in `longrun status`; real server, real torchrun."""
+rank, in the API and in `longrun status`, and each failed rank's traceback in `longrun logs --rank N`; real
+server, real torchrun."""
 
 import os
 import subprocess
@@ -8,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from server import tracebacks
 from tests.service import ROOT, Service, attempt_processes
 from worker import failure_cause
-
-pytestmark = pytest.mark.slow  # a real server and torchrun
 
 JOB = Path(__file__).parents[1] / "faults" / "job_raises_in_rank1.py"
 CAUSE = "rank 1 raised FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/shard-00001.bin'"
 
 
+@pytest.mark.slow  # a real server and torchrun
 def test_a_run_that_raises_in_rank_1_shows_the_exception_and_the_rank(service: Service) -> None:
     run = service.submit({"name": "raises", "host": "local", "nproc_per_node": 2, "entrypoint": str(JOB),
                           "args": []})
@@ -29,6 +30,64 @@ def test_a_run_that_raises_in_rank_1_shows_the_exception_and_the_rank(service: S
                            text=True, timeout=60, env={**os.environ, "LONGRUN_URL": service.url})
     assert shown.returncode == 0, shown.stderr
     assert "FileNotFoundError" in shown.stdout and "rank 1" in shown.stdout, shown.stdout
+    # the rank's traceback, as it recorded it (@record): `longrun logs --rank 1`
+    shown = subprocess.run([sys.executable, "-m", "longrun.cli", "logs", "raises", "--rank", "1"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "LONGRUN_URL": service.url})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "attempt 1, rank 1 on node 0 (the first to fail):", shown.stdout
+    assert lines[1] == "Traceback (most recent call last):", shown.stdout
+    assert 'with open("/nonexistent/shard-00001.bin", "rb"):' in shown.stdout
+    assert lines[-1] == CAUSE.removeprefix("rank 1 raised "), shown.stdout
+    assert "Root Cause" not in shown.stdout and "exitcode" not in shown.stdout, "the traceback alone"
+    failed = service.client.get(f"/v1/runs/{run['id']}/traceback", params={"rank": 0}).json()
+    assert (failed["rank"], failed["root_cause"]) == (0, False) and "SIGTERM" in failed["traceback"], failed
+    unknown = subprocess.run([sys.executable, "-m", "longrun.cli", "logs", "raises", "--rank", "3"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "LONGRUN_URL": service.url})
+    assert unknown.returncode == 5, unknown.stderr
+    assert "rank 3 did not fail in attempt 1" in unknown.stderr and "failed: rank 0, 1" in unknown.stderr
+
+
+def test_a_ranks_traceback_is_read_from_torchruns_last_failure_summary_only() -> None:
+    summary = (FIXTURE_SUMMARY.replace("RANK", "7").replace("ERROR", "ValueError: shard 7")
+               .replace("OTHER", "5"))
+    fake = summary.replace("ValueError: shard 7", "printed by the job")
+    failures = tracebacks.parse_summary("step 1\n" + fake + "step 2\n" + summary)
+    assert [(f.rank, f.root_cause) for f in failures] == [(5, False), (7, True)]
+    assert failures[1].traceback == ("Traceback (most recent call last):\n  File \"train.py\", line 3, in main\n"
+                                     "    raise ValueError('shard 7')\n\nValueError: shard 7")
+    assert failures[0].traceback == "Signal 15 (SIGTERM) received by PID 41"
+    assert tracebacks.parse_summary("Traceback (most recent call last):\nValueError: no torchrun\n") == []
+
+
+FIXTURE_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_06:28:09
+  host      : gpu-box
+  rank      : OTHER (local_rank: 0)
+  exitcode  : -15 (pid: 41)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 41
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_06:28:09
+  host      : gpu-box
+  rank      : RANK (local_rank: 1)
+  exitcode  : 1 (pid: 42)
+  error_file: /tmp/torchelastic_x/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "train.py", line 3, in main
+      raise ValueError('shard 7')
+~~
+  ERROR
+~~
+============================================================
+""".replace("~~", "  ")  # torchrun indents a traceback's blank lines too
 
 
 def test_a_cause_is_read_only_from_what_torch_elastic_wrote() -> None:

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from server import proposal, queries, runs, views
+from server import proposal, queries, runs, tracebacks, views
 from server.api.deps import DB, ReadSession, WriteSession, write_line
 from server.api.run_ref import RunRef
 from server.errors import NotFound
@@ -23,6 +23,7 @@ from server.schemas import (
     RunCreate,
     RunPage,
     RunPublic,
+    TracebackPublic,
     without_env_values,
 )
 
@@ -126,6 +127,17 @@ def get_logs(run_id: RunRef, session: ReadSession, tail: Annotated[int | None, Q
              node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
     number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
     return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end, dropped_bytes=dropped)
+
+
+@router.get("/{run_id}/traceback", responses={404: {"description": "no such run or attempt, or that rank did "
+                                                "not fail in it (the answer says which did)"}})
+def get_traceback(run_id: RunRef, session: ReadSession, rank: Annotated[int, Query(ge=0)],
+                  attempt: Annotated[int | None, Query(ge=1)] = None) -> TracebackPublic:
+    """A failed rank's traceback in the current attempt (or `attempt`), from torchrun's failure summary at the end of
+    the log of the node it ran on."""
+    number, node, failure = tracebacks.rank_traceback(session, queries.get_run(session, run_id), attempt, rank)
+    return TracebackPublic(attempt=number, node=node, rank=failure.rank, root_cause=failure.root_cause,
+                           traceback=failure.traceback)
 
 
 @router.get("/{run_id}/evaluation", responses={404: {"description": "no such run, or not evaluated yet"}})
