@@ -257,10 +257,14 @@ class Client:
         return self._call("POST", f"/v1/runs/{run_id}/cancel")
 
     def restart(self, run_id: str, overrides: Mapping[str, Any] | None = None, *, clean: bool = False,
-                init_from_last: bool = False, dry_run: bool = False, **fields: Any) -> dict[str, Any]:
+                init_from_last: bool = False, dry_run: bool = False, resume: bool = False,
+                **fields: Any) -> dict[str, Any]:
         """Relaunch as a new attempt with fields changed (`ttt_steps=5`, or `overrides={...}`); with dry_run,
-        only the predicted duration of that attempt, nothing changed."""
+        only the predicted duration of that attempt, nothing changed. A trainer's checkpoint of another TTT depth
+        is resumed only with `resume` (else InvalidRequest; `clean` starts from step 0)."""
         body = {"overrides": {**(overrides or {}), **fields}, "clean": clean, "init_from_last": init_from_last}
+        if resume:
+            body["resume"] = True
         return self._call("POST", f"/v1/runs/{run_id}/restart", params={"dry_run": str(dry_run).lower()}, json=body)
 
     def delete(self, run_id: str) -> None:

@@ -4,11 +4,16 @@ whatever TTT depth they were trained with. This says so before it happens, for t
 
 The checkpoint is the trainer's (trainer/checkpoint.py): every `save_every` steps and at each epoch's end, never
 on SIGTERM; its step is inferred from the attempts' measured last steps, so it is what the trainer will find
-unless files were changed by hand."""
+unless files were changed by hand.
+
+Resuming a checkpoint trained at another TTT depth is only done when the restart says `resume` (a depth change
+without it is refused, naming the checkpoint's step and depth): otherwise a TTT=3 -> 5 restart would quietly
+continue the TTT=3 training from its checkpoint while the user expected a TTT=5 training from step 0."""
 
 from dataclasses import dataclass
 from typing import Any
 
+from server.errors import FieldError
 from server.models import Run
 
 
@@ -18,6 +23,8 @@ class StartPlan:
     from_step: int | None  # the checkpoint's step when it resumes
     trained_ttt: int | None  # the TTT depth that checkpoint was trained with
     why: str
+    # it resumes a checkpoint trained at another TTT depth than the new attempt's: asked for explicitly (resume)
+    other_depth: bool = False
 
 
 def _checkpoint_step(attempt_spec: dict[str, Any], last_step: int | None, total_steps: int | None) -> int:
@@ -36,7 +43,22 @@ def _checkpoint_step(attempt_spec: dict[str, Any], last_step: int | None, total_
     return max(saved, default=0)
 
 
-def start_plan(run: Run, new_spec: dict[str, Any], clean: bool) -> StartPlan:
+def start_plan(run: Run, new_spec: dict[str, Any], clean: bool, resume: bool = False) -> StartPlan:
+    """What the new attempt starts from; a resume of another depth's checkpoint is refused unless `resume` asks
+    for it (clean, or `fresh` in the command, trains from step 0 instead)."""
+    if clean and resume:
+        raise FieldError(("resume",), "resume keeps the checkpoint that clean would delete: ask for one of the two")
+    plan = _plan(run, new_spec, clean)
+    if plan.other_depth and not resume:
+        new_ttt = new_spec["trainer"]["ttt_steps"]
+        raise FieldError(("resume",), f"the checkpoint at step {plan.from_step} in {new_spec['trainer']['output_dir']} "
+                         f"was trained with {plan.trained_ttt} TTT steps and this attempt trains {new_ttt}: say "
+                         f"resume: true to continue it at TTT={new_ttt} for its remaining steps only, or clean: "
+                         f"true to train TTT={new_ttt} from step 0 (longrun restart --resume / --fresh)")
+    return plan
+
+
+def _plan(run: Run, new_spec: dict[str, Any], clean: bool) -> StartPlan:
     trainer = new_spec.get("trainer")
     if trainer is None:
         return StartPlan("unknown", None, None, "an entrypoint run resumes as its own script does (longrun passes "
@@ -54,7 +76,8 @@ def start_plan(run: Run, new_spec: dict[str, Any], clean: bool) -> StartPlan:
         return StartPlan("fresh", None, None, f"no checkpoint in {trainer['output_dir']} yet: training starts at step 0")
     why = f"resumes the checkpoint at step {step} in {trainer['output_dir']}"
     new_ttt = trainer.get("ttt_steps")
-    if ttt is not None and new_ttt is not None and ttt != new_ttt:
+    other_depth = ttt is not None and new_ttt is not None and ttt != new_ttt
+    if other_depth:
         why += (f", trained with {ttt} TTT steps, continuing with {new_ttt} (its remaining steps only); "
                 f"clean starts a TTT={new_ttt} training from step 0")
-    return StartPlan("resume", step, ttt, why)
+    return StartPlan("resume", step, ttt, why, other_depth)

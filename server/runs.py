@@ -184,7 +184,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run = get_run(session, run_id)
     spec = _restart_spec(session, run, req)
     measured = queries.measured_attempts(session, run)
-    plan = resume.start_plan(run, spec_dict(spec), req.clean)  # before the new attempt joins the run
+    plan = resume.start_plan(run, spec_dict(spec), req.clean, req.resume)  # before the new attempt joins the run
     try:
         attempt = restart_run(session, run, spec_dict(spec), req.clean, f"restart requested: attempt {run.attempt + 1}"
                               f" ({plan.why})", overrides=without_env_values(req.overrides))
@@ -202,7 +202,7 @@ def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRu
     spec = spec_dict(_restart_spec(session, run, req))
     if run.status in (RunStatus.RESTARTING, RunStatus.CANCELLING):
         raise Conflict(f"run {run_id} is {run.status}; wait until it settles, then restart", run.status)
-    plan = resume.start_plan(run, spec, req.clean)
+    plan = resume.start_plan(run, spec, req.clean, req.resume)
     seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec, done_steps=plan.from_step or 0)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
     return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish,

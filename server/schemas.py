@@ -417,7 +417,10 @@ TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 class RestartRequest(Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
-    clean: bool = False
+    clean: bool = Field(False, description="empty the output directory first: a trainer run starts at step 0 "
+                        "(fresh)")
+    resume: bool = Field(False, description="trainer runs: resume the output directory's checkpoint even when it "
+                         "was trained at another TTT depth (without it, or clean, such a restart is a 422)")
     init_from_last: bool = Field(False, description="warm start: trainer runs start from the last attempt's draft (--init-from)")
 
 

@@ -229,7 +229,10 @@ def restart(
                                                   min=1)] = None,
     clean: Annotated[bool, typer.Option("--clean", "--fresh", help="Empty the output directory first: the "
                                         "trainer starts at step 0 instead of resuming its newest checkpoint "
-                                        "(whatever TTT depth that was trained with; --dry-run says which).")] = False,
+                                        "(--dry-run says which it would do).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Trainer runs: resume the newest checkpoint even when it "
+                                         "was trained at another TTT depth (a depth change over a checkpoint is "
+                                         "refused without --resume or --fresh).")] = False,
     init_from_last: Annotated[bool, typer.Option("--init-from-last", help="Trainer runs: warm start from the last "
                                                  "exported draft.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change, whether it resumes a "
@@ -250,7 +253,8 @@ def restart(
         run = client.get(run_id)
         if not dry_run and run["status"] in LIVE:
             confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it?", yes)
-        answer = client.restart(run["id"], overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run)
+        answer = client.restart(run["id"], overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run,
+                                resume=resume)
         if as_json:
             print_json(answer, lines=watch and not dry_run)
         elif dry_run:

@@ -338,6 +338,7 @@ export function showRun(root, runId, signal) {
       input("restart-nproc", "Processes per node", { type: "number", min: 1, value: String(spec.nproc_per_node) }),
       input("restart-retries", "Retries", { type: "number", min: 0, value: String(spec.max_retries) }),
       input("restart-clean", "Clean", { type: "checkbox", checked: Boolean(prefill?.clean) }, "empty the output directory first (a trainer's draft is kept aside)"),
+      trainer ? input("restart-resume", "Resume", { type: "checkbox" }, "continue the output directory's checkpoint even when it was trained at another TTT depth (else such a restart is refused: clean starts at step 0)") : null,
       trainer ? input("restart-init", "Warm start", { type: "checkbox" }, "start from the last attempt's draft") : null,
     ];
     const extra = el("textarea", { id: "restart-overrides", rows: 2, placeholder: '{"lr": 0.0001}' });
@@ -364,7 +365,9 @@ export function showRun(root, runId, signal) {
         if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("Other overrides must be a JSON object");
         Object.assign(overrides, parsed);
       }
-      return { overrides, clean: value("restart-clean").checked, init_from_last: Boolean(value("restart-init")?.checked) };
+      const body = { overrides, clean: value("restart-clean").checked, init_from_last: Boolean(value("restart-init")?.checked) };
+      if (value("restart-resume")?.checked) body.resume = true;
+      return body;
     }
 
     const invalidate = () => { request = null; confirmButton.disabled = true; replace(prediction); };
@@ -382,6 +385,7 @@ export function showRun(root, runId, signal) {
             el("p", {}, "Predicted duration: ", el("strong", { id: "predicted-duration" }, duration(dry.predicted_duration_seconds)),
               dry.predicted_finish ? ` (finishing about ${when(dry.predicted_finish)})` : ""),
             el("p", { class: "muted small" }, dry.basis),
+            el("p", { id: "restart-start" }, `Start: ${dry.start}${dry.start_reason ? `: ${dry.start_reason}` : ""}`),
             el("ul", { class: "changes" }, changes.length ? changes.map((c) => el("li", {}, c)) : el("li", {}, "no setting changes")),
             body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null);
           request = body;

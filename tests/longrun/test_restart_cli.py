@@ -28,17 +28,27 @@ def trainer_run(cli: App) -> dict:
     return run
 
 
-def test_the_dry_run_prints_the_spec_diff_and_the_checkpoint_it_resumes(cli: App, capsys) -> None:
-    trainer_run(cli)
-    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--dry-run"]) == 0
+def test_a_depth_change_over_a_checkpoint_needs_resume_or_fresh_and_the_dry_run_says_which(cli: App,
+                                                                                            capsys) -> None:
+    run = trainer_run(cli)
+    for dry in (["--dry-run"], []):
+        assert exit_code(["restart", "ttt3", "--ttt-steps", "5", *dry, "--yes"]) == ExitCode.REFUSED
+        err = capsys.readouterr().err
+        assert "trained with 3 TTT steps and this attempt trains 5" in " ".join(err.split()), err
+        assert "--resume / --fresh" in err, err
+    assert cli.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--resume", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "ttt_steps: 3 -> 5" in out
     assert "start: resume: resumes the checkpoint at step 500" in out and "trained with 3 TTT steps" in out
     assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--fresh", "--dry-run"]) == 0
     assert "start: fresh:" in capsys.readouterr().out
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--resume", "--yes", "--json"]) == 0
+    restarted = cli.client.get(f"/v1/runs/{run['id']}").json()
+    assert restarted["attempt"] == 2 and "resumes the checkpoint at step 500" in restarted["message"]
 
 
-@pytest.mark.parametrize("command", [["cancel", "ttt3"], ["restart", "ttt3", "--ttt-steps", "5"]])
+@pytest.mark.parametrize("command", [["cancel", "ttt3"], ["restart", "ttt3", "--ttt-steps", "5", "--fresh"]])
 def test_stopping_a_live_attempt_asks_on_a_terminal(cli: App, capsys, monkeypatch, command: list[str]) -> None:
     run = trainer_run(cli)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)

@@ -1,12 +1,13 @@
 """A restart's dry run says whether the new attempt resumes the trainer's checkpoint (from which step, trained at
-which TTT depth) or starts fresh, and prices that: in-process, the API without the worker."""
+which TTT depth) or starts fresh, and prices that; resuming another depth's checkpoint is asked for explicitly
+(resume) or refused: in-process, the API without the worker."""
 
 from server.lifecycle import RunStatus as S
 from server.models import Attempt
 from tests.inprocess import App
 
 
-def test_the_dry_run_says_a_ttt_change_without_clean_resumes_the_old_depths_checkpoint_and_prices_it(api: App) -> None:
+def test_a_ttt_change_over_a_checkpoint_is_refused_unless_resume_or_clean_and_the_dry_run_prices_each(api: App) -> None:
     out = str(api.workspace / "out")
     trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": out,
                "ttt_steps": 3, "save_every": 100, "epochs": 2}
@@ -17,7 +18,24 @@ def test_the_dry_run_says_a_ttt_change_without_clean_resumes_the_old_depths_chec
         a.last_step, a.total_steps, a.sec_per_step = 570, 1520, 0.5
     url = f"/v1/runs/{run['id']}/restart"
 
-    resumed = api.client.post(url, params={"dry_run": True}, json={"overrides": {"ttt_steps": 5}}).json()
+    # another depth over a checkpoint: refused until the restart says resume or clean, the dry run as the restart
+    for params in ({"dry_run": True}, {}):
+        refused = api.client.post(url, params=params, json={"overrides": {"ttt_steps": 5}})
+        assert refused.status_code == 422, refused.text
+        [error] = refused.json()["detail"]
+        assert error["loc"] == ["body", "resume"]
+        assert error["msg"].startswith(f"the checkpoint at step 500 in {out} was trained with 3 TTT steps and this "
+                                       "attempt trains 5: say resume: true to continue it"), error["msg"]
+        assert "clean: true to train TTT=5 from step 0" in error["msg"]
+    assert api.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1, "the refusal changed nothing"
+    both = api.client.post(url, params={"dry_run": True}, json={"overrides": {"ttt_steps": 5}, "resume": True,
+                                                                "clean": True})
+    assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "resume"]
+    same_depth = api.client.post(url, params={"dry_run": True}, json={"overrides": {"epochs": 3}}).json()
+    assert (same_depth["start"], same_depth["resumes_from_step"]) == ("resume", 500), "no depth change: no question"
+
+    resumed = api.client.post(url, params={"dry_run": True}, json={"overrides": {"ttt_steps": 5},
+                                                                   "resume": True}).json()
     assert (resumed["start"], resumed["resumes_from_step"], resumed["resumes_ttt_steps"]) == ("resume", 500, 3)
     assert "trained with 3 TTT steps, continuing with 5" in resumed["start_reason"]
     assert "resumes at step 500 of 1520" in resumed["basis"]
@@ -31,5 +49,5 @@ def test_the_dry_run_says_a_ttt_change_without_clean_resumes_the_old_depths_chec
     # another output dir holds no checkpoint: fresh, and the restart's message says which it is
     other = api.client.post(url, params={"dry_run": True}, json={"overrides": {"output_dir": out + "2"}}).json()
     assert other["start"] == "fresh"
-    restarted = api.client.post(url, json={"overrides": {"ttt_steps": 5}}).json()
+    restarted = api.client.post(url, json={"overrides": {"ttt_steps": 5}, "resume": True}).json()
     assert "resumes the checkpoint at step 500" in restarted["message"], restarted["message"]

@@ -118,7 +118,7 @@ def test_restart_mid_run_stops_the_trainer_at_a_step_not_by_sigkill(
     del spec["trainer"]["eval_corpus"]
     run = service.submit(spec)
     service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 5, what="attempt 1 training")
-    r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_steps": 5}})
+    r = service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_steps": 5}, "resume": True})
     assert r.status_code == 202, r.text
     second = service.wait(run["id"], lambda r: r["attempt"] == 2 and "loss_4" in r["latest"], timeout=120,
                           what="attempt 2 reporting loss_4")

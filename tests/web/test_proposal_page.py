@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 from playwright.sync_api import Page, expect
 
+from server.models import Attempt
 from tests.inprocess import App
 from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
 from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
@@ -72,4 +73,17 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     expect(page.locator("#restart-prediction")).to_contain_text("The output directory will be emptied.")
     expect(page.locator("#restart-confirm")).to_be_enabled()
     assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "the button and its dry run change nothing"
+
+    # with a TTT=3 checkpoint in the output dir (an epoch's end), unticking clean is refused until Resume says so
+    with api.session() as s:
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.last_step = attempt.total_steps = 1000
+    page.uncheck("#restart-clean")
+    page.click("#restart-preview")
+    expect(page.locator("#restart-prediction .error")).to_contain_text("was trained with 3 TTT steps")
+    expect(page.locator("#restart-confirm")).to_be_disabled()
+    page.check("#restart-resume")
+    page.click("#restart-preview")
+    expect(page.locator("#restart-start")).to_contain_text("Start: resume: resumes the checkpoint at step 1000")
+    expect(page.locator("#restart-confirm")).to_be_enabled()
     assert page.errors == []  # type: ignore[attr-defined]
