@@ -151,11 +151,32 @@ def improved_positions(positions: list[float], trained_ttt: int) -> list[float]:
     t = trained_ttt
     if t >= len(positions):
         return list(positions)
-    if t == 1:
-        ratio = positions[0]
-    else:
-        ratio = (positions[t - 1] / positions[0]) ** (1 / (t - 1)) if positions[0] > 0 else 0.0
+    ratio = _inside_ratio(positions, t)
     return positions[:t] + [max(a, positions[t - 1] * ratio**k) for k, a in enumerate(positions[t:], start=1)]
+
+
+def _inside_ratio(positions: list[float], t: int) -> float:
+    """RETRAIN_ASSUMPTION's r: the geometric-mean ratio P(1..i+1)/P(1..i) over positions 1..t (a_1 for t = 1)."""
+    if t == 1:
+        return positions[0]
+    return (positions[t - 1] / positions[0]) ** (1 / (t - 1)) if positions[0] > 0 else 0.0
+
+
+def _conditional(positions: list[float]) -> list[float]:
+    """Acceptance at each position given the earlier ones were: P(1..k) / P(1..k-1)."""
+    return [p / q if q > 0 else 0.0 for p, q in zip(positions, [1.0, *positions], strict=False)]
+
+
+def _nothing_to_lift(positions: list[float], trained_ttt: int) -> str:
+    """Why a deeper TTT is expected to gain nothing: beyond the trained depth the draft already accepts at or above
+    the decay inside it (RETRAIN_ASSUMPTION), the figures a user can check."""
+    conditional = _conditional(positions)
+    inside = _inside_ratio(positions, trained_ttt)
+    beyond = " ".join(f"{a:.2f}" for a in conditional[trained_ttt:])
+    return (f"a deeper TTT is expected to gain nothing: beyond the trained depth {trained_ttt} the draft already "
+            f"accepts {beyond} at positions {trained_ttt + 1}..{len(positions)} (each given the earlier ones), at or "
+            f"above the {inside:.3f} per position it keeps inside it; a deeper TTT lifts only positions below that "
+            "decay (the assumption)")
 
 
 def _training_seconds(ttt: int, by_ttt: dict[int, float] | None) -> tuple[float | None, str | None]:
@@ -200,6 +221,10 @@ def _retrain_advice(
         return advice
 
     better = improved_positions(positions, trained_ttt)
+    if better == positions:
+        advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_now, tps_now, 0.0
+        advice.reason = _nothing_to_lift(positions, trained_ttt)
+        return advice
     # Only the improvement is added, so a measured tau keeps its own value at and below the trained depth.
     taus_after = {d: tau + sum(better[:d]) - sum(positions[:d]) for d, tau in taus.items()}
     speeds_after = {0: 1000 / cost.round_ms(0), **{d: 1000 * tau / cost.round_ms(d) for d, tau in taus_after.items()}}

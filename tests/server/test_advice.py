@@ -95,6 +95,25 @@ def test_hand_worked_retrain_from_ttt_2_does_not_move_the_depth():
     assert retrain.gain == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_draft_already_accepting_beyond_its_trained_depth_has_nothing_to_lift_and_says_why():
+    # conditional 0.8, 0.75 inside TTT=2 (r = 0.75), then 0.9 and 0.9: above the decay, so nothing improves
+    positions = [0.8, 0.6, 0.54, 0.486]
+    assert improved_positions(positions, 2) == positions
+    out = advise({"position_acceptance": positions}, "pcie", 8, trained_ttt=2)
+    retrain = out.retrain
+    assert retrain.pays_off is False and retrain.suggested_ttt_steps is None and retrain.gain == 0.0
+    assert retrain.depth_after == out.recommended_depth and retrain.tokens_per_second_after == out.tokens_per_second
+    assert "gain nothing" in retrain.reason and "accepts 0.90 0.90 at positions 3..4" in retrain.reason
+    assert "above the 0.750 per position" in retrain.reason
+
+
+def test_pcie_model_fixture_is_the_advisors_pcie_table_at_tp_8():
+    data = json.loads((FIXTURES.parent / "pcie-model" / "allreduce-pcie-tp8.json").read_text())
+    assert data["world"] == 8 and len(data["gpus"]) == 8 and all("(PCIe model)" in g for g in data["gpus"])
+    assert [row["bytes"] for row in data["allreduce"]] == [b for b, _ in pcie_allreduce_us(8)]
+    assert [row["us"] for row in data["allreduce"]] == pytest.approx([us for _, us in pcie_allreduce_us(8)])
+
+
 def test_small_gain_does_not_pay_off_but_names_the_depth():
     retrain = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, min_gain=0.2).retrain
     assert retrain.suggested_ttt_steps == 3

@@ -3,6 +3,7 @@ InterconnectResponder measured through hostside (tests/fakegpu's captured H200 s
 worker's ingest (worker/ingest.py) as the trainer writes them, sim_acc_k after each validation."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,36 @@ def test_a_deployment_that_speculates_at_most_five_deep_gets_at_most_ttt_5(
     got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
     assert got["action"] == "restart" and got["suggested_ttt"] == 5 and len(got["sim_acc"]) == 5
     assert [row["depth"] for row in got["advice"]["by_depth"]] == [1, 2, 3, 4, 5]
+
+
+# the demo's TTT=3 draft at its last validation: positions 4-5 accepted above the decay inside its trained depth
+DEMO_TTT3 = [0.80, 0.82, 0.87, 0.88, 0.87]
+PCIE_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "pcie-model" / "allreduce-pcie-tp8.json"
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_on_the_modelled_pcie_box_a_shallow_draft_gets_a_restart_and_the_demos_draft_keeps_going_saying_why(
+        api: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # make demo's deployment box: the advisor's PCIe model at tp=8 as a probe answer, without GPU peer links
+    monkeypatch.setenv("FAKE_ALLREDUCE_TABLE", str(PCIE_MODEL))
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    box = probe(api, responder, tp=8)
+    assert box["tp"] == 8 and box["interconnect"] == "pcie" and box["gpus"] == ["NVIDIA H200 (PCIe model)"] * 8
+    assert box["allreduce"] == json.loads(PCIE_MODEL.read_text())["allreduce"]
+    deploy = {"host": "local", "tp": 8, "engine": "sglang", "max_depth": 5}
+    shallow = trainer_run(api, deploy=deploy)
+    feed(api, shallow, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, shallow, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{shallow}/proposal").json()
+    assert got["action"] == "restart" and got["restart"] == {"overrides": {"ttt_steps": 5}, "clean": True}
+    assert "(pcie, tp=8, sglang)" in got["summary"]
+
+    steady = trainer_run(api, deploy=deploy)
+    feed(api, steady, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, steady, 1, 100, DEMO_TTT3)
+    got = api.client.get(f"/v1/runs/{steady}/proposal").json()
+    assert got["action"] == "keep_going" and got["depth_now"] == 5 and got["gain"] == 0.0
+    # why, in figures a user can check: conditional 0.88, 0.87 beyond TTT=3 against sqrt(0.82 x 0.87) inside it
+    assert "gain nothing" in got["reason"] and "accepts 0.88 0.87 at positions 4..5" in got["reason"]
+    assert f"above the {(0.82 * 0.87) ** 0.5:.3f} per position" in got["reason"]
+    assert got["predicted_tau_after"] == pytest.approx(1 + sum(got["predicted_position_acceptance_after"]))
