@@ -129,6 +129,11 @@ def advise(
     plain = 1000 / rounds.round_ms(0)
     speeds = {0: plain, **{row.depth: row.tokens_per_second for row in by_depth}}
     depth = _shallowest_best(speeds)
+    retrain = _retrain_advice(rounds, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt,
+                              min_gain)
+    if drafting is not None and drafting.topk > 1:
+        retrain.reason += (f" (the top-{drafting.topk} tree's acceptance taken as the chain's, a lower bound: "
+                           "drafting.acceptance)")
     return Advice(
         interconnect=interconnect,
         tp=tp,
@@ -138,9 +143,7 @@ def advise(
         no_speculation=NoSpeculation(round_ms=rounds.round_ms(0), tokens_per_second=plain),
         by_depth=by_depth,
         allreduce_basis=allreduce_basis or _allreduce_basis(cost),
-        retrain=_retrain_advice(
-            rounds, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt, min_gain
-        ),
+        retrain=retrain,
         cost_model=cost,
         drafting=drafting_public(drafting, tp) if drafting is not None else None,
     )

@@ -25,8 +25,11 @@ depth: at tp=8 over PCIe a sharded step can cost more than a replicated one, whi
 
 Tree drafting (topk > 1, SGLang's speculative_eagle_topk): each decode forward runs topk tokens and the verifier
 checks topk * d + 1 tokens (all drafted tokens; SGLang's speculative_num_draft_tokens at its largest). Its
-acceptance is taken as the chain's, which the sim_acc metrics measure (greedy chain): a lower bound for a tree, so
-a tree here shows its cost, not its gain; give measured acceptance to judge a tree.
+acceptance is NOT modelled: the tree's τ by depth is taken equal to the chain's, which is all that sim_acc_k and
+`evaluate` measure (greedy top-1, no per-position top-k acceptance). That is a lower bound (a tree accepts at least
+what its top-1 branch does), so a tree here shows its cost, not its gain, and never serves faster than the chain
+with the same acceptance; every answer with topk > 1 says so (`drafting.acceptance`). Give acceptance measured with
+a tree to judge one.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ ENGINES = ("sglang", "vllm", "measured")
 # SGLang's EAGLE-3 draft layer: embedding, attention output and MLP output all-reduces per forward
 DRAFT_ALLREDUCES_PER_FORWARD = 3
 DEFAULT_DRAFT_VOCAB = 32000
+CHAIN_ACCEPTANCE = "the chain's (greedy top-1), as measured"
+TREE_ACCEPTANCE = (
+    "the chain's (greedy top-1) taken for the top-{topk} tree, not modelled: sim_acc_k and evaluate measure no "
+    "top-k acceptance. A lower bound (a tree accepts at least what its top-1 branch does): its {topk} x depth + 1 "
+    "verified tokens and top-{topk} draft forwards are priced, its extra acceptance is not, so here a tree never "
+    "serves faster than the chain; judge a tree by acceptance measured with one"
+)
 
 
 class RoundTerms(BaseModel):
@@ -101,10 +111,16 @@ class Drafting:
     def describe(self, tp: int) -> str:
         if self.engine == "measured":
             return f"measured round cost at depths {sorted(self.round_ms or {})}"
-        shape = "chain" if self.topk == 1 else f"tree, top-{self.topk} per step"
+        shape = "chain" if self.topk == 1 else f"tree, top-{self.topk} per step (acceptance: the chain's, a lower bound)"
         where = (f"draft sharded at tp={tp}: {DRAFT_ALLREDUCES_PER_FORWARD} all-reduces + 1 logits all-gather per "
                  "draft forward" if self.sharded(tp) else "draft replicated on every rank: no collective")
         return f"{self.engine}, {shape}, {where}"
+
+    def acceptance(self) -> str:
+        """What the answer's acceptance (τ by depth) is for this drafting: the chain's, a lower bound for a tree."""
+        if self.topk == 1:
+            return CHAIN_ACCEPTANCE
+        return TREE_ACCEPTANCE.format(topk=self.topk)
 
 
 class EngineCost:
@@ -172,8 +188,13 @@ class DraftingPublic(BaseModel):
     draft_tp: int | None
     sharded: bool
     description: str
+    acceptance: str = Field(description="what the τ by depth is for this drafting: the chain's as measured; for a "
+                            "tree (topk > 1) the chain's too, a lower bound: a tree's acceptance is not modelled")
+    acceptance_is_lower_bound: bool = Field(description="true for a tree: its τ is the chain's, not its own")
 
 
 def drafting_public(drafting: Drafting, tp: int) -> DraftingPublic:
     return DraftingPublic(engine=drafting.engine, topk=drafting.topk, draft_tp=drafting.draft_tp,
-                          sharded=drafting.sharded(tp), description=drafting.describe(tp))
+                          sharded=drafting.sharded(tp), description=drafting.describe(tp),
+                          acceptance=drafting.acceptance(),
+                          acceptance_is_lower_bound=drafting.topk > 1)

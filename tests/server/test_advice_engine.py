@@ -1,6 +1,8 @@
 """The advisor with the serving engine in the cost: SGLang's sharded draft pays all-reduces per draft forward,
 vLLM's replicated draft (draft_tensor_parallel_size 1) does not, and that moves the depth to serve."""
 
+from dataclasses import replace
+
 import pytest
 
 from server.advisor import CostModel, Drafting, advise
@@ -64,3 +66,24 @@ def test_a_tree_verifies_topk_tokens_per_step_and_a_measured_round_is_taken_as_g
     assert measured.recommended_depth == 1 and measured.tokens_per_second == pytest.approx(1700 / 11.0)
     with pytest.raises(ValueError, match="needs round_ms"):
         Drafting(engine="measured")
+
+
+def test_a_trees_acceptance_is_the_chains_a_lower_bound_the_answer_states() -> None:
+    # sim_acc_k and evaluate measure greedy top-1 chains only: a top-k tree's acceptance is not modelled
+    cost = replace(COST, verifier_per_token_ms=0.5)
+    chain = advise(CHAIN, "pcie", 2, cost, drafting=Drafting(engine="sglang"))
+    tree = advise(CHAIN, "pcie", 2, cost, drafting=Drafting(engine="sglang", topk=4))
+    assert [r.mean_accepted for r in tree.by_depth] == [r.mean_accepted for r in chain.by_depth]
+    # so a tree pays for its extra verified tokens and gains nothing here: never faster than the chain
+    assert all(t.round_ms > c.round_ms and t.tokens_per_second < c.tokens_per_second
+               for t, c in zip(tree.by_depth, chain.by_depth, strict=True))
+    assert tree.tokens_per_second <= chain.tokens_per_second
+    assert not chain.drafting.acceptance_is_lower_bound and chain.drafting.acceptance.startswith("the chain's")
+    assert tree.drafting.acceptance_is_lower_bound
+    assert "top-4 tree, not modelled" in tree.drafting.acceptance and "lower bound" in tree.drafting.acceptance
+    assert "acceptance: the chain's, a lower bound" in tree.drafting.description
+    assert "top-4 tree's acceptance taken as the chain's, a lower bound" in tree.retrain.reason
+    assert "lower bound" not in chain.retrain.reason
+    # a measured tree round is still judged on the chain's acceptance, and says so
+    timed = advise(CHAIN, "pcie", 2, cost, drafting=Drafting(engine="measured", topk=4, round_ms={0: 10.0, 1: 12.0}))
+    assert timed.drafting.acceptance_is_lower_bound
