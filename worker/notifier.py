@@ -2,12 +2,15 @@
 when the service's depth proposal for a run changes (server/proposal.py).
 
 The worker's tick only reads the events table and queues what it finds; a thread of the notifier's own
-posts each notification, signed with an HMAC-SHA256 of the shared secret, each within one deadline
+posts each notification, signed with an HMAC-SHA256 of the shared secret (the Standard Webhooks scheme, and
+longrun's earlier X-Longrun-Signature beside it), each within one deadline
 (LONGRUN_WEBHOOK_TIMEOUT, however the receiver answers), and retries a failed post with exponential backoff, so
 a receiver that is slow, down or dripping delays no run and holds the next notification no longer than that. The cursor is in memory: a
 notifier starts at the newest event, and one process (the embedded worker, say) should have the URL set.
 """
 
+import base64
+import binascii
 import hashlib
 import heapq
 import hmac
@@ -17,7 +20,8 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,12 +49,43 @@ class Notification:
     attempt: int
     message: str | None
     time: str
+    # the webhook-id header: one per notification, the same on each retry (a receiver's idempotency key)
+    id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
-    """`sha256=<hex>` of HMAC-SHA256(secret, "<timestamp>.<body>"): the timestamp is signed so a replay shows."""
+    """X-Longrun-Signature, as the README has documented it from the start: `sha256=<hex>` of
+    HMAC-SHA256(secret, "<timestamp>.<body>"); the timestamp is signed so a replay shows."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     return f"sha256={mac.hexdigest()}"
+
+
+# The Standard Webhooks scheme as spec/standard-webhooks.md, "Version: 1.0.0", of
+# github.com/standard-webhooks/standard-webhooks defines it (section "Signature scheme" and "Webhook headers"):
+# webhook-id, webhook-timestamp (unix seconds) and webhook-signature "v1,<base64 of HMAC-SHA256 over
+# '{id}.{timestamp}.{body}'>", its key the base64 after "whsec_" (the secret's serialization there)
+SECRET_PREFIX = "whsec_"
+
+
+def signing_key(secret: str) -> bytes:
+    """The Standard Webhooks HMAC key: a `whsec_<base64>` secret's decoded bytes, any other secret's UTF-8 bytes
+    (a Standard Webhooks library verifies it given those bytes, or `whsec_` + their base64)."""
+    if not secret.startswith(SECRET_PREFIX):
+        return secret.encode()
+    encoded = secret.removeprefix(SECRET_PREFIX)
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("LONGRUN_WEBHOOK_SECRET starts with whsec_ but what follows is not base64") from None
+    if not key:
+        raise ValueError("LONGRUN_WEBHOOK_SECRET is whsec_ with no key after it")
+    return key
+
+
+def standard_signature(key: bytes, msg_id: str, timestamp: str, body: bytes) -> str:
+    """webhook-signature: `v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`."""
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return f"v1,{base64.b64encode(mac).decode()}"
 
 
 def payload(note: Notification, fmt: str) -> dict[str, Any]:
@@ -59,7 +94,9 @@ def payload(note: Notification, fmt: str) -> dict[str, Any]:
         what = note.event.replace("_", " ")
         text = f"longrun: run *{note.run_name}* (`{note.run_id}`, attempt {note.attempt}) {what}"
         return {"text": f"{text}: {note.message}" if note.message else text}
-    return asdict(note)
+    body = asdict(note)
+    del body["id"]  # it is the webhook-id header
+    return body
 
 
 def notification_of(event: Event, run_name: str) -> Notification | None:
@@ -83,6 +120,7 @@ class WebhookNotifier:
         if not settings.webhook_url:
             raise ValueError("WebhookNotifier needs LONGRUN_WEBHOOK_URL")
         self.db, self.settings = db, settings
+        self._key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
         with db.reading() as session:
             self._after = session.scalar(select(func.coalesce(func.max(Event.id), 0)))
         self._unreachable: set[str] = set()
@@ -142,10 +180,13 @@ class WebhookNotifier:
 
     def _post(self, note: Notification) -> bool:
         body = json.dumps(payload(note, self.settings.webhook_format)).encode()
-        headers = {"Content-Type": "application/json", "X-Longrun-Event": note.event}
-        if self.settings.webhook_secret:
-            stamp = str(int(time.time()))
-            headers |= {"X-Longrun-Timestamp": stamp,
+        # each try is stamped anew (the spec's attempt timestamp); its id stays the notification's
+        stamp = str(int(time.time()))
+        headers = {"Content-Type": "application/json", "X-Longrun-Event": note.event, "webhook-id": note.id,
+                   "webhook-timestamp": stamp}
+        if self.settings.webhook_secret and self._key:
+            headers |= {"webhook-signature": standard_signature(self._key, note.id, stamp, body),
+                        "X-Longrun-Timestamp": stamp,
                         "X-Longrun-Signature": signature(self.settings.webhook_secret, stamp, body)}
         try:
             status = post_within(self.settings.webhook_url, body, headers, self.settings.webhook_timeout)

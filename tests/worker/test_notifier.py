@@ -1,11 +1,14 @@
 """Webhooks on run state changes: one signed call per change, retried with backoff, Slack's shape on request,
 and a receiver that is down delays no run."""
 
+import base64
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from server.config import Settings
 from server.lifecycle import RunStatus, host_unreachable, transition
@@ -27,9 +30,15 @@ def wait_for(what: str, check, timeout: float = 30) -> None:  # noqa: ANN001
         time.sleep(0.05)
 
 
-def verify(call: dict) -> None:
-    """The signature a receiver checks: HMAC-SHA256 of the secret over "<timestamp>.<body>"."""
+def verify(call: dict, secret: str | bytes = SECRET.encode()) -> None:
+    """The signatures a receiver checks: Standard Webhooks' (verified by its own library, which also refuses the
+    body changed by a byte) and X-Longrun-Signature, HMAC-SHA256 of the secret over "<timestamp>.<body>"."""
     headers = {k.lower(): v for k, v in call["headers"].items()}
+    assert Webhook(secret).verify(call["body"], headers) == json.loads(call["body"])
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(call["body"] + b" ", headers)  # a stray space
+    with pytest.raises(WebhookVerificationError):
+        Webhook(b"wrong").verify(call["body"], headers)
     assert headers["x-longrun-signature"] == signature(SECRET, headers["x-longrun-timestamp"], call["body"])
     assert headers["x-longrun-signature"] != signature("wrong", headers["x-longrun-timestamp"], call["body"])
 
@@ -54,6 +63,9 @@ def test_one_signed_call_per_state_change_retried_with_backoff(api: App) -> None
         for call in receiver.calls:
             verify(call)
         assert receiver.calls[0]["body"] in [c["body"] for c in receiver.calls[2:]], "a retry sends the same body"
+        retry = next(c for c in receiver.calls[2:] if c["body"] == receiver.calls[0]["body"])
+        assert retry["headers"]["webhook-id"] == receiver.calls[0]["headers"]["webhook-id"], "and the same id"
+        assert len({c["headers"]["webhook-id"] for c in receiver.calls}) == 4, "one id per notification"
 
         with api.db.writing() as session:
             host_unreachable(session, session.get(Run, done), "ssh: timed out", datetime.now(UTC), 900)
@@ -90,6 +102,35 @@ def test_slack_payload(api: App) -> None:
     finally:
         notifier.close()
         receiver.close()
+
+
+def test_a_whsec_secret_is_the_base64_of_the_standard_webhooks_key_and_a_tampered_body_is_refused(api: App) -> None:
+    key = bytes(range(24))
+    secret = "whsec_" + base64.b64encode(key).decode()
+    receiver = Receiver()
+    notifier = WebhookNotifier(api.db, Settings(home=api.settings.home, webhook_url=receiver.url,
+                                                webhook_secret=secret))
+    try:
+        run = api.submit(name="signed")["id"]
+        api.move(run, S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
+        notifier.run_once()
+        wait_for("the call", lambda: receiver.delivered())
+        [call] = receiver.calls
+        headers = {k.lower(): v for k, v in call["headers"].items()}
+        assert Webhook(secret).verify(call["body"], headers)["event"] == "succeeded", "the receiver's own secret"
+        assert Webhook(key).verify(call["body"], headers, json_parse=False) is None
+        tampered = call["body"].replace(b"succeeded", b"cancelled")
+        with pytest.raises(WebhookVerificationError, match="No matching signature"):
+            Webhook(secret).verify(tampered, headers)
+        with pytest.raises(WebhookVerificationError):
+            Webhook(secret).verify(call["body"], {**headers, "webhook-id": "msg_other"})
+        assert headers["webhook-signature"].startswith("v1,") and int(headers["webhook-timestamp"]) > 0
+    finally:
+        notifier.close()
+        receiver.close()
+    for bad in ("whsec_not base64!", "whsec_"):
+        with pytest.raises(ValueError, match="LONGRUN_WEBHOOK_SECRET"):
+            WebhookNotifier(api.db, Settings(home=api.settings.home, webhook_url=receiver.url, webhook_secret=bad))
 
 
 @pytest.mark.slow
