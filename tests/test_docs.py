@@ -2,6 +2,7 @@
 the example specs it points to are specs the server accepts."""
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,13 @@ def test_every_example_and_doc_the_readme_names_exists():
 def test_example_specs_are_valid_run_specs(path):
     spec = read_spec(str(ROOT / "examples" / path))
     RunCreate.model_validate(spec)
+
+
+def test_the_readme_names_every_top_level_package_that_an_install_puts_in_site_packages():
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    top_level = sorted({p.split(".")[0] for p in packages})
+    assert top_level == ["longrun", "migrations", "server", "trainer", "worker"], "the README's count is five"
+    said = " ".join(README[README.index("What `pip install .`"):].split("\n\n")[0].split())
+    assert "five top-level packages" in said
+    for name in top_level:
+        assert f"`{name}`" in said, f"the README does not say that {name} is installed as a top-level package"
