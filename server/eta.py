@@ -1,7 +1,8 @@
 """Progress, ETA and the restart dry run: plain arithmetic over measured step times."""
 
 from dataclasses import dataclass
-from typing import Any
+
+from server.spec import RunCreate
 
 # the smoothing weight of the newest step-time sample
 EMA_WEIGHT = 0.1
@@ -29,16 +30,19 @@ def remaining_seconds(total_steps: int | None, step: int | None, sec_per_step: f
     return max(0.0, (total_steps - step) * sec_per_step - max(0.0, seconds_since_last))
 
 
-def ttt_of(spec: dict[str, Any]) -> int | None:
-    trainer = spec.get("trainer")
-    return trainer.get("ttt_steps") if trainer else None
+def ttt_of(spec: RunCreate) -> int | None:
+    return spec.ttt_steps
+
+
+def _trainer_setting(spec: RunCreate, name: str) -> int | None:
+    return getattr(spec.trainer, name) if spec.trainer else None
 
 
 @dataclass(frozen=True)
 class Measured:
     """One earlier attempt's measured pace."""
 
-    spec: dict[str, Any]
+    spec: RunCreate
     sec_per_step: float
     total_steps: int
     startup_seconds: float = 0.0
@@ -64,7 +68,7 @@ def step_cost_model(measured: list[Measured]) -> tuple[float, float, str]:
                                    f"as one more draft forward+backward ({TTT_FIXED_COST:g} step of fixed work)")
 
 
-def predict_duration(measured: list[Measured], new_spec: dict[str, Any], done_steps: int = 0) -> tuple[float | None, str]:
+def predict_duration(measured: list[Measured], new_spec: RunCreate, done_steps: int = 0) -> tuple[float | None, str]:
     """Predicted seconds for an attempt with `new_spec`, from the newest measured attempts; one that resumes a
     checkpoint at step `done_steps` runs only the steps after it."""
     if not measured:
@@ -81,18 +85,19 @@ def predict_duration(measured: list[Measured], new_spec: dict[str, Any], done_st
         notes.append(f"measured {sec:.3f} s/step")
     steps = float(latest.total_steps)
     # data parallel: the same samples over more processes make proportionally fewer steps
-    old_n, new_n = latest.spec.get("nproc_per_node", 1), new_spec.get("nproc_per_node", 1)
-    old_nodes, new_nodes = len(latest.spec.get("hosts") or [0]), len(new_spec.get("hosts") or [0])
+    old_n, new_n = latest.spec.nproc_per_node, new_spec.nproc_per_node
+    old_nodes, new_nodes = len(latest.spec.host_names), len(new_spec.host_names)
     if old_n * old_nodes != new_n * new_nodes:
         steps *= (old_n * old_nodes) / (new_n * new_nodes)
         notes.append(f"steps scaled for {new_n * new_nodes} processes instead of {old_n * old_nodes}")
-    old_tr, new_tr = latest.spec.get("trainer") or {}, new_spec.get("trainer") or {}
-    if old_tr.get("epochs") and new_tr.get("epochs") and old_tr["epochs"] != new_tr["epochs"]:
-        steps *= new_tr["epochs"] / old_tr["epochs"]
-        notes.append(f"steps scaled for {new_tr['epochs']} epochs instead of {old_tr['epochs']}")
-    if old_tr.get("max_steps") != new_tr.get("max_steps") and new_tr.get("max_steps"):
-        steps = min(steps, new_tr["max_steps"]) if old_tr.get("max_steps") else float(new_tr["max_steps"])
-    seq_old, seq_new = old_tr.get("max_seq_len"), new_tr.get("max_seq_len")
+    old_epochs, new_epochs = _trainer_setting(latest.spec, "epochs"), _trainer_setting(new_spec, "epochs")
+    old_max, new_max = _trainer_setting(latest.spec, "max_steps"), _trainer_setting(new_spec, "max_steps")
+    if old_epochs and new_epochs and old_epochs != new_epochs:
+        steps *= new_epochs / old_epochs
+        notes.append(f"steps scaled for {new_epochs} epochs instead of {old_epochs}")
+    if old_max != new_max and new_max:
+        steps = min(steps, new_max) if old_max else float(new_max)
+    seq_old, seq_new = _trainer_setting(latest.spec, "max_seq_len"), _trainer_setting(new_spec, "max_seq_len")
     if seq_old and seq_new and seq_old != seq_new:
         sec *= seq_new / seq_old
         notes.append(f"step time scaled for max_seq_len {seq_new} instead of {seq_old}")

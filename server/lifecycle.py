@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from server.models import Attempt, Event, Run, utcnow
+from server.spec import RunCreate, spec_dict
 
 
 class RunStatus(StrEnum):
@@ -146,15 +147,15 @@ def open_attempt(session: Session, run: Run, spec: dict[str, Any], number: int) 
     return attempt
 
 
-def restart_run(session: Session, run: Run, spec: dict[str, Any], clean: bool, message: str,
+def restart_run(session: Session, run: Run, spec: RunCreate, clean: bool, message: str,
                 **data: Any) -> Attempt:
     """`restart` from any state: attempt n+1 with `spec` (its output emptied first when `clean`), retries
     counted afresh; an attempt n that never started ends there. Raises TransitionError while it settles."""
     previous = run.current
     transition(session, run, RunStatus.RESTARTING, message, **data)
-    attempt = open_attempt(session, run, spec, run.attempt + 1)
+    attempt = open_attempt(session, run, spec_dict(spec), run.attempt + 1)
     run.clean_pending = clean
-    run.max_retries = spec.get("max_retries", 0)
+    run.max_retries = spec.max_retries
     run.retries_used = 0
     run.latest = {}
     drop_unstarted_attempt(previous)
@@ -491,7 +492,7 @@ def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: 
            f"{attempt.sec_per_step:.3g}s per step, at least {floor:.0f}s)")
     session.add(Event(run_id=run.id, kind="stall", data={"attempt": attempt.number, "step": attempt.last_step,
                                                           "seconds": round(still), "message": why}))
-    if attempt.spec.get("on_stall") != "restart":
+    if attempt.typed_spec.on_stall != "restart":
         run.message = why
     elif run.retries_used < run.max_retries:
         run.retries_used += 1

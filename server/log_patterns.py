@@ -1,6 +1,6 @@
 """What a run spec's `log_metrics` may say: the built-in log formats and per-run patterns.
 
-The worker parses logs with these (worker/log_metrics.py); the API validates specs with them.
+The worker parses logs with these (worker/log_metrics.py); the API validates specs with them (server/spec.py).
 """
 
 import regex
@@ -73,18 +73,3 @@ def total_from_arguments(args: list[str] | None, ranks: int = 1) -> int | None:
         return None
     per_step = (first(BATCH_NAMES) or 1) * (first(ACCUMULATION_NAMES) or 1) * max(ranks, 1)
     return max(1, -(-epochs * samples // per_step))
-
-
-def spec_ranks(spec: dict) -> int:
-    """The processes a run spec starts: nproc_per_node on each of its hosts."""
-    hosts = spec.get("hosts") or [spec.get("host")]
-    return max(1, int(spec.get("nproc_per_node") or 1)) * max(1, len(hosts))
-
-
-def progress_note(spec: dict, total_steps: int | None, active: bool) -> str | None:
-    """What a run's answer says about its progress: for an entrypoint run whose total is unknown, how to give one."""
-    if spec.get("trainer") is not None or total_steps or not active:
-        return None
-    if total_from_arguments(spec.get("args"), spec_ranks(spec)) or (spec.get("log_metrics") or {}).get("total_steps"):
-        return None
-    return NO_TOTAL_NOTE

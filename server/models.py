@@ -19,6 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from server import layout
+from server.spec import RunCreate, stored_spec
 
 
 def utcnow() -> datetime:
@@ -76,7 +77,21 @@ class Host(Base):
     interconnect_error: Mapped[str | None] = mapped_column(Text)
 
 
-class Run(Base):
+class TypedSpec:
+    """`typed_spec`: the row's stored `spec` JSON as the typed spec (server/spec.py), read once per loaded value."""
+
+    spec: Any
+
+    @property
+    def typed_spec(self) -> RunCreate:
+        cached = self.__dict__.get("_typed_spec")
+        if cached is None or cached[0] is not self.spec:
+            cached = (self.spec, stored_spec(self.spec))
+            self.__dict__["_typed_spec"] = cached
+        return cached[1]
+
+
+class Run(TypedSpec, Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -111,7 +126,7 @@ class Run(Base):
         return next(a for a in self.attempts if a.number == self.attempt)
 
 
-class Attempt(Base):
+class Attempt(TypedSpec, Base):
     __tablename__ = "attempts"
     __table_args__ = (UniqueConstraint("run_id", "number"),)
 

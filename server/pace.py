@@ -4,10 +4,10 @@ Plain functions over loaded rows; the one query that loads earlier attempts is q
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from server import eta
 from server.models import Attempt, Run
+from server.spec import RunCreate
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def measured(a: Attempt) -> eta.Measured:
         if a.status == "succeeded" and a.ended_at:  # all its steps ran: the rest of its time is the wrap-up
             taken = (a.ended_at - a.started_at).total_seconds()
             wrapup = max(0.0, taken - startup - a.total_steps * a.sec_per_step)
-    return eta.Measured(a.spec, a.sec_per_step, a.total_steps, startup, wrapup)
+    return eta.Measured(a.typed_spec, a.sec_per_step, a.total_steps, startup, wrapup)
 
 
 def own_paces(run: Run) -> list[eta.Measured]:
@@ -35,21 +35,20 @@ def own_paces(run: Run) -> list[eta.Measured]:
     return [measured(a) for a in sorted(run.attempts, key=lambda a: -a.number) if a.sec_per_step and a.total_steps]
 
 
-def similar_paces(history: list[PastAttempt], spec: dict[str, Any], exclude_run: str | None = None) -> list[eta.Measured]:
+def similar_paces(history: list[PastAttempt], spec: RunCreate, exclude_run: str | None = None) -> list[eta.Measured]:
     """Earlier attempts on the same hosts with the same program and process count, newest first."""
-    hosts = spec.get("hosts") or [spec.get("host")]
+    hosts = spec.host_names
     out = []
     for past in history:
         s = past.measured.spec
         if past.run_id == exclude_run or past.hosts != hosts:
             continue
-        same_program = (s.get("entrypoint") == spec.get("entrypoint") and
-                        bool(s.get("trainer")) == bool(spec.get("trainer")))
-        if same_program and s.get("nproc_per_node") == spec.get("nproc_per_node"):
+        same_program = s.entrypoint == spec.entrypoint and (s.trainer is None) == (spec.trainer is None)
+        if same_program and s.nproc_per_node == spec.nproc_per_node:
             out.append(past.measured)
     return out
 
 
 def paces(run: Run, history: list[PastAttempt]) -> list[eta.Measured]:
     """The run's own measured attempts; without any, similar earlier ones from `history`."""
-    return own_paces(run) or similar_paces(history, run.spec, exclude_run=run.id)
+    return own_paces(run) or similar_paces(history, run.typed_spec, exclude_run=run.id)

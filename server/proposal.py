@@ -16,7 +16,6 @@ nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from datetime import timedelta
@@ -33,6 +32,7 @@ from server.errors import Conflict, NotFound
 from server.lifecycle import RunStatus, TransitionError, restart_run
 from server.models import Event, MetricPoint, Run, utcnow
 from server.schemas import DryRunPublic, without_env_values
+from server.spec import RunCreate, spec_dict
 from server.wakeup import wake_workers
 
 log = logging.getLogger("longrun.proposal")
@@ -103,23 +103,14 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
     return accs, taus
 
 
-def _gpus(spec: dict[str, Any]) -> int:
-    nodes = len(spec.get("hosts") or [spec.get("host")])
-    if spec.get("slurm") and isinstance(spec["slurm"].get("nodes"), int):
-        nodes = spec["slurm"]["nodes"]
-    return int(spec.get("nproc_per_node", 1)) * nodes
+def with_ttt(spec: RunCreate, ttt: int) -> RunCreate:
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"ttt_steps": ttt})})
 
 
-def with_ttt(spec: dict[str, Any], ttt: int) -> dict[str, Any]:
-    out = json.loads(json.dumps(spec))
-    out["trainer"]["ttt_steps"] = ttt
-    return out
-
-
-def retrain_seconds(measured: list[eta.Measured], spec: dict[str, Any], depths: int) -> dict[int, float]:
+def retrain_seconds(measured: list[eta.Measured], spec: RunCreate, depths: int) -> dict[int, float]:
     """The dry run's predicted duration for a fresh attempt at each TTT depth 1..depths (measured pace)."""
     out = {}
-    if spec.get("trainer") and measured:
+    if spec.trainer and measured:
         for ttt in range(1, depths + 1):
             seconds, _ = eta.predict_duration(measured, with_ttt(spec, ttt))
             if seconds is not None:
@@ -127,11 +118,11 @@ def retrain_seconds(measured: list[eta.Measured], spec: dict[str, Any], depths: 
     return out
 
 
-def _dry_run(measured: list[eta.Measured], spec: dict[str, Any]) -> DryRunPublic:
+def _dry_run(measured: list[eta.Measured], spec: RunCreate) -> DryRunPublic:
     """What POST /v1/runs/{id}/restart?dry_run=true answers for this spec (server/runs.py dry_run_restart)."""
     seconds, basis = eta.predict_duration(measured, spec)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds,
+    return DryRunPublic(new_spec=without_env_values(spec_dict(spec)), predicted_duration_seconds=seconds,
                         predicted_finish=finish, basis=basis)
 
 
@@ -157,15 +148,15 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     """The proposal for the run's current attempt from what is stored now; changes nothing. `measured`: the
     paces the dry run predicts from (default: the run's own attempts)."""
     measured = pace.own_paces(run) if measured is None else measured
-    spec = run.current.spec
-    deploy = spec.get("deploy")
+    spec = run.current.typed_spec
+    deploy = spec.deploy
     accs, taus = sim_metrics(run.latest or {})
-    if deploy and deploy.get("max_depth"):
-        accs, taus = accs[:deploy["max_depth"]], taus[:deploy["max_depth"]]
+    if deploy and deploy.max_depth:
+        accs, taus = accs[:deploy.max_depth], taus[:deploy.max_depth]
     step = session.scalar(select(MetricPoint.step).where(
         MetricPoint.run_id == run.id, MetricPoint.attempt == run.attempt, MetricPoint.name == "sim_acc_1")
         .order_by(MetricPoint.id.desc()).limit(1)) if accs else None
-    base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy}
+    base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy and deploy.model_dump(mode="json", exclude_none=True)}
     if not deploy:
         return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
     if not accs:
@@ -176,11 +167,10 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
                             "cannot be proposed", **base)
     try:
-        tp, links, table, basis = hosts.measured_allreduce(session, deploy["host"], deploy.get("tp"))
+        tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
         cost = CostModel.for_interconnect(links or "pcie", tp, allreduce_us=table)
-        drafting = Drafting(engine=deploy.get("engine", "sglang"), topk=deploy.get("topk", 1),
-                            draft_tp=deploy.get("draft_tp"),
-                            round_ms={int(d): ms for d, ms in (deploy.get("round_ms") or {}).items()} or None)
+        drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
+                            round_ms=deploy.round_ms or None)
         positions, running = [], 1.0
         for a in accs:
             running *= a
@@ -198,7 +188,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         "tokens_per_second_now": advice.tokens_per_second, "depth_after": retrain.depth_after,
         "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
     }
-    where = f"{deploy['host']} ({advice.interconnect}, tp={tp}, {drafting.engine})"
+    where = f"{deploy.host} ({advice.interconnect}, tp={tp}, {drafting.engine})"
     if retrain.depth_after is not None:
         # what a deeper TTT is expected to reach (RETRAIN_ASSUMPTION), whether or not it pays off
         after = improved_positions(positions, trained)
@@ -216,7 +206,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     dry = _dry_run(measured, with_ttt(spec, ttt))
     fields["dry_run"] = dry
     seconds = dry.predicted_duration_seconds
-    gpus = _gpus(spec)
+    gpus = spec.gpus
     remaining = _remaining_seconds(run)
     fields |= {"gpus": gpus, "predicted_training_seconds": seconds, "remaining_seconds": remaining}
     training = "the dry run has no measured step to predict from yet"
@@ -270,7 +260,7 @@ def after_validation(session: Session, run: Run) -> ProposalPublic | None:
     events = _proposal_events(session, run.id)
     if not events or events[-1].data.get("key") != proposal.key:
         session.add(Event(run_id=run.id, kind="proposal", data=event_data(proposal)))
-    if proposal.action != "restart" or run.current.spec.get("on_proposal") != "restart":
+    if proposal.action != "restart" or run.current.typed_spec.on_proposal != "restart":
         return proposal
     if any(e.data.get("restarted_to_attempt") for e in events):
         return proposal  # one automatic restart per run
@@ -278,12 +268,12 @@ def after_validation(session: Session, run: Run) -> ProposalPublic | None:
         return proposal
     previous, measured = run.attempt, pace.own_paces(run)
     try:
-        attempt = restart_run(session, run, with_ttt(run.current.spec, proposal.suggested_ttt), True,
+        attempt = restart_run(session, run, with_ttt(run.current.typed_spec, proposal.suggested_ttt), True,
                               f"proposal taken (on_proposal: restart): attempt {previous + 1} at TTT="
                               f"{proposal.suggested_ttt}", overrides=proposal.restart["overrides"])
     except TransitionError:
         return proposal
-    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, attempt.spec)
+    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, attempt.typed_spec)
     wake_workers(session)
     proposal.auto_restart = (f"taken by on_proposal: restart: attempt {previous} stopped, attempt {run.attempt} "
                              f"starts at TTT={proposal.suggested_ttt} (clean); no further automatic restart")

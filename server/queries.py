@@ -5,7 +5,7 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from server import eta, hosts, pace, views
+from server import eta, hosts, pace, proposal, views
 from server.advisor import CostModel, Drafting, advise
 from server.errors import Conflict, FieldError, NotFound
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run
@@ -94,7 +94,7 @@ def pace_history_for(session: Session, runs: list[Run]) -> list[pace.PastAttempt
 
 def measured_attempts(session: Session, run: Run) -> list[eta.Measured]:
     """This run's attempts with a measured pace, newest first; else similar runs on the same hosts."""
-    return pace.own_paces(run) or pace.similar_paces(pace_history(session), run.spec, exclude_run=run.id)
+    return pace.own_paces(run) or pace.similar_paces(pace_history(session), run.typed_spec, exclude_run=run.id)
 
 
 def metric_series(session: Session, run_id: str, names: list[str] | None, attempt: int | None,
@@ -229,14 +229,8 @@ def run_advice(session: Session, run_id: str, interconnect: str | None, tp: int 
         cost = CostModel.for_interconnect(interconnect, tp, allreduce_us=table) if table else None
     interconnect, tp = interconnect or "nvlink", tp or 8
     measured = measured_attempts(session, run)
-    base = next(a.spec for a in run.attempts if a.number == report.attempt)
-    seconds_by_ttt = {}
-    if base.get("trainer") and measured:
-        for ttt in range(1, len(report.position_acceptance) + 1):
-            spec = {**base, "trainer": {**base["trainer"], "ttt_steps": ttt}}
-            seconds, _ = eta.predict_duration(measured, spec)
-            if seconds is not None:
-                seconds_by_ttt[ttt] = seconds
+    base = next(a.typed_spec for a in run.attempts if a.number == report.attempt)
+    seconds_by_ttt = proposal.retrain_seconds(measured, base, len(report.position_acceptance))
     if drafting is not None:
         try:
             drafting.sharded(tp)

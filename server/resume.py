@@ -11,10 +11,10 @@ without it is refused, naming the checkpoint's step and depth): otherwise a TTT=
 continue the TTT=3 training from its checkpoint while the user expected a TTT=5 training from step 0."""
 
 from dataclasses import dataclass
-from typing import Any
 
 from server.errors import FieldError
 from server.models import Run
+from server.spec import RunCreate
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,14 @@ class StartPlan:
     other_depth: bool = False
 
 
-def _checkpoint_step(attempt_spec: dict[str, Any], last_step: int | None, total_steps: int | None) -> int:
+def _checkpoint_step(attempt_spec: RunCreate, last_step: int | None, total_steps: int | None) -> int:
     """The last step at which the trainer of this attempt saved a checkpoint, 0 for none."""
     if not last_step:
         return 0
-    trainer = attempt_spec.get("trainer") or {}
-    every = trainer.get("save_every") or 0
+    trainer = attempt_spec.trainer
+    every = (trainer.save_every if trainer else None) or 0
     saved = [last_step // every * every] if every else []
-    epochs = trainer.get("epochs") or 1
+    epochs = (trainer.epochs if trainer else None) or 1
     if total_steps and epochs:
         per_epoch = total_steps / epochs
         saved.append(int(last_step // per_epoch * per_epoch) if per_epoch else 0)
@@ -43,39 +43,40 @@ def _checkpoint_step(attempt_spec: dict[str, Any], last_step: int | None, total_
     return max(saved, default=0)
 
 
-def start_plan(run: Run, new_spec: dict[str, Any], clean: bool, resume: bool = False) -> StartPlan:
+def start_plan(run: Run, new_spec: RunCreate, clean: bool, resume: bool = False) -> StartPlan:
     """What the new attempt starts from; a resume of another depth's checkpoint is refused unless `resume` asks
     for it (clean, or `fresh` in the command, trains from step 0 instead)."""
     if clean and resume:
         raise FieldError(("resume",), "resume keeps the checkpoint that clean would delete: ask for one of the two")
     plan = _plan(run, new_spec, clean)
     if plan.other_depth and not resume:
-        new_ttt = new_spec["trainer"]["ttt_steps"]
-        raise FieldError(("resume",), f"the checkpoint at step {plan.from_step} in {new_spec['trainer']['output_dir']} "
+        new_ttt = new_spec.ttt_steps
+        raise FieldError(("resume",), f"the checkpoint at step {plan.from_step} in {new_spec.clean_dir} "
                          f"was trained with {plan.trained_ttt} TTT steps and this attempt trains {new_ttt}: say "
                          f"resume: true to continue it at TTT={new_ttt} for its remaining steps only, or clean: "
                          f"true to train TTT={new_ttt} from step 0 (longrun restart --resume / --fresh)")
     return plan
 
 
-def _plan(run: Run, new_spec: dict[str, Any], clean: bool) -> StartPlan:
-    trainer = new_spec.get("trainer")
+def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
+    trainer = new_spec.trainer
     if trainer is None:
         return StartPlan("unknown", None, None, "an entrypoint run resumes as its own script does (longrun passes "
                          "no checkpoint): use clean to empty its output_dir first")
     if clean:
-        return StartPlan("fresh", None, None, f"clean empties {trainer['output_dir']} first: training starts at step 0")
+        return StartPlan("fresh", None, None, f"clean empties {trainer.output_dir} first: training starts at step 0")
     step, ttt = 0, None
     for a in run.attempts:
-        if (a.spec.get("trainer") or {}).get("output_dir") != trainer["output_dir"]:
+        past = a.typed_spec
+        if past.trainer is None or past.trainer.output_dir != trainer.output_dir:
             continue
-        saved = _checkpoint_step(a.spec, a.last_step, a.total_steps)
+        saved = _checkpoint_step(past, a.last_step, a.total_steps)
         if saved and saved >= step:
-            step, ttt = saved, a.spec["trainer"].get("ttt_steps")
+            step, ttt = saved, past.trainer.ttt_steps
     if not step:
-        return StartPlan("fresh", None, None, f"no checkpoint in {trainer['output_dir']} yet: training starts at step 0")
-    why = f"resumes the checkpoint at step {step} in {trainer['output_dir']}"
-    new_ttt = trainer.get("ttt_steps")
+        return StartPlan("fresh", None, None, f"no checkpoint in {trainer.output_dir} yet: training starts at step 0")
+    why = f"resumes the checkpoint at step {step} in {trainer.output_dir}"
+    new_ttt = trainer.ttt_steps
     other_depth = ttt is not None and new_ttt is not None and ttt != new_ttt
     if other_depth:
         why += (f", trained with {ttt} TTT steps, continuing with {new_ttt} (its remaining steps only); "

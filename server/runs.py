@@ -27,22 +27,17 @@ from server.lifecycle import (
 )
 from server.models import Event, Host, LogChunk, MetricPoint, Run, utcnow
 from server.queries import get_run
-from server.schemas import (
+from server.schemas import DryRunPublic, RestartRequest
+from server.spec import (
     RESTART_TOP_LEVEL,
     TRAINER_FIELDS,
-    DryRunPublic,
-    RestartRequest,
     RunCreate,
     is_inside,
     normalized_path,
+    spec_dict,
     without_env_values,
 )
 from server.wakeup import wake_workers
-
-
-def spec_dict(spec: RunCreate) -> dict[str, Any]:
-    return spec.model_dump(mode="json", exclude_none=True)
-
 
 # what of a spec travels to the host in the launch request, and the bound on its JSON: the launch goes as one
 # argument of a command, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the rest is the token, paths and torchrun's
@@ -132,32 +127,35 @@ def delete_run(session: Session, run_id: str) -> None:
     session.delete(run)
 
 
-def apply_overrides(current: dict[str, Any], overrides: dict[str, Any]) -> RunCreate:
+def apply_overrides(current: RunCreate, overrides: dict[str, Any]) -> RunCreate:
     """The current spec with `overrides` applied; unknown keys or bad values are field errors naming the key."""
-    spec = json.loads(json.dumps(current))
+    top, trainer = {}, {}
     for key, value in overrides.items():
         if key in RESTART_TOP_LEVEL:
-            spec[key] = value
-        elif key in TRAINER_FIELDS and spec.get("trainer") is not None:
-            spec["trainer"][key] = value
+            top[key] = value
+        elif key in TRAINER_FIELDS and current.trainer is not None:
+            trainer[key] = value
         elif key in TRAINER_FIELDS:
             raise FieldError(("overrides", key), f"{key!r} is a trainer field, but this run has no `trainer`")
         else:
-            allowed = sorted(RESTART_TOP_LEVEL | (TRAINER_FIELDS if spec.get("trainer") else set()))
+            allowed = sorted(RESTART_TOP_LEVEL | (TRAINER_FIELDS if current.trainer else set()))
             raise FieldError(("overrides", key), f"unknown override {key!r}; allowed: {', '.join(allowed)}")
+    body = {**spec_dict(current), **top}
+    if current.trainer is not None:
+        body["trainer"] = {**current.trainer.model_dump(mode="json", exclude_none=True), **trainer}
     try:
-        return RunCreate.model_validate(spec)
+        return RunCreate.model_validate(body)
     except ValidationError as exc:
         # an override names a trainer field without its `trainer.` prefix, so its errors do too
         raise FieldError.from_validation(exc, under=("overrides",), strip=("trainer",)) from None
 
 
 def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
-    spec = apply_overrides(run.spec, req.overrides)
+    spec = apply_overrides(run.typed_spec, req.overrides)
     if req.init_from_last:
         if spec.trainer is None:
             raise FieldError(("init_from_last",), "only trainer runs can start from the last draft")
-        previous = run.spec["trainer"]["output_dir"]
+        previous = run.typed_spec.trainer.output_dir
         if req.clean and spec.trainer.output_dir == previous:
             # the clean would delete it: the worker moves the draft here first (hostside clean keep_into)
             host = _check_hosts(session, spec)[0]
@@ -184,13 +182,13 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     run = get_run(session, run_id)
     spec = _restart_spec(session, run, req)
     measured = queries.measured_attempts(session, run)
-    plan = resume.start_plan(run, spec_dict(spec), req.clean, req.resume)  # before the new attempt joins the run
+    plan = resume.start_plan(run, spec, req.clean, req.resume)  # before the new attempt joins the run
     try:
-        attempt = restart_run(session, run, spec_dict(spec), req.clean, f"restart requested: attempt {run.attempt + 1}"
+        attempt = restart_run(session, run, spec, req.clean, f"restart requested: attempt {run.attempt + 1}"
                               f" ({plan.why})", overrides=without_env_values(req.overrides))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
-    predicted, basis = eta.predict_duration(measured, attempt.spec, done_steps=plan.from_step or 0)
+    predicted, basis = eta.predict_duration(measured, spec, done_steps=plan.from_step or 0)
     attempt.predicted_duration_seconds, attempt.prediction_basis = predicted, basis
     wake_workers(session)
     return run
@@ -199,12 +197,12 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
 def dry_run_restart(session: Session, run_id: str, req: RestartRequest) -> DryRunPublic:
     """What a restart would do, changing nothing: the new spec and its predicted duration."""
     run = get_run(session, run_id)
-    spec = spec_dict(_restart_spec(session, run, req))
+    spec = _restart_spec(session, run, req)
     if run.status in (RunStatus.RESTARTING, RunStatus.CANCELLING):
         raise Conflict(f"run {run_id} is {run.status}; wait until it settles, then restart", run.status)
     plan = resume.start_plan(run, spec, req.clean, req.resume)
     seconds, basis = eta.predict_duration(queries.measured_attempts(session, run), spec, done_steps=plan.from_step or 0)
     finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=without_env_values(spec), predicted_duration_seconds=seconds, predicted_finish=finish,
+    return DryRunPublic(new_spec=without_env_values(spec_dict(spec)), predicted_duration_seconds=seconds, predicted_finish=finish,
                         basis=basis, start=plan.start, resumes_from_step=plan.from_step,
                         resumes_ttt_steps=plan.trained_ttt, start_reason=plan.why)

@@ -6,7 +6,7 @@ from server import eta, hosts, pace
 from server.db import WriteFailure
 from server.errors import Conflict
 from server.lifecycle import TERMINAL, RunStatus, expected_start
-from server.log_patterns import progress_note
+from server.log_patterns import NO_TOTAL_NOTE
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import (
     AttemptEvaluation,
@@ -17,6 +17,7 @@ from server.schemas import (
     RunPublic,
     without_env_values,
 )
+from server.spec import RunCreate
 
 
 def attempt_public(a: Attempt) -> AttemptPublic:
@@ -53,12 +54,19 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
         # the server's clock on both sides: a job's clock an hour off must not move the ETA
         since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
         return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
-    seconds, _ = eta.predict_duration(pace.paces(run, history), a.spec)
+    seconds, _ = eta.predict_duration(pace.paces(run, history), a.typed_spec)
     start = expected_start(a)
     if seconds is not None and start is not None:
         # a batch job still in its scheduler's queue: the ETA counts from when it is expected to start
         seconds += max(0.0, (start - utcnow()).total_seconds())
     return progress, seconds
+
+
+def progress_note(spec: RunCreate, total_steps: int | None, active: bool) -> str | None:
+    """What a run's answer says about its progress: for an entrypoint run whose total is unknown, how to give one."""
+    if spec.trainer is not None or total_steps or not active or spec.stated_total_steps:
+        return None
+    return NO_TOTAL_NOTE
 
 
 def run_message(run: Run, write_failure: WriteFailure | None) -> str | None:
@@ -78,7 +86,7 @@ def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFa
     return RunPublic(id=run.id, name=run.name, status=run.status, message=run_message(run, write_failure),
                      attempt=run.attempt,
                      hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
-                     progress_note=progress_note(run.spec, run.current.total_steps, run.status not in TERMINAL),
+                     progress_note=progress_note(run.typed_spec, run.current.total_steps, run.status not in TERMINAL),
                      host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,
                      attempts=[attempt_public(a) for a in run.attempts])
@@ -91,7 +99,7 @@ def evaluations(run: Run) -> list[AttemptEvaluation]:
         if a.evaluation:
             try:
                 reports.append(AttemptEvaluation.model_validate(
-                    {**a.evaluation, "attempt": a.number, "ttt_steps": eta.ttt_of(a.spec)}))
+                    {**a.evaluation, "attempt": a.number, "ttt_steps": eta.ttt_of(a.typed_spec)}))
             except ValidationError as exc:
                 raise Conflict(f"attempt {a.number} reported an evaluation that is not an acceptance report "
                                f"(see python -m trainer.evaluate): {exc.errors()[0]['msg']} at "

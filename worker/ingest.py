@@ -276,7 +276,7 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tu
     A record's identity is its index in the log, counted in `position` (records read so far, and whether the
     log offset stands mid-record; it moves with the log offset) and stored as line LOG_LINES_FROM + index,
     apart from the metrics file's lines; `complete` says the log ends here. Returns the new position."""
-    config = LogMetricsConfig.from_spec(attempt.spec)
+    config = LogMetricsConfig.from_spec(attempt.typed_spec)
     if config is None or attempt.metrics_lines or not text:
         return position
     first, midline = position

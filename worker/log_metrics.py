@@ -18,7 +18,8 @@ from typing import Any
 
 import regex
 
-from server.log_patterns import FORMATS, compile_pattern, spec_ranks, total_from_arguments
+from server.log_patterns import FORMATS, compile_pattern
+from server.spec import LogMetricsSpec, RunCreate
 
 # a longer record is not a progress line (and would be slow to scan)
 MAX_RECORD_CHARS = 16384
@@ -64,17 +65,16 @@ class LogMetricsConfig:
     total_steps: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> "LogMetricsConfig | None":
+    def from_spec(cls, spec: RunCreate) -> "LogMetricsConfig | None":
         """The run's settings; None when its log is not read for metrics (the bundled trainer writes its own)."""
-        if spec.get("trainer") is not None:
+        if spec.trainer is not None:
             return None
-        given = spec.get("log_metrics") or {}
+        given = spec.log_metrics or LogMetricsSpec()
         try:
-            patterns = tuple(compile_pattern(p) for p in given.get("patterns", ()))
+            patterns = tuple(compile_pattern(p) for p in given.patterns)
         except ValueError:
             patterns = ()  # checked when the run was submitted; an older spec must not stop the worker
-        total = given.get("total_steps") or total_from_arguments(spec.get("args"), spec_ranks(spec))
-        config = cls(frozenset(given.get("formats", FORMATS)), patterns, total)
+        config = cls(frozenset(given.formats), patterns, spec.stated_total_steps)
         return config if config.formats or config.patterns else None
 
 

@@ -1,11 +1,13 @@
 import pytest
 
 from server.eta import Measured, predict_duration, remaining_seconds, update_step_rate
+from server.spec import RunCreate
 
 
-def _trainer(ttt: int, **kw: object) -> dict:
-    return {"host": "local", "nproc_per_node": 4,
-            "trainer": {"ttt_steps": ttt, "epochs": 5, "max_seq_len": 4096, **kw}}
+def _trainer(ttt: int, nproc_per_node: int = 4, **kw: object) -> RunCreate:
+    paths = {f: f"/ws/{f}" for f in ("verifier_path", "data_dir", "vocab_mapping_dir", "output_dir")}
+    return RunCreate.model_validate({"host": "local", "nproc_per_node": nproc_per_node,
+                                     "trainer": {**paths, "ttt_steps": ttt, "epochs": 5, "max_seq_len": 4096, **kw}})
 
 
 def test_step_rate_is_smoothed_and_ignores_repeats() -> None:
@@ -46,7 +48,7 @@ def test_two_measured_depths_fit_the_line() -> None:
 
 
 def test_more_processes_mean_fewer_steps() -> None:
-    seconds, _ = predict_duration([Measured(_trainer(3), 2.0, 1000)], {**_trainer(3), "nproc_per_node": 8})
+    seconds, _ = predict_duration([Measured(_trainer(3), 2.0, 1000)], _trainer(3, nproc_per_node=8))
     assert seconds == pytest.approx(500 * 2.0)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from server.db import Database
 from server.models import Attempt, Event, MetricPoint, Run
+from server.spec import RunCreate
 from worker.host_agent import HostAgent
 from worker.ingest import store_log_metrics, store_metrics
 from worker.local_transport import LocalTransport
@@ -235,10 +236,11 @@ def test_a_metrics_file_replaces_what_was_read_from_the_log(db: Database) -> Non
 
 
 def test_the_bundled_trainer_and_an_empty_format_list_read_no_log(db: Database) -> None:
-    _add_run(db, {"trainer": {"output_dir": "/tmp/x"}, "host": "local"})
+    _add_run(db, {"trainer": {"verifier_path": "/tmp/v", "data_dir": "/tmp/d", "vocab_mapping_dir": "/tmp/m",
+                              "output_dir": "/tmp/x"}, "host": "local"})
     _ingest_log(db, "[train] step 1/10 epoch 0.10 loss 2.0\n")
     assert _points(db, "loss") == []
-    assert LogMetricsConfig.from_spec({**ENTRYPOINT, "log_metrics": {"formats": []}}) is None
+    assert LogMetricsConfig.from_spec(RunCreate.model_validate({**ENTRYPOINT, "log_metrics": {"formats": []}})) is None
 
 
 def test_a_total_from_the_spec_gives_progress_to_a_log_without_one(db: Database) -> None:

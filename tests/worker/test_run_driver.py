@@ -148,7 +148,8 @@ def test_a_clean_restart_empties_the_output_keeping_the_draft_it_starts_from(rig
     host = rig.hosts["a"]
     host.files |= {"/ws/out/model.safetensors", "/ws/out/log.txt"}
     stash = "/ws/.longrun/run1/draft-before-attempt-2"
-    rig.restart(run_id, clean=True, trainer={"output_dir": "/ws/out", "init_from": stash})
+    rig.restart(run_id, clean=True, trainer={"verifier_path": "/ws/v", "data_dir": "/ws/d", "vocab_mapping_dir": "/ws/m",
+                                            "output_dir": "/ws/out", "init_from": stash})
     rig.step(run_id)
     clean = next(req for verb, req in host.calls if verb == "clean")
     assert clean == {"workspace": "/ws", "records": "/ws/.longrun", "path": "/ws/out", "keep_into": stash}
