@@ -3,6 +3,7 @@ interconnect probe, and the measured all-reduce table the advisor uses for a dep
 
 import os
 import sys
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -10,36 +11,63 @@ from sqlalchemy.orm import Session
 from server.advisor.tables import Table
 from server.config import Settings
 from server.errors import Conflict, FieldError, NotFound, Unavailable
+from server.layout import workspace_refusal
 from server.lifecycle import ACTIVE
 from server.models import Host, Run, utcnow
 from server.schemas import HostCreate, HostUpdate
 from server.wakeup import wake_workers
 
-# where a workspace must not lead, once its symlinks are followed: longrun writes and cleans under it
-SYSTEM_DIRECTORIES = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt",
-                                "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
+# what update_host resets as learnt over the old settings (restored with them when a change is undone)
+LEARNT = ("workspace_real", "reachable", "last_error")
 
 
-def check_workspace(address: str, workspace: str) -> None:
-    """Refuse a workspace on this machine (the `local` address) whose real path, its symlinks followed, is the
-    root or a system directory. (A remote host's workspace is resolved there, by `clean`, before anything is
-    removed under it.)"""
-    if address != "local":
+def check_workspace(host: Host) -> None:
+    """Resolve a workspace on this machine (the `local` address) now, and refuse one whose real path is the root or
+    a system directory; a remote host's is resolved there by the worker (workspace_real stays None until then)."""
+    host.workspace_real = None
+    if host.address != "local":
         return
-    real = os.path.realpath(workspace)
-    if real in SYSTEM_DIRECTORIES:
-        raise FieldError(("body", "workspace"), f"workspace {workspace!r} leads to {real} (its symlinks followed): "
-                         "give a directory of longrun's own, e.g. /srv/longrun")
+    real = os.path.realpath(host.workspace)
+    if (why := workspace_refusal(host.workspace, real)) is not None:
+        raise FieldError(("workspace",), why)
+    host.workspace_real = real
 
 
 def register_host(session: Session, spec: HostCreate) -> Host:
     if session.scalar(select(Host).where(Host.name == spec.name)) is not None:
         raise Conflict(f"a host named {spec.name!r} exists already")
-    check_workspace(spec.address, spec.workspace)
     host = Host(**spec.model_dump())
+    check_workspace(host)
     session.add(host)
+    if host.workspace_real is None:
+        wake_workers(session)  # a worker resolves the workspace on the host
     session.flush()
     return host
+
+
+def workspace_resolved(session: Session, name: str) -> bool:
+    """Whether the host's workspace is resolved on the host, or the worker could not reach it to ask (or it is
+    gone): what registration waits for."""
+    host = session.scalar(select(Host).where(Host.name == name))
+    return host is None or host.workspace_real is not None or host.reachable is False
+
+
+def refused_on_host(session: Session, name: str, undo: dict[str, Any] | None) -> FieldError | None:
+    """The 422 for a host whose workspace its host resolved to a refused path, its registration undone (`undo`
+    None: the host forgotten, unless a run goes there already) or its change (`undo`: the fields before); to be
+    raised once this transaction has committed."""
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None or host.workspace_real is None:
+        return None
+    why = workspace_refusal(host.workspace, host.workspace_real)
+    if why is None:
+        return None
+    if undo is None and not runs_using(session, name):
+        session.delete(host)
+    elif undo is not None:
+        for field, value in undo.items():
+            setattr(host, field, value)
+    return FieldError(("workspace",), why)
 
 
 def runs_using(session: Session, name: str) -> list[Run]:
@@ -61,13 +89,12 @@ def update_host(session: Session, name: str, change: HostUpdate) -> Host:
     if "workspace" in fields and fields["workspace"] != host.workspace and (using := runs_using(session, name)):
         raise Conflict(f"{name}'s workspace holds the files of {_in_use(using)}: change it once they have ended "
                        f"(`longrun cancel RUN`)")
-    if fields.keys() & {"address", "workspace"}:
-        check_workspace(fields.get("address", host.address), fields.get("workspace", host.workspace))
     for field, value in fields.items():
         setattr(host, field, value)
     if fields.keys() - {"python"}:
         # what was learnt over the old settings says nothing about the new ones
         host.reachable, host.last_error = None, None
+        check_workspace(host)
     wake_workers(session)
     session.flush()
     return host

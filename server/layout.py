@@ -16,6 +16,18 @@ RECORDS_DIR = ".longrun"
 LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 
+# where a workspace must not lead, once its symlinks are followed: longrun writes and cleans under it
+SYSTEM_DIRECTORIES = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt",
+                                "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
+
+
+def workspace_refusal(workspace: str, real: str) -> str | None:
+    """Why a workspace whose real path (its symlinks followed on its host) is `real` is refused, or None."""
+    if real not in SYSTEM_DIRECTORIES:
+        return None
+    return (f"workspace {workspace!r} leads to {real} (its symlinks followed on the host): give a directory of "
+            "longrun's own, e.g. /srv/longrun")
+
 
 @dataclass(frozen=True)
 class HostLayout:

@@ -60,6 +60,8 @@ class Host(Base):
     key_path: Mapped[str | None] = mapped_column(String(1024))
     host_key: Mapped[str | None] = mapped_column(Text)
     workspace: Mapped[str] = mapped_column(String(1024))
+    # the workspace's real path, its symlinks followed on the host (the worker asks it there; None until then)
+    workspace_real: Mapped[str | None] = mapped_column(String(4096))
     python: Mapped[str] = mapped_column(String(1024), default="python3")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     reachable: Mapped[bool | None] = mapped_column(Boolean)

@@ -82,6 +82,8 @@ class HostPublic(BaseModel):
     port: int
     username: str | None
     workspace: str
+    workspace_real: str | None = Field(None, description="the workspace's real path, its symlinks followed on the "
+                                       "host (null until a worker has asked there)")
     python: str
     reachable: bool | None
     last_seen_at: datetime | None

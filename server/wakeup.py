@@ -44,6 +44,28 @@ def wakeup_dir(engine: Engine) -> Path | None:
     return database.with_name(database.name + "-wakeup")
 
 
+def workers_listening(engine: Engine) -> bool:
+    """Whether a worker of this database listens for wake-ups: in this process, through a FIFO beside the SQLite
+    file, or with a LISTEN on PostgreSQL (what an API that waits for a worker's answer first asks)."""
+    with _lock:
+        if _listeners.get(_key(engine)):
+            return True
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE query = :q"),
+                                    {"q": f"LISTEN {CHANNEL}"}))
+    directory = wakeup_dir(engine)
+    return directory is not None and directory.is_dir() and any(_has_reader(f) for f in directory.iterdir())
+
+
+def _has_reader(fifo: Path) -> bool:
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        return False  # ENXIO: the worker that made it is gone
+    return True
+
+
 def wake_workers(session: Session) -> None:
     """Once this write transaction commits, wake every worker of its database."""
     if session.info.get(_PENDING):

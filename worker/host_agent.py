@@ -76,6 +76,9 @@ INSTALL_AND_RUN = (
     "runpy.run_path(path, run_name='__main__')\n"
 )
 
+# the workspace's real path, asked with nothing installed: one JSON line
+RESOLVE = "import json, os, sys; print(json.dumps({'real': os.path.realpath(sys.argv[1])}))"
+
 
 class HostAgent:
     def __init__(self, transport: Transport, workspace: str, python: str = "python3",
@@ -121,6 +124,17 @@ class HostAgent:
     def clean(self, path: str, keep_into: str | None = None) -> CleanAnswer:
         """Empty `path` (inside the workspace); with keep_into, move the exported draft there first."""
         return self.call(CleanRequest(self.layout.workspace, self.layout.records, path, keep_into))
+
+    def workspace_real(self) -> str:
+        """The workspace's real path on the host, its symlinks followed there: asked before the agent is installed
+        under it (nothing is written there), so that one leading to / or a system directory is refused first."""
+        result = self.transport.exec(shlex.join([self.python, "-S", "-c", RESOLVE, self.layout.workspace]),
+                                     timeout=self.timeout)
+        answer = _answer_of("workspace", result)
+        real = answer.get("real")
+        if not isinstance(real, str) or not real.startswith("/"):
+            raise CommandFailed(f"workspace: the host's answer is not a path: {result.stdout.strip()[:200]!r}")
+        return real[:4096]
 
     def gpus(self, tokens: list[str]) -> GpuView:
         answer: GpusAnswer = self.call(GpusRequest(tokens))

@@ -51,6 +51,7 @@ from worker.protocol import GpuView, LaunchRequest
 from worker.run_rows import attempt_numbered, fresh_run, read_run
 from worker.slurm import queue_message, slurm_batch
 from worker.transport_pool import LOCAL_ADDRESS
+from worker.workspace_check import refuse_workspace
 
 log = logging.getLogger("longrun.worker")
 
@@ -136,6 +137,8 @@ class RunDriver:
     def _launch(self, run: Run, hosts: dict[str, Host], views: dict[str, GpuView] | None = None) -> None:
         """Start the current attempt on every node; `views` are GPU snapshots just taken, by host name."""
         attempt = run.current
+        for name in dict.fromkeys(run.hosts):
+            refuse_workspace(self.db, self.contact, hosts[name])  # before anything is written under it
         if not attempt.nodes:
             # record where the attempt lives before anything starts, so a crash cannot orphan it
             placement = [(name, self.contact.layout(hosts[name]).attempt_dir(run.id, attempt.number, i))

@@ -6,7 +6,9 @@
 - InterconnectResponder (worker/interconnect.py): all-reduce probes the API asked for;
 - OrphanReaper (worker/orphan_reaper.py): what is left of attempts given up on while their host was away;
 - WebhookNotifier (worker/notifier.py): webhooks on run state changes, when LONGRUN_WEBHOOK_URL is set;
-- ConnectionWarmer (worker/connection_warmer.py): each host's connection opened before its first command.
+- ConnectionWarmer (worker/connection_warmer.py): each host's connection opened before its first command, and its
+  workspace resolved there before anything is written under it (worker/workspace_check.py: one leading to / is
+  refused).
 
 A piece of work is keyed (the run, the host, the attempt), and a key runs at most once at a time. Between ticks
 the loop waits on a wake-up from the API (server/wakeup.py), so a request is acted on at once; a key found
@@ -20,6 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from server.config import Settings
@@ -36,6 +39,7 @@ from worker.notifier import WebhookNotifier
 from worker.orphan_reaper import OrphanReaper
 from worker.run_driver import RunDriver
 from worker.transport_pool import TransportPool
+from worker.workspace_check import check_workspace
 
 log = logging.getLogger("longrun.worker")
 
@@ -56,7 +60,7 @@ class Supervisor:
         self.interconnect = InterconnectResponder(db, contact, clock)
         self.reaper = OrphanReaper(db, contact, stopper, clock)
         self.notifier = WebhookNotifier(db, settings) if settings.webhook_url else None
-        self.warmer = ConnectionWarmer(db, self.transports)
+        self.warmer = ConnectionWarmer(db, self.transports, partial(check_workspace, db, contact))
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="longrun-run")
         self.wakeup = WakeupListener(db.engine)
         self._inflight: set[str] = set()

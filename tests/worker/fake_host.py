@@ -16,6 +16,7 @@ from typing import Any
 from server.layout import HostLayout
 from server.models import Host
 from worker.clock import Clock
+from worker.host_agent import RESOLVE
 from worker.host_errors import HostError, HostUnreachable
 from worker.transport_interface import CommandResult, Transport
 from worker.transport_pool import TransportPool
@@ -76,6 +77,8 @@ class FakeHost(Transport):
     # answered instead of the verb's answer (a broken or hostile host); None answers
     garble: str | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # where a workspace's symlinks lead on this host (a workspace not named here is its own real path)
+    real_paths: dict[str, str] = field(default_factory=dict)
     _pids: Any = field(default_factory=lambda: itertools.count(4000))
 
     # what a test does to the host
@@ -118,6 +121,10 @@ class FakeHost(Transport):
             raise HostUnreachable(f"connection to {self.name} refused")
         if self.refuse is not None:
             raise self.refuse
+        if RESOLVE in (argv := shlex.split(command)):  # the workspace's real path, asked with nothing installed
+            workspace = argv[-1]
+            self.calls.append(("workspace", {"workspace": workspace}))
+            return CommandResult(0, json.dumps({"real": self.real_paths.get(workspace, workspace)}) + "\n", "")
         verb = shlex.split(command.split("; then exec ", 1)[1].split(";", 1)[0])[-1]
         request = json.loads((stdin or b"").split(b"\n", 1)[0])
         self.calls.append((verb, request))

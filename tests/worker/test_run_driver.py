@@ -372,3 +372,18 @@ def test_a_restart_waits_while_the_old_attempts_processes_survive(rig: Rig) -> N
     old.stubborn = False
     rig.step(run_id)
     assert rig.run(run_id).status == "running" and rig.hosts["a"].job(run_id, 2).alive
+
+
+def test_a_workspace_that_leads_to_the_root_on_its_host_fails_the_run_before_anything_is_written_there(
+        rig: Rig) -> None:
+    """The host's own answer decides (the path resolves elsewhere on this machine): refused at its first launch,
+    naming the workspace, with no verb of the agent run there (the agent would be installed under it)."""
+    host = rig.hosts["a"]
+    host.real_paths["/ws"] = "/"
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    run = rig.run(run_id)
+    assert run.status == "failed" and "workspace '/ws' leads to / (its symlinks followed on the host)" in run.message
+    assert host.verbs() == ["workspace"], "nothing launched, nothing installed"
+    with rig.db.reading() as s:
+        assert s.scalar(select(Host).where(Host.name == "a")).workspace_real == "/"

@@ -2,6 +2,7 @@
 namespaces (separate hosts with their own addresses), and real torchrun jobs (examples/toy_train.py)."""
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -287,3 +288,24 @@ def test_server_killed_mid_run_finds_the_ssh_run_again(rig: Rig) -> None:
     done = svc.wait_status(run["id"], "succeeded", "failed")
     assert done["status"] == "succeeded", done
     assert steps_of(svc, run["id"]) == list(range(1, 81))
+
+
+def test_a_workspace_that_leads_to_the_root_on_the_host_is_refused_at_registration_and_on_change(rig: Rig) -> None:
+    svc = rig.service()
+    sshd = rig.sshd()
+    root, etc = rig.tmp_path / "ws-root", rig.tmp_path / "ws-etc"
+    root.symlink_to("/")
+    etc.symlink_to("/etc")
+    body = {"name": "box", **sshd.host_fields, "workspace": str(root), "python": sys.executable}
+    refused = svc.client.post("/v1/hosts", json=body)
+    assert refused.status_code == 422, refused.text
+    assert [e["loc"] for e in refused.json()["detail"]] == [["body", "workspace"]] and "leads to / " in refused.text
+    assert svc.client.get("/v1/hosts/box").status_code == 404, "nothing registered"
+    workspace = rig.host(svc, "box", sshd)
+    assert svc.client.get("/v1/hosts/box").json()["workspace_real"] == os.path.realpath(workspace)
+    moved = svc.client.patch("/v1/hosts/box", json={"workspace": str(etc)})
+    assert moved.status_code == 422 and "leads to /etc " in moved.text, moved.text
+    shown = svc.client.get("/v1/hosts/box").json()
+    assert (shown["workspace"], shown["workspace_real"]) == (str(workspace), os.path.realpath(workspace)), "undone"
+    run = svc.submit(ssh_spec("box", steps=3, sleep=0.01))
+    assert svc.wait_status(run["id"], "succeeded", "failed")["status"] == "succeeded"

@@ -1,12 +1,14 @@
 import asyncio
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from server import hosts, views
 from server.api.deps import DB, ReadSession, WriteSession, write_line
+from server.db import Database
+from server.errors import FieldError
 from server.schemas import (
     GpuSnapshotPublic,
     HostCreate,
@@ -15,16 +17,31 @@ from server.schemas import (
     InterconnectProbeCreate,
     InterconnectPublic,
 )
+from server.wakeup import workers_listening
 
 router = APIRouter(prefix="/hosts", tags=["hosts"])
 
 # how often a waiting GPU request looks whether the worker has answered
 GPU_POLL_SECONDS = 0.2
+# how long a registration waits for a worker to resolve a remote host's workspace there
+WORKSPACE_WAIT_SECONDS = 20.0
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
-def register_host(body: HostCreate, session: WriteSession) -> HostPublic:
-    return views.host_public(hosts.register_host(session, body))
+@router.post("", status_code=status.HTTP_201_CREATED,
+             responses={422: {"description": "a bad field, or a workspace that leads to / or a system directory on "
+                                             "the host (its symlinks followed there)"}})
+async def register_host(body: HostCreate, request: Request, db: DB) -> HostPublic:
+    """Register a host. A remote host's workspace is resolved on the host by a worker: registration waits for it (a
+    few seconds, while a worker listens) and refuses, 422, one that leads to / or a system directory; a host not
+    reached by then is checked at its first contact, before anything is written under its workspace."""
+
+    def register() -> bool:
+        with db.writing() as s:
+            return hosts.register_host(s, body).workspace_real is None
+
+    async with write_line(request.app):
+        pending = await run_in_threadpool(register)
+    return await _resolved_on_host(request, db, body.name, None, pending)
 
 
 @router.get("")
@@ -39,10 +56,49 @@ def get_host(name: str, session: ReadSession) -> HostPublic:
 
 @router.patch("/{name}", responses={404: {"description": "no such host"},
                                    409: {"description": "a new workspace while a run uses the host"}})
-def update_host(name: str, body: HostUpdate, session: WriteSession) -> HostPublic:
+async def update_host(name: str, body: HostUpdate, request: Request, db: DB) -> HostPublic:
     """Change the fields given (host key, address, port, username, key path, workspace, python); the worker's
-    next connection uses them. A run waiting on the host (a refused key, say) is retried with them."""
-    return views.host_public(hosts.update_host(session, name, body))
+    next connection uses them. A run waiting on the host (a refused key, say) is retried with them. A changed
+    remote host is resolved on the host again, as at registration: a workspace that leads to / or a system
+    directory there is a 422 and the change is undone."""
+
+    def update() -> tuple[bool, dict[str, Any]]:
+        with db.writing() as s:
+            before = hosts.get_host(s, name)
+            undo = {field: getattr(before, field) for field in (*body.model_fields_set, *hosts.LEARNT)}
+            return hosts.update_host(s, name, body).workspace_real is None, undo
+
+    async with write_line(request.app):
+        pending, undo = await run_in_threadpool(update)
+    return await _resolved_on_host(request, db, name, undo, pending)
+
+
+async def _resolved_on_host(request: Request, db: Database, name: str, undo: dict[str, Any] | None,
+                            pending: bool) -> HostPublic:
+    """The host once a worker has resolved its workspace on it, or could not reach it, or WORKSPACE_WAIT_SECONDS
+    have passed (no wait where no worker listens); a refused workspace undoes the write (`undo`) and is a 422."""
+
+    def resolved() -> bool:
+        with db.reading() as s:
+            return hosts.workspace_resolved(s, name)
+
+    def refused() -> FieldError | None:
+        with db.writing() as s:
+            return hosts.refused_on_host(s, name, undo)
+
+    def shown() -> HostPublic:
+        with db.reading() as s:
+            return views.host_public(hosts.get_host(s, name))
+
+    if pending and await run_in_threadpool(workers_listening, db.engine):
+        deadline = time.monotonic() + WORKSPACE_WAIT_SECONDS
+        while not await run_in_threadpool(resolved) and time.monotonic() < deadline:
+            await asyncio.sleep(GPU_POLL_SECONDS)
+        async with write_line(request.app):
+            error = await run_in_threadpool(refused)
+        if error is not None:
+            raise error
+    return await run_in_threadpool(shown)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT,

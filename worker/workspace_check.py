@@ -1,0 +1,52 @@
+"""The workspace check: a host's workspace resolved on the host, its symlinks followed there, before anything is
+written under it (the host agent is installed there): one that leads to / or a system directory is refused. The
+connection warmer asks at its first contact, which registration waits for (a 422); a host not reached then is
+checked at its first launch, which fails the run naming the workspace."""
+
+from server.db import Database
+from server.layout import workspace_refusal
+from server.models import Host
+from worker.host_contact import HostContact
+from worker.host_errors import CommandFailed, HostError
+from worker.transport_pool import settings_of
+
+
+def reached_with(host: Host) -> tuple:
+    """What reaching the host and its workspace depends on: a check is made again when it changes."""
+    return (*settings_of(host), host.workspace, host.python)
+
+
+def resolve(db: Database, contact: HostContact, host: Host) -> str:
+    """The real path of the host's workspace: as stored, else asked on the host and stored (unless the host
+    changed meanwhile)."""
+    if host.workspace_real is not None:
+        return host.workspace_real
+    try:
+        real = contact.agent(host).workspace_real()
+    except HostError as exc:
+        exc.host = exc.host or host.name
+        raise
+    with db.writing() as s:
+        fresh = s.get(Host, host.id)
+        if fresh is not None and reached_with(fresh) == reached_with(host):
+            fresh.workspace_real = real
+    return real
+
+
+def refuse_workspace(db: Database, contact: HostContact, host: Host) -> None:
+    """Raise CommandFailed (the run fails with it) when the host's workspace leads to / or a system directory."""
+    why = workspace_refusal(host.workspace, resolve(db, contact, host))
+    if why is not None:
+        raise CommandFailed(f"host {host.name}: {why} (longrun hosts update {host.name} --workspace DIR)", host.name)
+
+
+def check_workspace(db: Database, contact: HostContact, host: Host) -> None:
+    """Resolve a host's workspace on the host now (the connection warmer, at its first contact); a host not reached
+    is marked so, which ends registration's wait (its first launch asks again)."""
+    try:
+        resolve(db, contact, host)
+    except HostError as exc:
+        with db.writing() as s:
+            fresh = s.get(Host, host.id)
+            if fresh is not None and reached_with(fresh) == reached_with(host):
+                fresh.reachable, fresh.last_error = False, str(exc)
