@@ -251,10 +251,17 @@ def restart(
         overrides["ttt_steps"] = ttt_steps
     with connect(ctx) as client:
         run = client.get(run_id)
+
+        def ask_server(dry: bool) -> dict[str, Any]:
+            return client.restart(run["id"], overrides, clean=clean, init_from_last=init_from_last, dry_run=dry,
+                                  resume=resume)
+
         if not dry_run and run["status"] in LIVE:
-            confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it?", yes)
-        answer = client.restart(run["id"], overrides, clean=clean, init_from_last=init_from_last, dry_run=dry_run,
-                                resume=resume)
+            # its dry run first: a restart the server refuses is refused before anyone is asked to stop an attempt
+            plan = ask_server(True)
+            confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it "
+                    f"({plan.get('start', 'unknown')}: {plan.get('start_reason', '')})?", yes)
+        answer = ask_server(dry_run)
         if as_json:
             print_json(answer, lines=watch and not dry_run)
         elif dry_run:

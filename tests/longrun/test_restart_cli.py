@@ -28,17 +28,22 @@ def trainer_run(cli: App) -> dict:
     return run
 
 
-def test_a_depth_change_over_a_checkpoint_needs_resume_or_fresh_and_the_dry_run_says_which(cli: App,
-                                                                                            capsys) -> None:
+def test_a_depth_change_over_a_checkpoint_needs_resume_or_fresh_and_the_dry_run_says_which(
+        cli: App, capsys, monkeypatch) -> None:
     run = trainer_run(cli)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
     for dry in (["--dry-run"], []):
-        assert exit_code(["restart", "ttt3", "--ttt-steps", "5", *dry, "--yes"]) == ExitCode.REFUSED
-        err = capsys.readouterr().err
+        # refused before the question: nobody is asked to stop an attempt for a restart that cannot be
+        assert exit_code(["restart", "ttt3", "--ttt-steps", "5", *dry]) == ExitCode.REFUSED
+        shown = capsys.readouterr()
+        assert "?" not in shown.out
+        err = shown.err
         assert "trained with 3 TTT steps and this attempt trains 5" in " ".join(err.split()), err
         assert "--resume / --fresh" in err, err
     assert cli.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1
     assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--resume", "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # a terminal here: rich wraps at its width
     assert "ttt_steps: 3 -> 5" in out
     assert "start: resume: resumes the checkpoint at step 500" in out and "trained with 3 TTT steps" in out
     assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--fresh", "--dry-run"]) == 0
@@ -54,7 +59,10 @@ def test_stopping_a_live_attempt_asks_on_a_terminal(cli: App, capsys, monkeypatc
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
     monkeypatch.setattr("sys.stdin", Terminal("n\n"))
     assert exit_code(command) == ExitCode.INTERRUPTED
-    assert "?" in capsys.readouterr().out
+    asked = capsys.readouterr().out
+    assert "?" in asked
+    if command[0] == "restart":
+        assert "relaunch it (fresh: clean empties" in " ".join(asked.split()), "the question says how it starts"
     assert cli.client.get(f"/v1/runs/{run['id']}").json()["status"] == "running", "a no changes nothing"
     monkeypatch.setattr("sys.stdin", Terminal("y\n"))
     assert exit_code([*command, "--json"]) == 0
