@@ -3,7 +3,7 @@ reads by attribute, from the route through the domain and the worker to the host
 
 The database keeps a spec as JSON (`spec_dict`); `stored_spec` reads it back as the same typed object, once per
 row (server/models.py: `Run.typed_spec`, `Attempt.typed_spec`). The server's schemas (server/schemas.py) and the
-worker import it from here.
+worker import it from here; nothing outside this module reads a spec by its keys (tests/test_spec_reads.py).
 """
 
 import posixpath

@@ -1,9 +1,8 @@
 """Which GPUs an attempt gets, whether it must wait, and what it is seen using: decisions over one
 nvidia-smi snapshot (worker/gpus.py parses it; worker/protocol.py carries it)."""
 
-from typing import Any
-
 from server.series import GpuSeries, gpu_series
+from server.spec import RunCreate
 from worker.gpus import foreign_gpu_holders, holders_message, pick_free_gpus
 from worker.protocol import GpuView
 
@@ -19,18 +18,18 @@ def visible_devices(env: dict[str, str]) -> list[int] | None:
     return [int(x) for x in value.split(",") if x.strip().isdigit()]
 
 
-def placement_env(spec: dict[str, Any], token: str, host_name: str, view: GpuView) -> dict[str, str]:
+def placement_env(spec: RunCreate, token: str, host_name: str, view: GpuView) -> dict[str, str]:
     """The job's environment with its GPUs chosen; raises WaitForGpus while others hold what it needs.
 
     A run that pins CUDA_VISIBLE_DEVICES needs those GPUs free; one that needs fewer GPUs than the host
     has gets the free ones; otherwise it needs every GPU. A host without GPUs runs the job on its CPUs."""
-    env = dict(spec.get("env", {}))
+    env = dict(spec.env)
     snap = view.snapshot
     if not snap.available:
         return env
     ours = view.pids_of({token})
     wanted = visible_devices(env)
-    need = spec.get("nproc_per_node", 1)
+    need = spec.nproc_per_node
     if wanted is None and need < len(snap.gpus):
         picked = pick_free_gpus(snap, need, ours)
         if picked is None:

@@ -1,14 +1,14 @@
 """What a run's spec becomes on a host: the torchrun command line and its environment."""
 
-from typing import Any
+from server.spec import RunCreate, TrainerSpec
 
 RDZV_PORT = 29400
 
 
-def trainer_flags(trainer: dict[str, Any]) -> list[str]:
-    """The trainer spec as `python -m trainer.train` flags, in the spec's order."""
+def trainer_flags(trainer: TrainerSpec) -> list[str]:
+    """The trainer spec as `python -m trainer.train` flags, in the order of its fields."""
     flags: list[str] = []
-    for key, value in trainer.items():
+    for key, value in trainer.model_dump(exclude_none=True).items():
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
@@ -16,14 +16,14 @@ def trainer_flags(trainer: dict[str, Any]) -> list[str]:
     return flags
 
 
-def job_argv(spec: dict[str, Any], python: str, run_id: str, node_rank: int = 0,
+def job_argv(spec: RunCreate, python: str, run_id: str, node_rank: int = 0,
              master_addr: str | None = None, node_addr: str | None = None) -> list[str]:
     """torchrun for one node of the run: standalone on one host, c10d rendezvous on the first host otherwise.
 
     `master_addr` is the first host's address, `node_addr` this node's: the addresses the nodes reach each
     other at (torchrun's own guesses, from the hostname, fail where names do not resolve across hosts)."""
-    nnodes = len(spec.get("hosts") or [spec.get("host")])
-    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec['nproc_per_node']}"]
+    nnodes = len(spec.host_names)
+    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}"]
     if nnodes == 1:
         # --standalone picks a free rendezvous port, so several runs can share a host
         argv.append("--standalone")
@@ -38,8 +38,8 @@ def job_argv(spec: dict[str, Any], python: str, run_id: str, node_rank: int = 0,
     return argv + program_argv(spec)
 
 
-def program_argv(spec: dict[str, Any]) -> list[str]:
+def program_argv(spec: RunCreate) -> list[str]:
     """What torchrun starts on each of its processes: the bundled trainer with its flags, or the entrypoint."""
-    if spec.get("trainer"):
-        return ["-m", "trainer.train"] + trainer_flags(spec["trainer"])
-    return [spec["entrypoint"]] + [str(a) for a in spec.get("args", [])]
+    if spec.trainer:
+        return ["-m", "trainer.train"] + trainer_flags(spec.trainer)
+    return [spec.entrypoint] + [str(a) for a in spec.args]

@@ -152,17 +152,18 @@ class RunDriver:
         master = _node_address(hosts[run.hosts[0]])
         multi_node = len(nodes) > 1
         # on a Slurm host the scheduler places the job's GPUs, on nodes the login node cannot see
-        envs = [dict(attempt.spec.get("env", {})) if hosts[node.host].kind == "slurm"
+        spec = attempt.typed_spec
+        envs = [dict(spec.env) if hosts[node.host].kind == "slurm"
                 else self._gpu_env(attempt, hosts[node.host], (views or {}).get(node.host)) for node in nodes]
         answers = []
         for i, (node, env) in enumerate(zip(nodes, envs, strict=True)):
             host = hosts[node.host]
             address = _node_address(host) if multi_node else None
-            argv = job_argv(attempt.spec, host.python, run.id, node_rank=i, master_addr=master, node_addr=address)
+            argv = job_argv(spec, host.python, run.id, node_rank=i, master_addr=master, node_addr=address)
             # a batch job is submitted once; until it starts, each launching step asks again (the same job answers)
-            batch = slurm_batch(attempt.spec, host.python, run.id, attempt.number) if host.kind == "slurm" else None
+            batch = slurm_batch(spec, host.python, run.id, attempt.number) if host.kind == "slurm" else None
             answers.append(self.contact.agent(host).launch(LaunchRequest(
-                node.dir, attempt.token, argv, env, attempt.spec.get("cwd"), node_address=address, slurm=batch)))
+                node.dir, attempt.token, argv, env, spec.cwd, node_address=address, slurm=batch)))
         waiting = [a.queue if a.state == NodeState.PENDING and a.queue else None for a in answers]
         with fresh_run(self.db, run.id) as (s, fresh):
             nodes_launched(attempt_numbered(fresh, attempt.number), [a.pid for a in answers],
@@ -183,7 +184,7 @@ class RunDriver:
             view = self.contact.agent(host).gpus([attempt.token])
             with self.db.writing() as s:
                 store_snapshot(s, host.id, view, self.clock.now())
-        return placement_env(attempt.spec, attempt.token, host.name, view)
+        return placement_env(attempt.typed_spec, attempt.token, host.name, view)
 
     def _poll(self, run: Run, hosts: dict[str, Host]) -> bool:
         attempt = run.current
@@ -241,8 +242,8 @@ class RunDriver:
 
     def _clean(self, run: Run, hosts: dict[str, Host]) -> None:
         """Empty the run's output directory on every host; a warm start's draft kept aside first."""
-        target = run.spec.get("trainer", {}).get("output_dir") or run.spec.get("output_dir")
-        keep = run.spec.get("trainer", {}).get("init_from")
+        spec = run.typed_spec
+        target, keep = spec.clean_dir, spec.trainer.init_from if spec.trainer else None
         for name in run.hosts:
             stash = keep if keep and self.contact.layout(hosts[name]).holds_records_of(keep, run.id) else None
             self.contact.agent(hosts[name]).clean(target, keep_into=stash)

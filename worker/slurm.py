@@ -9,8 +9,8 @@ through the script.
 
 import shlex
 from datetime import UTC, datetime
-from typing import Any
 
+from server.spec import RunCreate, SlurmSpec
 from worker.jobs import RDZV_PORT, program_argv
 from worker.protocol import QueueState, SlurmBatch
 
@@ -25,14 +25,14 @@ def sbatch_line(option: str) -> str:
     return f"#SBATCH {name}" + (f"={shlex.quote(value)}" if eq else "")
 
 
-def batch_script(spec: dict[str, Any], python: str) -> str:
-    """The batch script of one attempt of `spec` (schemas.SlurmSpec in `spec['slurm']`)."""
-    slurm = spec.get("slurm") or {}
-    nodes = int(slurm.get("nodes", 1))
+def batch_script(spec: RunCreate, python: str) -> str:
+    """The batch script of one attempt of `spec` (its `slurm`, server/spec.py SlurmSpec)."""
+    slurm = spec.slurm or SlurmSpec()
+    nodes = slurm.nodes
     options = [f"--nodes={nodes}", "--ntasks-per-node=1"]
-    options += [f"{flag}={slurm[key]}" for key, flag in SBATCH_FIELDS if slurm.get(key) is not None]
-    options += slurm.get("sbatch_options", [])
-    torchrun = shlex.join([python, "-m", "torch.distributed.run", f"--nproc-per-node={spec['nproc_per_node']}"])
+    options += [f"{flag}={getattr(slurm, key)}" for key, flag in SBATCH_FIELDS if getattr(slurm, key) is not None]
+    options += slurm.sbatch_options
+    torchrun = shlex.join([python, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}"])
     program = shlex.join(program_argv(spec))
     # srun does not pass --cpus-per-task on from sbatch in every Slurm version: torchrun's processes need them
     step = f'srun --nodes={nodes} --ntasks-per-node=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-1}}" --kill-on-bad-exit=1'
@@ -60,7 +60,7 @@ def batch_script(spec: dict[str, Any], python: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurm_batch(spec: dict[str, Any], python: str, run_id: str, attempt: int) -> SlurmBatch:
+def slurm_batch(spec: RunCreate, python: str, run_id: str, attempt: int) -> SlurmBatch:
     return SlurmBatch(batch_script(spec, python), f"longrun-{run_id}-{attempt}")
 
 

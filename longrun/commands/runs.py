@@ -60,7 +60,9 @@ LIVE = frozenset({"launching", "running"})
 
 def _flat(spec: dict[str, Any]) -> dict[str, Any]:
     """A spec's fields, the trainer's by their own names (as restart overrides name them)."""
-    return {**{k: v for k, v in spec.items() if k != "trainer"}, **(spec.get("trainer") or {})}
+    fields = dict(spec)
+    trainer = fields.pop("trainer", None) or {}
+    return {**fields, **trainer}
 
 
 def spec_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

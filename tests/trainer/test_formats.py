@@ -224,7 +224,7 @@ def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_comma
     section = readme[readme.index("## Bring your own data and model"):]
     start = section.index("```json") + len("```json")
     spec = RunCreate.model_validate(json.loads(section[start : section.index("```", start)]))
-    args = parse_args(trainer_flags(spec.model_dump(mode="json", exclude_none=True)["trainer"]))
+    args = parse_args(trainer_flags(spec.trainer))
     assert args.data_format == "speculators"
     seed = parse_args(["--verifier-path", "V", "--data-dir", "D", "--vocab-mapping-dir", "M", "--output-dir", "O",
                        *SEED_FLAGS])

@@ -232,6 +232,6 @@ def test_a_run_spec_passes_the_new_options_to_the_trainer():
 
     spec = TrainerSpec(verifier_path="/v", data_dir="/d", vocab_mapping_dir="/m", output_dir="/o",
                        global_batch_tokens=65536, pack_samples=True, init_lm_head_from_verifier=True)
-    args = parse_args(trainer_flags(spec.model_dump()))
+    args = parse_args(trainer_flags(spec))
     assert (args.global_batch_tokens, args.pack_samples, args.init_lm_head_from_verifier) == (65536, True, True)
     assert args.global_batch_size is None

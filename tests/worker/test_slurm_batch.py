@@ -9,6 +9,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from server.spec import RunCreate
 from worker.protocol import QueueState
 from worker.slurm import batch_script, queue_message
 
@@ -55,9 +56,9 @@ with open({str(record)!r}, "a") as f:
 
 
 def test_a_one_node_script_runs_torchrun_standalone_with_the_args_literally(tmp_path: Path) -> None:
-    spec = {"nproc_per_node": 2, "entrypoint": "/opt/my train.py", "args": [NASTY, "--lr", "0.1"],
-            "slurm": {"partition": "gpu", "time_limit": "1-00:00:00", "gpus_per_node": "h100:2",
-                      "sbatch_options": ["--comment=" + NASTY.replace("'", ""), "--exclusive"]}}
+    spec = RunCreate(host="login", nproc_per_node=2, entrypoint="/opt/my train.py", args=[NASTY, "--lr", "0.1"],
+                     slurm={"partition": "gpu", "time_limit": "1-00:00:00", "gpus_per_node": "h100:2",
+                            "sbatch_options": ["--comment=" + NASTY.replace("'", ""), "--exclusive"]})
     script = batch_script(spec, str(tmp_path / "python"))
     headers = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert headers[:6] == ["#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu",
@@ -71,9 +72,9 @@ def test_a_one_node_script_runs_torchrun_standalone_with_the_args_literally(tmp_
 
 
 def test_a_two_node_script_runs_torchrun_on_each_node_with_the_first_serving_the_rendezvous(tmp_path: Path) -> None:
-    spec = {"nproc_per_node": 4, "slurm": {"nodes": 2},
-            "trainer": {"verifier_path": "/m", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/o x",
-                        "ttt_steps": 5}}
+    spec = RunCreate(host="login", nproc_per_node=4, slurm={"nodes": 2},
+                     trainer={"verifier_path": "/m", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/o x",
+                              "ttt_steps": 5})
     starts = _run_on_nodes(batch_script(spec, str(tmp_path / "python")), tmp_path)
     program = ["-m", "trainer.train", "--verifier-path", "/m", "--data-dir", "/d", "--vocab-mapping-dir", "/v",
                "--output-dir", "/o x", "--ttt-steps", "5"]
