@@ -132,7 +132,8 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=240)
     p.add_argument("--steps", type=int, default=220,
                    help="keep it under one epoch: the epoch end validates and checkpoints")
-    p.add_argument("--skip", type=int, default=10, help="first steps left out of the figures (warm-up)")
+    p.add_argument("--skip", type=int, default=25,
+                   help="first steps left out of the figures (warm-up: torch.compile is still compiling at step 10)")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--warm", action="store_true", help="keep the page cache (files read from memory)")
@@ -145,6 +146,8 @@ def main() -> int:
     p.add_argument("--store-dtype", choices=("bf16", "fp8"), default="bf16", help="how the features are stored")
     p.add_argument("--no-sampler", action="store_true", help="do not run nvidia-smi during training")
     args = p.parse_args()
+    if args.steps >= int(args.samples * 0.95):  # --val-ratio 0.05: an epoch end would validate and checkpoint
+        p.error(f"--steps {args.steps} reaches the end of an epoch of {args.samples} samples: keep it under one")
     shape_name = "tiny" if args.tiny else args.shape
     shape = SHAPES[shape_name]
     verifier, output = args.work / f"verifier-{shape_name}", args.work / "out"
