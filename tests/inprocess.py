@@ -2,11 +2,15 @@
 Alembic migrations (tests/conftest.py `database_url`). Runs are moved through states with the state machine, as the
 worker would."""
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from fastapi.testclient import TestClient
 
 from server.api.app import create_app
@@ -51,6 +55,27 @@ class App:
     def session(self) -> Iterator[Any]:
         with self.db.writing() as s:
             yield s
+
+    @contextmanager
+    def serving(self) -> Iterator[str]:
+        """The same app behind a real uvicorn server on a free loopback port, for as long as the block runs (its
+        URL). For streams: Starlette's TestClient before 1.x hands a response over only once it has ended, so an
+        event stream that waits on the test itself would never start there."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(30)
 
     def close(self) -> None:
         self.client.close()

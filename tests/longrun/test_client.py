@@ -72,15 +72,17 @@ def test_a_server_that_is_not_there_is_named_with_what_to_do() -> None:
         nobody.get("x")
 
 
-def test_watch_yields_snapshots_until_the_run_ends(api: App, client: Client) -> None:
-    run = client.submit(SPEC)
-    seen = []
-    for snapshot in client.watch(run["id"], interval=0.05):
-        seen.append(snapshot["status"])
-        if seen == ["queued"]:  # the run moves on only once the watcher has seen where it was
-            api.move(run["id"], S.LAUNCHING, S.RUNNING)
-        elif snapshot["status"] == "running":
-            api.move(run["id"], S.SUCCEEDED)
+def test_watch_yields_snapshots_until_the_run_ends(api: App) -> None:
+    with api.serving() as url:  # a real server: the watch follows its event stream as it is written
+        client = Client(url)
+        run = client.submit(SPEC)
+        seen = []
+        for snapshot in client.watch(run["id"], interval=0.05):
+            seen.append(snapshot["status"])
+            if seen == ["queued"]:  # the run moves on only once the watcher has seen where it was
+                api.move(run["id"], S.LAUNCHING, S.RUNNING)
+            elif snapshot["status"] == "running":
+                api.move(run["id"], S.SUCCEEDED)
     assert seen == ["queued", "running", "succeeded"]
 
 
