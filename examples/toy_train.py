@@ -24,6 +24,8 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.05, help="seconds per step, to look like real work")
     p.add_argument("--label", default="", help="any text; echoed to the log")
     p.add_argument("--fail-at", type=int, default=0, help="exit with code 3 at this step (tests)")
+    p.add_argument("--no-time", action="store_true", help="write no `time` on metric lines: the server then measures "
+                   "the step time by when it reads them")
     args, extra = p.parse_known_args()
 
     distributed = "WORLD_SIZE" in os.environ
@@ -56,8 +58,11 @@ def main() -> int:
             w.grad.zero_()
         time.sleep(args.sleep)
         if out:
-            out.write(json.dumps({"step": step, "total_steps": args.steps, "epoch": step / args.steps,
-                                  "time": time.time(), "loss": loss.item(), "lr": args.lr}) + "\n")
+            line = {"step": step, "total_steps": args.steps, "epoch": step / args.steps, "time": time.time(),
+                    "loss": loss.item(), "lr": args.lr}
+            if args.no_time:
+                del line["time"]
+            out.write(json.dumps(line) + "\n")
             out.flush()
             if step % 20 == 0 or step == args.steps:
                 print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)

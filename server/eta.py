@@ -12,15 +12,21 @@ TTT_FIXED_COST = 1.0
 
 def update_step_rate(sec_per_step: float | None, last_step: int | None, last_time: float | None,
                      step: int, time: float) -> float | None:
-    """Fold one (step, time) observation into the smoothed seconds per step."""
+    """Fold one (step, time) observation into the smoothed seconds per step: the mean over the steps since the last
+    one, weighted as that many samples of one step each."""
     if last_step is None or last_time is None or step <= last_step or time <= last_time:
         return sec_per_step
-    return fold_step_time(sec_per_step, (time - last_time) / (step - last_step))
+    return fold_step_time(sec_per_step, (time - last_time) / (step - last_step), step - last_step)
 
 
-def fold_step_time(sec_per_step: float | None, sample: float) -> float:
-    """Fold one measured seconds-per-step sample (from step times, or a progress bar's rate) into the average."""
-    return sample if sec_per_step is None else EMA_WEIGHT * sample + (1 - EMA_WEIGHT) * sec_per_step
+def fold_step_time(sec_per_step: float | None, sample: float, steps: int = 1) -> float:
+    """Fold one measured seconds-per-step sample (from step times, or a progress bar's rate), the mean over `steps`
+    steps, into the average: as `steps` samples of one step would be (a read of lines without a time that spans
+    25 steps weighs as much as 25 timed lines, not as one)."""
+    if sec_per_step is None:
+        return sample
+    weight = 1 - (1 - EMA_WEIGHT) ** steps
+    return weight * sample + (1 - weight) * sec_per_step
 
 
 def remaining_seconds(total_steps: int | None, step: int | None, sec_per_step: float | None,

@@ -205,6 +205,10 @@ class AttemptNode:
     metrics_identity: dict[str, Any] | None = None
     log_identity: dict[str, Any] | None = None
     log_base: int = 0
+    # when the host's wrapper started the job (seconds since the epoch, set against the server's clock) and how
+    # long it ran by the host's clock, once it has ended: the attempt's start and end are taken from them
+    started: float | None = None
+    ran: float | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
@@ -213,7 +217,8 @@ class AttemptNode:
                    pid=raw.get("pid"), exit_code=raw.get("exit_code"), gpus=raw.get("gpus"),
                    log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False),
                    queue=raw.get("queue"), metrics_identity=raw.get("metrics_identity"),
-                   log_identity=raw.get("log_identity"), log_base=raw.get("log_base", 0))
+                   log_identity=raw.get("log_identity"), log_base=raw.get("log_base", 0),
+                   started=raw.get("started"), ran=raw.get("ran"))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": str(self.state)}
@@ -259,9 +264,9 @@ def expected_start(attempt: Attempt) -> datetime | None:
 def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: int, state: NodeState,
                 exit_code: int | None, log_position: tuple[int, bool],
                 identities: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
-                log_base: int | None = None) -> None:
+                log_base: int | None = None, job_times: tuple[float | None, float | None] = (None, None)) -> None:
     """What the host said of one node: how far its files were read (and their identities there), and whether it
-    still runs; `log_base` when its log was read again from the start."""
+    still runs; `log_base` when its log was read again from the start; `job_times` (started, ran) once known."""
     nodes = nodes_of(attempt)
     node = nodes[index]
     node.metrics_offset, node.log_offset, node.state, node.exit_code = metrics_offset, log_offset, state, exit_code
@@ -269,7 +274,17 @@ def node_probed(attempt: Attempt, index: int, metrics_offset: int, log_offset: i
     node.metrics_identity, node.log_identity = identities
     if log_base is not None:
         node.log_base = log_base
+    node.started, node.ran = job_times
     set_nodes(attempt, nodes)
+
+
+def job_ended_at(attempt: Attempt) -> datetime | None:
+    """When the attempt's last node ended by its host's record (set against the server's clock), or None where a
+    node's is not known (a batch job, a wrapper that could not write it, or a host agent before it kept it)."""
+    nodes = nodes_of(attempt)
+    if not nodes or any(n.started is None or n.ran is None for n in nodes):
+        return None
+    return datetime.fromtimestamp(max(n.started + n.ran for n in nodes), UTC)
 
 
 def abandon_nodes(attempt: Attempt, indices: set[int] | None = None) -> None:
@@ -331,14 +346,16 @@ class NodeFailure:
 def attempt_finished(session: Session, run: Run, failure: NodeFailure | None, now: datetime) -> None:
     """Every node of the current attempt has ended and its output is stored: succeeded, or the retry rule."""
     current = run.current
+    # the job's own end, not when the worker saw it (the server may have been down meanwhile)
+    ended = job_ended_at(current) or now
     if failure is None:
         # a note made while it ran (metric lines skipped, a stall) stays
-        end_attempt(current, AttemptStatus.SUCCEEDED, 0, current.message, now)
+        end_attempt(current, AttemptStatus.SUCCEEDED, 0, current.message, ended)
         transition(session, run, RunStatus.SUCCEEDED, f"attempt {current.number} finished", now=now)
         return
     why = f"attempt {current.number} {failure.why}"
     end_attempt(current, AttemptStatus.FAILED, failure.exit_code if failure.state == NodeState.EXITED else None,
-                why, now)
+                why, ended)
     retry_or_fail(session, run, why, now)
 
 

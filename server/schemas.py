@@ -147,9 +147,11 @@ class AttemptPublic(BaseModel):
     spec: dict[str, Any]
     status: AttemptStatus
     created_at: datetime
-    started_at: datetime | None
+    started_at: datetime | None = Field(description="when the job started, by its host wrapper's record (the "
+                                        "host's clock set against the server's); else when the worker launched it")
     first_step_at: datetime | None = Field(None, description="when the first metric line with a step arrived")
-    ended_at: datetime | None
+    ended_at: datetime | None = Field(description="when the job ended, by its host wrapper's record; else when the "
+                                      "worker saw it end")
     exit_code: int | None
     message: str | None
     log_path: str | None

@@ -1,18 +1,22 @@
 """Reading an attempt's nodes on their hosts, and storing what was read: metric lines, log text, GPU samples."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.layout import LOG_FILE
-from server.lifecycle import NodeState, node_probed, nodes_of
+from server.lifecycle import AttemptNode, NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
 from worker.ingest import say_reread, store_log, store_log_metrics, store_metrics
-from worker.protocol import GpuView, ProbeAnswer, ReadFrom
+from worker.protocol import GpuView, HostTimes, ProbeAnswer, ReadFrom
+
+# how far a host's record of a job's start may lie before the attempt was opened (the two clocks set against each
+# other through one answer's round trip)
+CLOCK_SLACK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,14 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
             continue
         for reread in a.reread:
             say_reread(session, run, attempt, p.index, reread)
+        job_times = _job_times(attempt, node, a.times, now)
+        if p.index == 0 and job_times[0] is not None:
+            attempt.started_at = datetime.fromtimestamp(job_times[0], UTC)
+        # lines read after the job ended were written by then: those without a time of their own are not taken
+        # as later (the server may have been down since)
+        read_at = now if None in job_times else min(now, datetime.fromtimestamp(sum(job_times), UTC))
         if p.index == 0 and a.metrics:
-            store_metrics(session, run, attempt, a.metrics, now)
+            store_metrics(session, run, attempt, a.metrics, read_at)
         log_position, log_base = (node.log_records, node.log_midline), None
         if any(r["file"] == LOG_FILE for r in a.reread):
             # the log written anew: its text is stored after what was stored of it, its records counted on
@@ -59,14 +69,34 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
         if p.index == 0:
             # the read ends mid-record only while the job runs or the read was cut short
             log_position = store_log_metrics(session, run, attempt, log_position, a.log,
-                                             a.state != NodeState.RUNNING and not a.more, now)
+                                             a.state != NodeState.RUNNING and not a.more, read_at)
         store_log(session, run.id, attempt.number, p.index, node.log_base + node.log_offset,
                   node.log_base + a.log_offset, a.log)
         if a.gpus is not None:
             host = session.scalar(select(Host).where(Host.name == node.host))
             store_gpu_sample(session, run, attempt, p.index, a.gpus.view(), host, now)
         node_probed(attempt, p.index, a.metrics_offset, a.log_offset, a.state, a.exit_code, log_position,
-                    (a.metrics_identity, a.log_identity), log_base)
+                    (a.metrics_identity, a.log_identity), log_base, job_times)
+
+
+def _job_times(attempt: Attempt, node: AttemptNode, times: HostTimes | None,
+               now: datetime) -> tuple[float | None, float | None]:
+    """The node's (started, ran): when its wrapper started the job, set against the server's clock by the host's
+    clock in the same answer (taken once), and how long the job ran by the host's clock (once it has ended). A host's
+    word is untrusted: a start before the attempt was opened or after now, or an end past now, is not taken."""
+    started, ran = node.started, node.ran
+    if times is None or times.started is None:
+        return started, ran
+    if started is None:
+        mapped = times.started + (now.timestamp() - times.now)
+        opened = attempt.created_at.timestamp() if attempt.created_at else float("-inf")
+        if opened - CLOCK_SLACK_SECONDS <= mapped <= now.timestamp():
+            started = mapped
+    if started is not None and ran is None and times.ended is not None:
+        took = times.ended - times.started
+        if 0 <= took and started + took <= now.timestamp() + CLOCK_SLACK_SECONDS:
+            ran = took
+    return started, ran
 
 
 def store_gpu_sample(session: Session, run: Run, attempt: Attempt, index: int, view: GpuView, host: Host,

@@ -6,6 +6,7 @@ field's type and raises TypeError, ValueError or KeyError on another shape (Host
 tests/worker/fake_host.py answers them from an in-memory host.
 """
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -181,6 +182,27 @@ class ReadFrom:
 
 
 @dataclass(frozen=True)
+class HostTimes:
+    """The wrapper's record of when the job started and ended, and the host's clock at the answer, all in seconds
+    since the epoch by the host's clock (worker/attempt_io.py sets them against the server's)."""
+
+    started: float | None
+    ended: float | None
+    now: float
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> "HostTimes | None":
+        if not isinstance(raw, dict):
+            return None
+        times = [raw.get(k) if _finite(raw.get(k)) else None for k in ("started", "ended", "now")]
+        return cls(*times) if times[2] is not None else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
 class ProbeAnswer:
     state: NodeState
     exit_code: int | None
@@ -206,6 +228,8 @@ class ProbeAnswer:
     # the files the job truncated or wrote anew since the offset read from: [{"file", "offset", "how"}], each read
     # again from its start
     reread: list[dict[str, Any]] = field(default_factory=list)
+    # a job the wrapper holds (not a batch job): when it started and ended
+    times: HostTimes | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -217,7 +241,7 @@ class ProbeAnswer:
                    _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
                    QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")),
                    _identity(raw.get("metrics_identity")), _identity(raw.get("log_identity")),
-                   _reread(raw.get("reread")))
+                   _reread(raw.get("reread")), HostTimes.from_wire(raw.get("times")))
 
 
 def _identity(raw: Any) -> dict[str, Any] | None:

@@ -55,3 +55,11 @@ def test_more_processes_mean_fewer_steps() -> None:
 def test_nothing_measured_says_so() -> None:
     seconds, basis = predict_duration([], _trainer(5))
     assert seconds is None and "no step" in basis
+
+
+def test_a_sample_over_many_steps_weighs_as_that_many_samples_of_one() -> None:
+    one_by_one = 1.0
+    for step in range(25):
+        one_by_one = update_step_rate(one_by_one, step, 10.0 + 0.3 * step, step + 1, 10.0 + 0.3 * (step + 1))
+    at_once = update_step_rate(1.0, 0, 10.0, 25, 10.0 + 0.3 * 25)
+    assert at_once == pytest.approx(one_by_one) and abs(at_once - 0.3) < 0.06

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from worker.local_transport import LocalTransport
 from worker.protocol import (
     CancelRequest,
     GpuQuery,
+    HostTimes,
     InterconnectRequest,
     LaunchRequest,
     ProbeAnswer,
@@ -64,7 +66,8 @@ def test_the_agent_ships_as_one_zipapp_named_by_its_content(tmp_path: Path) -> N
 def test_a_probe_of_a_directory_never_launched_answers_missing(tmp_path: Path) -> None:
     agent = HostAgent(LocalTransport(), str(tmp_path), sys.executable)
     answer = agent.probe(agent.layout.attempt_dir("r1", 1), ReadFrom())
-    assert answer == ProbeAnswer(state="missing", exit_code=None, pid=None, metrics="", metrics_offset=0, log="",
+    assert answer.times is not None and (answer.times.started, answer.times.ended) == (None, None)
+    assert replace(answer, times=None) == ProbeAnswer(state="missing", exit_code=None, pid=None, metrics="", metrics_offset=0, log="",
                                  log_offset=0, more=False)
 
 
@@ -111,3 +114,10 @@ def test_a_host_answer_of_another_shape_is_a_command_failed_naming_the_verb(stdo
 def test_a_cancel_answer_without_its_verdict_is_not_taken_for_nothing_left() -> None:
     with pytest.raises(CommandFailed, match="KeyError"):
         HostAgent(Answering('{"signalled": [1]}\n'), "/ws").cancel("/ws/.longrun/r/1", 1.0)
+
+
+def test_a_hosts_times_of_another_shape_are_dropped_not_believed() -> None:
+    assert HostTimes.from_wire({"started": 10.0, "ended": 12.5, "now": 13}) == HostTimes(10.0, 12.5, 13)
+    assert HostTimes.from_wire({"started": "10", "ended": float("nan"), "now": 13.0}) == HostTimes(None, None, 13.0)
+    assert HostTimes.from_wire({"started": 10.0, "ended": True, "now": None}) is None
+    assert HostTimes.from_wire(["10"]) is None

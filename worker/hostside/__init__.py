@@ -13,6 +13,7 @@ beyond the files in the attempt directory the worker names (server/layout.py dec
         pid         the wrapper's pid (= its process group and session id)
         containment JSON: the layer that holds every process of the attempt, written by the wrapper
         exit_code   written by the wrapper when the job ends (from exit_code.reserve when the disk is full)
+        started_at, ended_at   the wrapper's clock when it started the job and when the job ended
         output.log  the job's stdout and stderr
         metrics.jsonl
 

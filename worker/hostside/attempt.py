@@ -2,15 +2,19 @@
 stop in the same round trip. The directory says whether Slurm holds the attempt (slurm.py) or a wrapper does."""
 
 import os
+import time
 
 from .files import (
+    ENDED_FILE,
     ERROR_FILE,
     EXIT_FILE,
     FAILURE_BYTES,
     LOG_FILE,
     METRICS_FILE,
+    STARTED_FILE,
     read,
     read_from,
+    read_time,
     space_note,
     tail,
 )
@@ -61,6 +65,9 @@ def probe(req):
     out["reread"] = [{"file": name, "offset": int(req.get(key, 0)), "how": how}
                      for name, key, how in ((METRICS_FILE, "metrics_offset", m_change), (LOG_FILE, "log_offset", l_change))
                      if how is not None]
+    if not slurm:
+        # the wrapper's record of the job's start and end, and this host's clock now to set them against
+        out["times"] = {"started": read_time(d, STARTED_FILE), "ended": read_time(d, ENDED_FILE), "now": time.time()}
     # a Slurm job's GPUs are on its compute nodes, not on the login node that answers
     if req.get("gpus") and not slurm:
         out["gpus"] = gpus({**req["gpus"], "dirs": {read(os.path.join(d, "token")): d}})

@@ -4,6 +4,7 @@ anew since the last."""
 
 import hashlib
 import os
+import time
 
 TOKEN_VAR = "LONGRUN_ATTEMPT_TOKEN"
 DIR_VAR = "LONGRUN_ATTEMPT_DIR"
@@ -11,6 +12,10 @@ LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 CONTAINMENT_FILE = "containment"
 EXIT_FILE = "exit_code"
+# the wrapper's clock when it started the job and when the job ended (seconds since the epoch): the attempt's
+# duration is taken from them, not from when the worker saw it start or end
+STARTED_FILE = "started_at"
+ENDED_FILE = "ended_at"
 # torch elastic's error file: torchrun copies there the exception its first failed rank recorded (@record)
 ERROR_FILE = "error.json"
 # how much of it, and of the log's end (where torchrun names that rank), a probe of a failed job hands back
@@ -56,6 +61,21 @@ def _remove_quietly(path):
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def write_time(d, name):
+    """Now, by this host's clock, into `name`; a full disk leaves it out (the worker then goes by its own)."""
+    try:
+        write_atomic(os.path.join(d, name), repr(time.time()))
+    except OSError:
+        pass
+
+
+def read_time(d, name):
+    try:
+        return float(read(os.path.join(d, name)) or "")
+    except ValueError:
+        return None
 
 
 def read(path):

@@ -22,15 +22,18 @@ from .containment import (
 from .files import (
     CONTAINMENT_FILE,
     DIR_VAR,
+    ENDED_FILE,
     ERROR_FILE,
     EXIT_RESERVE,
     LOG_FILE,
     METRICS_FILE,
+    STARTED_FILE,
     STOP_FILE,
     TOKEN_VAR,
     read,
     write_atomic,
     write_exit_code,
+    write_time,
 )
 from .procfs import cgroup_of
 from .slurm import slurm_launch
@@ -186,8 +189,10 @@ def wrap(d, layer):
             log.write(f"longrun: could not start {job['argv'][0]!r}: {exc}\n".encode())
             write_exit_code(d, 127)
             return
+        write_time(d, STARTED_FILE)
         if os.path.exists(stop):
             # the stop's signals may have come before the job existed; a stop that comes later finds it
             child.send_signal(signal.SIGTERM)
         rc = child.wait()
+    write_time(d, ENDED_FILE)  # before the exit code: a probe that sees the job over sees when it ended
     write_exit_code(d, 128 - rc if rc < 0 else rc)

@@ -1,0 +1,66 @@
+"""Paces measured from real jobs on the `local` host through a real `longrun serve`: a job whose metric lines carry
+no `time`, and a job that ends while the server is down, each priced by the next dry run."""
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.service import Service, toy_spec
+
+pytestmark = pytest.mark.slow  # a real server and real jobs
+
+STEP_SECONDS = 0.3
+
+
+def _dry_run(service: Service, run_id: str) -> float:
+    dry = service.client.post(f"/v1/runs/{run_id}/restart", params={"dry_run": "true"}, json={"overrides": {}})
+    assert dry.status_code == 200, dry.text
+    return dry.json()["predicted_duration_seconds"]
+
+
+def _own_pace(attempt: dict, steps: int) -> float:
+    """The job's seconds per step from its first step to its end (a loaded machine adds to the sleep)."""
+    first, ended = (datetime.fromisoformat(attempt[k]) for k in ("first_step_at", "ended_at"))
+    return (ended - first).total_seconds() / (steps - 1)
+
+
+def test_a_job_writing_no_time_is_measured_by_when_its_lines_are_read_and_its_restart_priced_within_15_percent(
+        service: Service) -> None:
+    run = service.submit(toy_spec(steps=40, sleep=STEP_SECONDS, nproc=1, args=["--no-time"]))
+    first = service.wait_status(run["id"], "succeeded", "failed", timeout=180)
+    assert first["status"] == "succeeded", first
+    measured, own = first["attempts"][0]["seconds_per_step"], _own_pace(first["attempts"][0], 40)
+    assert abs(measured - own) <= 0.15 * own and own >= STEP_SECONDS, (measured, own)
+    predicted = _dry_run(service, run["id"])
+    assert service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {}}).status_code == 202
+    done = service.wait_status(run["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and len(done["attempts"]) == 2, done
+    second = done["attempts"][1]
+    assert second["predicted_duration_seconds"] == pytest.approx(predicted, rel=0.01)
+    assert abs(second["prediction_error"]) <= 0.15, (predicted, second["actual_duration_seconds"])
+
+
+def test_a_job_that_ends_while_the_server_is_down_keeps_its_own_duration_and_prices_the_next_attempt(
+        service: Service) -> None:
+    run = service.submit(toy_spec(steps=30, sleep=STEP_SECONDS, nproc=1, args=["--no-time"]))
+    running = service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 5, what="five steps", timeout=120)
+    attempt_dir = Path(running["attempts"][0]["log_path"]).parent
+    service.kill()
+    deadline = time.time() + 120
+    while not (attempt_dir / "exit_code").exists():
+        assert time.time() < deadline, "the job did not end"
+        time.sleep(0.2)
+    time.sleep(20)  # the server stays down well past the job's end
+    service.start()
+    done = service.wait_status(run["id"], "succeeded", "failed", timeout=120)
+    assert done["status"] == "succeeded", done
+    # what the job took by the host's files: from its launch to its exit code (an upper bound of its own time)
+    took = (attempt_dir / "exit_code").stat().st_mtime - (attempt_dir / "token").stat().st_mtime
+    recorded = done["attempts"][0]["actual_duration_seconds"]
+    assert 30 * STEP_SECONDS <= recorded <= took + 1.0, (recorded, took)
+    measured, own = done["attempts"][0]["seconds_per_step"], _own_pace(done["attempts"][0], 30)
+    assert abs(measured - own) <= 0.15 * own, (measured, own)
+    predicted = _dry_run(service, run["id"])
+    assert abs(predicted - recorded) <= 0.15 * recorded, (predicted, recorded)
