@@ -52,8 +52,8 @@ def workers_listening(engine: Engine) -> bool:
             return True
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
-            return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE query = :q"),
-                                    {"q": f"LISTEN {CHANNEL}"}))
+            return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND query = :q"), {"q": f"LISTEN {CHANNEL}"}))
     directory = wakeup_dir(engine)
     return directory is not None and directory.is_dir() and any(_has_reader(f) for f in directory.iterdir())
 

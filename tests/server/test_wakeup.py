@@ -13,7 +13,7 @@ import pytest
 from server.db import Database
 from server.lifecycle import RunStatus, transition
 from server.models import Run
-from server.wakeup import WakeupListener, wake_workers, wakeup_dir
+from server.wakeup import WakeupListener, wake_workers, wakeup_dir, workers_listening
 from tests.service import ROOT, Service, attempt_processes, kill_leftovers
 
 # the worker's tick in the service tests: anything acted on well before it was woken
@@ -200,3 +200,32 @@ def test_a_separate_worker_process_acts_on_requests_without_waiting_for_its_tick
             worker.wait(10)
         svc.stop()
         kill_leftovers(svc.workspace)
+
+
+def test_the_api_knows_whether_any_worker_listens_in_this_process_or_another(db: Database) -> None:
+    """What registration asks before it waits for a worker to resolve a host's workspace: no worker, no wait."""
+    assert not workers_listening(db.engine)
+    listener = WakeupListener(db.engine)
+    try:
+        assert workers_listening(db.engine)
+    finally:
+        listener.close()
+    assert not workers_listening(db.engine)
+    # a worker of another process: its FIFO beside the SQLite file, or its LISTEN on PostgreSQL
+    if db.engine.dialect.name == "sqlite":
+        fifo = wakeup_dir(db.engine) / "elsewhere"
+        os.mkfifo(fifo)
+        assert not workers_listening(db.engine), "a FIFO nobody reads is a worker that is gone"
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert workers_listening(db.engine)
+        finally:
+            os.close(reader)
+    else:
+        raw = db.engine.raw_connection()
+        try:
+            raw.driver_connection.autocommit = True
+            raw.driver_connection.execute("LISTEN longrun_wakeup")
+            assert workers_listening(db.engine)
+        finally:
+            raw.invalidate()
