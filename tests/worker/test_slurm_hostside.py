@@ -82,3 +82,17 @@ def test_a_held_job_answers_pending_with_slurms_reason_until_cancelled(
     assert agent.cancel(d, grace=5).remaining == []
     assert slurm_cluster.jobs()[str(held.pid)] == "CANCELLED"
     assert agent.probe(d, ReadFrom()).state == "exited"
+
+
+def test_a_batch_jobs_start_and_end_are_slurms_so_its_duration_is_its_own(
+        agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
+    d = agent.layout.attempt_dir("r3", 1)
+    agent.launch(LaunchRequest(d, TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\nsleep 3\n", "longrun-r3-1")))
+    deadline = time.monotonic() + 60
+    while (probe := agent.probe(d, ReadFrom())).state != "exited":
+        assert time.monotonic() < deadline, slurm_cluster.jobs()
+        assert probe.state != "running" or probe.times.started is not None, "a running job has its start"
+        time.sleep(0.5)
+    times = probe.times
+    assert times.started is not None and times.ended is not None and 2 <= times.ended - times.started <= 5, times
+    assert times.ended <= times.now + 1

@@ -65,14 +65,14 @@ def _slurm_query(job):
             key, _, value = item.partition("=")
             fields.setdefault(key, value)
         return {"state": fields.get("JobState", ""), "reason": fields.get("Reason"),
-                "start": fields.get("StartTime"), "exit": fields.get("ExitCode", "")}
+                "start": fields.get("StartTime"), "end": fields.get("EndTime"), "exit": fields.get("ExitCode", "")}
     rc, out, _ = _slurm(["sacct", "--noheader", "--allocations", "--parsable2", "--jobs", job,
-                         "--format=State,ExitCode,Start"])
+                         "--format=State,ExitCode,Start,End"])
     line = out.strip().splitlines()[:1]
-    if rc == 0 and line and line[0].count("|") == 2:
-        state, code, start = line[0].split("|")
+    if rc == 0 and line and line[0].count("|") == 3:
+        state, code, start, end = line[0].split("|")
         # sacct says "CANCELLED by 1000"
-        return {"state": state.split()[0] if state else "", "reason": None, "start": start, "exit": code}
+        return {"state": state.split()[0] if state else "", "reason": None, "start": start, "end": end, "exit": code}
     return None
 
 
@@ -104,6 +104,10 @@ def slurm_status(d):
         out.update(state="exited", exit_code=_slurm_exit_code(found["exit"]))
         if state != "COMPLETED":
             out["note"] = f"Slurm ended job {job}: {state}" + (f" ({reason})" if reason else "")
+    if state not in SLURM_WAITING:
+        # when Slurm started the job and (once over) ended it, by the cluster's clock, as the wrapper records it
+        out["times"] = {"started": _slurm_time(found["start"]),
+                        "ended": _slurm_time(found["end"]) if state in SLURM_ENDED else None, "now": time.time()}
     return out
 
 
