@@ -25,11 +25,12 @@ def test_watch_and_logs_follow_survive_a_server_restart_and_end_with_the_outcome
     run = service.submit(toy_spec(steps=60, sleep=0.15, nproc=1))
     service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 3, what="a few steps")
     watch = follower(service, "watch", run["id"], "--json", "--interval", "0.3")
-    logs = follower(service, "logs", run["id"], "-f", "--json", "--interval", "0.3", "--tail", "1")
+    logs = follower(service, "logs", run["id"], "-f", "--json", "--interval", "0.3", "--tail", "10000")
     try:
         first = json.loads(watch.stdout.readline())
         assert first["status"] == "running"
-        assert json.loads(logs.stdout.readline())["attempt"] == 1  # both have reached the server
+        first_log = json.loads(logs.stdout.readline())
+        assert first_log["attempt"] == 1  # both have reached the server
         service.kill()  # a crash: no shutdown hook; the job goes on on its host
         time.sleep(2)
         assert watch.poll() is None and logs.poll() is None, "a follower gave up while the server was away"
@@ -44,6 +45,7 @@ def test_watch_and_logs_follow_survive_a_server_restart_and_end_with_the_outcome
     assert snapshots[-1]["status"] == "succeeded" and snapshots[-1]["latest"]["step"] == 60
     assert "reconnecting" in err
     assert logs.returncode == 0, log_err
-    lines = [json.loads(line)["line"] for line in log_out.splitlines()]
-    # the job's progress lines (every 20th step), the one written while the server was away included, once each
+    lines = [first_log["line"], *(json.loads(line)["line"] for line in log_out.splitlines())]
+    # the job's progress lines (every 20th step; the whole log, so a slow start of `logs -f` misses none), the one
+    # written while the server was away included, once each
     assert [line.split()[1] for line in lines if line.startswith("step ")] == ["20/60", "40/60", "60/60"]
