@@ -83,7 +83,8 @@ def _job_times(attempt: Attempt, node: AttemptNode, times: HostTimes | None,
                now: datetime) -> tuple[float | None, float | None]:
     """The node's (started, ran): when its wrapper started the job, set against the server's clock by the host's
     clock in the same answer (taken once), and how long the job ran (once it has ended). A host's
-    word is untrusted: a start before the attempt was opened or after now, or an end past now, is not taken."""
+    word is untrusted: a start before the attempt was opened or after now, or an end past now, is not taken; one
+    off by less than the clocks' slack is held to those bounds, so an attempt ends before the next one starts."""
     started, ran = node.started, node.ran
     if times is None or times.started is None:
         return started, ran
@@ -92,12 +93,12 @@ def _job_times(attempt: Attempt, node: AttemptNode, times: HostTimes | None,
         mapped = times.started + offset
         opened = attempt.created_at.timestamp() if attempt.created_at else float("-inf")
         if opened - CLOCK_SLACK_SECONDS <= mapped <= now.timestamp():
-            started = mapped
+            started = max(mapped, opened)
     if started is not None and ran is None and times.ended is not None:
         # the end set against the server's clock as the start was (a batch job requeued since started again)
         took = times.ended + offset - started
         if 0 <= took and started + took <= now.timestamp() + CLOCK_SLACK_SECONDS:
-            ran = took
+            ran = min(took, now.timestamp() - started)
     return started, ran
 
 
