@@ -273,8 +273,9 @@ class Client:
 
     def metrics(self, run_id: str, names: list[str] | None = None, attempt: int | None = None,
                 since_step: int | None = None, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...], at most `limit` points in
-        all (the server's default: 100000)."""
+        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...]. With `limit`, every point up to
+        that many in all; without it the server thins each series (a name in one attempt) to 2000 evenly spread
+        points, its first and last kept."""
         params: dict[str, Any] = {} if limit is None else {"limit": limit}
         if names:
             params["names"] = ",".join(names)

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     webhook_url: str | None = None
     webhook_secret: str | None = None
     webhook_format: Literal["json", "slack"] = "json"
-    webhook_timeout: float = 10.0
+    webhook_timeout: float = 10.0  # seconds, one deadline for each delivery in all (connect, send, every read)
     webhook_tries: int = 6
 
     @cached_property
