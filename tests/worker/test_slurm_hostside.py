@@ -19,7 +19,11 @@ from worker.protocol import LaunchRequest, ReadFrom, SlurmBatch
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster
 
+# one token a test: pytest's processes run these tests side by side, and one test's job must not be counted as
+# another's leftover (a `sleep 3` batch job's two processes were once taken for a cancelled job's survivors)
 TOKEN = "tok-slurm-hostside-0123456789abcdef"
+HELD_TOKEN = "tok-slurm-hostside-held-0123456789"
+TIMES_TOKEN = "tok-slurm-hostside-times-012345678"
 SLEEPER = "#!/bin/bash\necho started on $SLURMD_NODENAME\nexec sleep 300\n"
 
 
@@ -74,7 +78,7 @@ def test_a_lost_submit_is_found_again_and_cancel_verifies_the_job_is_gone(
 def test_a_held_job_answers_pending_with_slurms_reason_until_cancelled(
         agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
     d = agent.layout.attempt_dir("r2", 1)
-    held = agent.launch(LaunchRequest(d, TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\n#SBATCH --hold\nsleep 300\n",
+    held = agent.launch(LaunchRequest(d, HELD_TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\n#SBATCH --hold\nsleep 300\n",
                                                                          "longrun-r2-1")))
     assert held.state == "pending" and held.queue.reason == "JobHeldUser"
     probe = agent.probe(d, ReadFrom())
@@ -87,7 +91,7 @@ def test_a_held_job_answers_pending_with_slurms_reason_until_cancelled(
 def test_a_batch_jobs_start_and_end_are_slurms_so_its_duration_is_its_own(
         agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
     d = agent.layout.attempt_dir("r3", 1)
-    agent.launch(LaunchRequest(d, TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\nsleep 3\n", "longrun-r3-1")))
+    agent.launch(LaunchRequest(d, TIMES_TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\nsleep 3\n", "longrun-r3-1")))
     deadline = time.monotonic() + 60
     while (probe := agent.probe(d, ReadFrom())).state != "exited":
         assert time.monotonic() < deadline, slurm_cluster.jobs()
