@@ -318,12 +318,13 @@ def test_failed_and_cancelled_runs_and_logs_following_a_restart(service: Service
     run = json.loads(longrun(service, "submit", str(long_run), "--json").stdout)
     service.wait(run["id"], lambda r: (r["latest"].get("step") or 0) >= 1, what="a first step")
     follower = subprocess.Popen([sys.executable, "-m", "longrun.cli", "logs", run["id"], "-f", "--interval", "0.3",
-                                 "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                 env={**os.environ, "LONGRUN_URL": service.url})
     try:
-        first_line = follower.stdout.readline()  # it follows attempt 1 before the restart
+        # unbuffered: a text pipe's readline would keep the lines that came with the first, out of communicate's reach
+        first_line = follower.stdout.readline().decode()  # it follows attempt 1 before the restart
         longrun(service, "restart", run["id"], "--set", 'args=["--steps","5","--label","second"]')
-        out, err = follower.communicate(timeout=120)
+        out, err = (b.decode() for b in follower.communicate(timeout=120))
     finally:
         follower.kill()
     assert follower.returncode == 0, err

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 def follower(service: Service, *args: str) -> subprocess.Popen:
+    # unbuffered bytes: readline() then takes one line off the pipe and communicate() gets all the rest (a text
+    # pipe's readline buffers what came with that line, and communicate reads past that buffer)
     return subprocess.Popen([sys.executable, "-m", "longrun.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "LONGRUN_URL": service.url})
+                            stderr=subprocess.PIPE, bufsize=0, env={**os.environ, "LONGRUN_URL": service.url})
 
 
 def test_watch_and_logs_follow_survive_a_server_restart_and_end_with_the_outcome(service: Service,
@@ -35,8 +37,8 @@ def test_watch_and_logs_follow_survive_a_server_restart_and_end_with_the_outcome
         time.sleep(2)
         assert watch.poll() is None and logs.poll() is None, "a follower gave up while the server was away"
         service.start()
-        out, err = watch.communicate(timeout=120)
-        log_out, log_err = logs.communicate(timeout=60)
+        out, err = (b.decode() for b in watch.communicate(timeout=120))
+        log_out, log_err = (b.decode() for b in logs.communicate(timeout=60))
     finally:
         watch.kill()
         logs.kill()
