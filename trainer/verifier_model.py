@@ -13,18 +13,19 @@ the few tensors the draft needs.
   releases of large MoE models store them.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import transformers
 from safetensors import safe_open
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.vocab import draft_to_target_ids, target_to_draft_ids
 
@@ -35,6 +36,10 @@ QUANTIZED_SUFFIXES = (
     "weight_scale_inv", "qweight", "qzeros", "scales", "g_idx",
 )
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+if TYPE_CHECKING:  # transformers' models are imported where a verifier is loaded: training never loads one, and
+    # importing them (with torch._dynamo and DTensor behind them) took each rank ~5 s of its start-up
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def read_verifier_config(verifier_path: str | Path) -> dict:
@@ -136,7 +141,7 @@ class VerifierHead:
         """[K, H] the lm_head's rows of the draft vocabulary, copied once, where the head is used."""
         return self.lm_head_weight[self.draft_ids.to(self.lm_head_weight.device)]
 
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> "VerifierHead":
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> VerifierHead:
         return VerifierHead(
             self.norm_weight.to(device, torch.float32),
             self.norm_eps,
@@ -186,6 +191,9 @@ def load_verifier(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The verifier in eval mode and its tokenizer. `device="auto"` spreads its layers over every visible GPU
     (accelerate's `device_map="auto"`); anything else puts the whole model on that device."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
     dtype_arg = "dtype" if major_minor >= (4, 56) else "torch_dtype"
     kwargs = {dtype_arg: dtype, "trust_remote_code": trust_remote_code}
