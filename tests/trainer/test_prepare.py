@@ -211,10 +211,13 @@ def test_bad_layer_ids_are_refused(tiny_verifier: Path, tiny_corpus: Path, tmp_p
         prepare(tiny_verifier, tiny_corpus, tmp_path, layer_ids=[2, 4, 8], device="cpu")
 
 
+KILLED_MAX_SAMPLES = 100  # of the corpus's ~390: the kill comes at 30, with 70 left to resume
+
+
 def _prepare_command(verifier: Path, corpus: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier), "--corpus", str(corpus),
             "--output-dir", str(out), "--max-seq-len", "32", "--batch-size", "1", "--draft-vocab-size", "64",
-            "--device", "cpu"]
+            "--max-samples", str(KILLED_MAX_SAMPLES), "--device", "cpu"]
 
 
 @pytest.mark.slow  # kills a real prepare process
@@ -236,13 +239,13 @@ def test_killed_prepare_resumes_skipping_the_samples_written(tiny_verifier: Path
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     metadata = json.loads((killed / "prepare.json").read_text())
-    assert metadata["resumed_samples"] == len(written) < metadata["num_samples"]
+    assert metadata["resumed_samples"] == len(written) < metadata["num_samples"] == KILLED_MAX_SAMPLES
     assert f"{len(written)} already written" in resumed.stdout
     assert not list((killed / "hidden_states").glob("*.tmp"))
 
     with one_cpu_thread():
         clean = prepare(tiny_verifier, tiny_corpus, tmp_path / "clean", max_seq_len=32, draft_vocab_size=64,
-                        batch_size=1, device="cpu")
+                        max_samples=KILLED_MAX_SAMPLES, batch_size=1, device="cpu")
     assert clean["resumed_samples"] == 0 and clean["num_samples"] == metadata["num_samples"]
     for got, want in zip(_samples(killed), _samples(tmp_path / "clean"), strict=True):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
