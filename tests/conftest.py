@@ -24,6 +24,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "slurm" in item.nodeid:
             # one Slurm cluster per test process is plenty for this machine: every Slurm test in one xdist worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    # the longest work first, so the suite's end is short tests that even out across the pytest processes (xdist
+    # hands work out in this order): the Slurm group (one process runs it all, about 5 minutes), then what starts
+    # real processes, then the rest
+    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else
+               1 if item.get_closest_marker("slow") else 2)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
