@@ -4,6 +4,7 @@ import asyncio
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -138,7 +139,10 @@ def test_waiting_gpu_requests_hold_no_thread_so_other_requests_are_answered(api:
             took = time.monotonic() - started
             return [w.status_code for w in await asyncio.gather(*waiters)], took, listing.status_code
 
-    codes, took, listing = asyncio.run(scenario())
+    # on a thread of its own: a test before it in this process may leave an event loop running on this one
+    # (Playwright's sync API does), where asyncio.run refuses to start
+    with ThreadPoolExecutor(1) as pool:
+        codes, took, listing = pool.submit(asyncio.run, scenario()).result()
     assert listing == 200 and took < 2.0, f"GET /v1/runs waited {took:.1f} s behind the GPU waiters"
     assert codes == [503] * 60
 
