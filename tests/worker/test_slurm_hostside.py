@@ -6,6 +6,7 @@ Slurm's reason."""
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +20,6 @@ from worker.protocol import LaunchRequest, ReadFrom, SlurmBatch
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster
 
-# one token a test: pytest's processes run these tests side by side, and one test's job must not be counted as
-# another's leftover (a `sleep 3` batch job's two processes were once taken for a cancelled job's survivors)
-TOKEN = "tok-slurm-hostside-0123456789abcdef"
-HELD_TOKEN = "tok-slurm-hostside-held-0123456789"
-TIMES_TOKEN = "tok-slurm-hostside-times-012345678"
 SLEEPER = "#!/bin/bash\necho started on $SLURMD_NODENAME\nexec sleep 300\n"
 
 
@@ -32,6 +28,13 @@ def agent(tmp_path: Path, slurm_cluster: SlurmCluster, monkeypatch: pytest.Monke
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
     yield HostAgent(LocalTransport(), str(tmp_path / "shared"), sys.executable)
     slurm_cluster.cancel_all()
+
+
+@pytest.fixture
+def token() -> str:
+    """A token of this test's own: pytest's processes run these tests side by side, and one test's job must not be
+    counted as another's leftover (a `sleep 3` batch job's two processes were once taken for a cancelled job's)."""
+    return f"tok-slurm-{uuid.uuid4().hex}"
 
 
 def _cmdlines() -> list[bytes]:
@@ -46,9 +49,9 @@ def _cmdlines() -> list[bytes]:
 
 
 def test_a_lost_submit_is_found_again_and_cancel_verifies_the_job_is_gone(
-        agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
+        agent: HostAgent, slurm_cluster: SlurmCluster, token: str) -> None:
     d = agent.layout.attempt_dir("r1", 1)
-    request = LaunchRequest(d, TOKEN, ["unused"], {"MY_SETTING": "x y"}, slurm=SlurmBatch(SLEEPER, "longrun-r1-1"))
+    request = LaunchRequest(d, token, ["unused"], {"MY_SETTING": "x y"}, slurm=SlurmBatch(SLEEPER, "longrun-r1-1"))
     first = agent.launch(request)
     job = str(first.pid)
     assert first.already is False and first.containment == "slurm" and first.queue.job_id == job
@@ -58,27 +61,27 @@ def test_a_lost_submit_is_found_again_and_cancel_verifies_the_job_is_gone(
     assert list(slurm_cluster.active_jobs()) == [job], "one job, not two"
 
     deadline = time.monotonic() + 30
-    while not pids_with_token(TOKEN):
+    while not pids_with_token(token):
         assert time.monotonic() < deadline, f"the job's processes never carried the token: {slurm_cluster.jobs()}"
         time.sleep(0.1)
-    assert all(TOKEN.encode() not in line for line in _cmdlines()), "the token shows in no command line"
-    assert TOKEN not in Path(d, "batch.sh").read_text()
+    assert all(token.encode() not in line for line in _cmdlines()), "the token shows in no command line"
+    assert token not in Path(d, "batch.sh").read_text()
     running = agent.probe(d, ReadFrom())
     assert running.state == "running" and running.queue.state == "RUNNING"
     assert "started on" in running.log
 
     stopped = agent.cancel(d, grace=5, read_from=ReadFrom())
     assert stopped.remaining == [] and stopped.signalled == [first.pid]
-    assert pids_with_token(TOKEN) == [] and slurm_cluster.jobs()[job] == "CANCELLED"
+    assert pids_with_token(token) == [] and slurm_cluster.jobs()[job] == "CANCELLED"
     assert stopped.probe.state == "exited" and stopped.probe.queue.state == "CANCELLED"
     twice = agent.cancel(d, grace=5)
     assert twice.remaining == [] and twice.signalled == []
 
 
 def test_a_held_job_answers_pending_with_slurms_reason_until_cancelled(
-        agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
+        agent: HostAgent, slurm_cluster: SlurmCluster, token: str) -> None:
     d = agent.layout.attempt_dir("r2", 1)
-    held = agent.launch(LaunchRequest(d, HELD_TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\n#SBATCH --hold\nsleep 300\n",
+    held = agent.launch(LaunchRequest(d, token, [], {}, slurm=SlurmBatch("#!/bin/bash\n#SBATCH --hold\nsleep 300\n",
                                                                          "longrun-r2-1")))
     assert held.state == "pending" and held.queue.reason == "JobHeldUser"
     probe = agent.probe(d, ReadFrom())
@@ -89,9 +92,9 @@ def test_a_held_job_answers_pending_with_slurms_reason_until_cancelled(
 
 
 def test_a_batch_jobs_start_and_end_are_slurms_so_its_duration_is_its_own(
-        agent: HostAgent, slurm_cluster: SlurmCluster) -> None:
+        agent: HostAgent, slurm_cluster: SlurmCluster, token: str) -> None:
     d = agent.layout.attempt_dir("r3", 1)
-    agent.launch(LaunchRequest(d, TIMES_TOKEN, [], {}, slurm=SlurmBatch("#!/bin/bash\nsleep 3\n", "longrun-r3-1")))
+    agent.launch(LaunchRequest(d, token, [], {}, slurm=SlurmBatch("#!/bin/bash\nsleep 3\n", "longrun-r3-1")))
     deadline = time.monotonic() + 60
     while (probe := agent.probe(d, ReadFrom())).state != "exited":
         assert time.monotonic() < deadline, slurm_cluster.jobs()
