@@ -30,6 +30,13 @@ from server.schemas import (
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 NOT_FOUND = {404: {"description": "no such run"}}
+
+# every integer a client sends is held to what the database compares without overflowing (SQLite's integers are
+# 64-bit, PostgreSQL's INTEGER columns 32-bit): past it, a 422 naming the parameter, never an OverflowError's 500
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+Step = Annotated[int | None, Query(ge=-INT32_MAX, le=INT32_MAX)]
+AttemptNumber = Annotated[int | None, Query(ge=1, le=INT32_MAX)]
 CONFLICT = {409: {"description": "the run's state does not allow it; `status` says which it is in"}}
 
 
@@ -106,8 +113,8 @@ async def restart_run(run_id: RunRef, request: Request, db: DB, response: Respon
 
 
 @router.get("/{run_id}/metrics", responses=NOT_FOUND)
-def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: int | None = None,
-                since_step: int | None = None, limit: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: AttemptNumber = None,
+                since_step: Step = None, limit: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
                 max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None) -> MetricsPublic:
     """Points by metric name, at most `limit` in all (100000 unless given).
 
@@ -122,17 +129,17 @@ def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, 
 
 
 @router.get("/{run_id}/logs", responses=NOT_FOUND)
-def get_logs(run_id: RunRef, session: ReadSession, tail: Annotated[int | None, Query(ge=0)] = None,
-             attempt: Annotated[int | None, Query(ge=1)] = None, since_offset: Annotated[int | None, Query(ge=0)] = None,
-             node: Annotated[int, Query(ge=0)] = 0) -> LogsPublic:
+def get_logs(run_id: RunRef, session: ReadSession, tail: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+             attempt: AttemptNumber = None, since_offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+             node: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0) -> LogsPublic:
     number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
     return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end, dropped_bytes=dropped)
 
 
 @router.get("/{run_id}/traceback", responses={404: {"description": "no such run or attempt, or that rank did "
                                                 "not fail in it (the answer says which did)"}})
-def get_traceback(run_id: RunRef, session: ReadSession, rank: Annotated[int, Query(ge=0)],
-                  attempt: Annotated[int | None, Query(ge=1)] = None) -> TracebackPublic:
+def get_traceback(run_id: RunRef, session: ReadSession, rank: Annotated[int, Query(ge=0, le=INT32_MAX)],
+                  attempt: AttemptNumber = None) -> TracebackPublic:
     """A failed rank's traceback in the current attempt (or `attempt`), from torchrun's failure summary at the end of
     the log of the node it ran on."""
     number, node, failure = tracebacks.rank_traceback(session, queries.get_run(session, run_id), attempt, rank)
@@ -154,7 +161,7 @@ def get_evaluation(run_id: RunRef, session: ReadSession) -> EvaluationPublic:
                                                  "deploy host has no table measured at this tp"}})
 def get_advice(run_id: RunRef, session: ReadSession, interconnect: Literal["pcie", "nvlink"] | None = None,
                tp: Annotated[int | None, Query(ge=1, le=64)] = None,
-               attempt: Annotated[int | None, Query(ge=1)] = None,
+               attempt: AttemptNumber = None,
                deploy_host: Annotated[str | None, Query(max_length=64)] = None,
                engine: Annotated[Literal["sglang", "vllm", "measured"] | None, Query(
                    description="the serving engine: sglang (draft sharded at tp), vllm (draft_tp 1: replicated, or "
@@ -186,7 +193,7 @@ def get_proposal(run_id: str, session: ReadSession) -> proposal.ProposalPublic:
 
 @router.get("/{run_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
-async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header()] = None) -> EventSourceResponse:
+async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header(ge=0, le=INT64_MAX)] = None) -> EventSourceResponse:
     """Server-Sent Events: `status`, `metrics`, `stall` and `proposal` events as they are stored; resumable with Last-Event-ID."""
 
     def resolve() -> str:
