@@ -35,7 +35,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """In-process database tests run on SQLite and on PostgreSQL; real-server tests where marked both_stores."""
     if "store" not in metafunc.fixturenames:
         return
-    if metafunc.definition.get_closest_marker("sqlite_only"):
+    if metafunc.definition.get_closest_marker("sqlite_only") or "unit" in metafunc.definition.path.parts[-3:-1]:
+        # the unit lane is in-process on SQLite (a PostgreSQL server is a process)
         metafunc.parametrize("store", ["sqlite"], indirect=True)
     elif metafunc.definition.get_closest_marker("both_stores") or IN_PROCESS_DATABASE & set(metafunc.fixturenames):
         metafunc.parametrize("store", STORES, indirect=True)

@@ -72,10 +72,15 @@ INSTALL_AND_RUN = (
     "    f.write(source)\n"
     "os.replace(path + '.%d' % os.getpid(), path)\n"
     "os.umask(umask)\n"
-    "sys.argv, sys.stdin = [path, verb], io.TextIOWrapper(io.BytesIO(request))\n"
+    "sys.argv, sys.stdin = [path, verb], io.TextIOWrapper(io.BytesIO(request), encoding='utf-8')\n"
     "runpy.run_path(path, run_name='__main__')\n"
 )
 
+# how the host's python runs the agent: no site hooks (-S), and UTF-8 mode (-X utf8, Python >= 3.7), so that
+# paths, files and subprocess pipes are UTF-8 whatever the host's locale, LANG, LC_ALL or PYTHONUTF8 say (under
+# LC_ALL=C with PYTHONUTF8=0 a python's filesystem encoding is ASCII: a workspace named in other letters could not
+# be opened). The request and the answer are bytes in any case (hostside/agent.py)
+AGENT_FLAGS = ("-S", "-X", "utf8")
 # the workspace's real path, asked with nothing installed: one JSON line
 RESOLVE = "import json, os, sys; print(json.dumps({'real': os.path.realpath(sys.argv[1])}))"
 
@@ -92,9 +97,10 @@ class HostAgent:
     def call(self, request: Request, timeout: float | None = None) -> Any:
         """Send `request`; its answer comes back as `request.answer`. Raises HostUnreachable, CommandFailed."""
         script = shlex.quote(self.script)
-        # -S: the agent needs only the standard library, and a venv's site hooks would double its start-up
-        run = shlex.join([self.python, "-S", self.script, request.verb])
-        install = shlex.join([self.python, "-S", "-c", INSTALL_AND_RUN, self.script, request.verb])
+        # -S: the agent needs only the standard library, and a venv's site hooks would double its start-up;
+        # -X utf8 (AGENT_FLAGS): its paths, files and pipes are UTF-8 whatever the host's locale
+        run = shlex.join([self.python, *AGENT_FLAGS, self.script, request.verb])
+        install = shlex.join([self.python, *AGENT_FLAGS, "-c", INSTALL_AND_RUN, self.script, request.verb])
         command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
         payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_ZIPAPP
         result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
@@ -128,7 +134,7 @@ class HostAgent:
     def workspace_real(self) -> str:
         """The workspace's real path on the host, its symlinks followed there: asked before the agent is installed
         under it (nothing is written there), so that one leading to / or a system directory is refused first."""
-        result = self.transport.exec(shlex.join([self.python, "-S", "-c", RESOLVE, self.layout.workspace]),
+        result = self.transport.exec(shlex.join([self.python, *AGENT_FLAGS, "-c", RESOLVE, self.layout.workspace]),
                                      timeout=self.timeout)
         answer = _answer_of("workspace", result)
         real = answer.get("real")

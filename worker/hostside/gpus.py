@@ -33,7 +33,7 @@ def gpus(req):
     out = {}
     for key, cmd in (("gpu", QUERY_GPU_CMD), ("apps", QUERY_APPS_CMD)):
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=30)
             out[key] = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
         except FileNotFoundError as exc:
             out[key] = {"rc": 127, "stdout": "", "stderr": str(exc)}

@@ -73,8 +73,9 @@ def _start_wrapper(d, env, cwd, layer):
     None if that layer failed. Popen returns once the wrapper has exec'd, so it is in its session (and cgroup) by
     then. It starts with SIGTERM and SIGHUP ignored: a cancel that comes while its interpreter starts must not stop
     it before it has started the job (it gives the job the default handlers back)."""
-    # -S: the wrapper needs only the standard library, and a venv's site hooks would double its start-up
-    argv = [sys.executable, "-S", _agent_path(), "wrap", d, layer]
+    # -S: the wrapper needs only the standard library, and a venv's site hooks would double its start-up; -X utf8:
+    # its paths and files are UTF-8 whatever the host's locale (the job's own environment is left as it was)
+    argv = [sys.executable, "-S", "-X", "utf8", _agent_path(), "wrap", d, layer]
     unit = unit_name(env[TOKEN_VAR], d)
     cgroup = None
     if layer == "systemd-scope":

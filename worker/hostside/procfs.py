@@ -37,7 +37,7 @@ def carries_token(pid, token):
 def cgroup2_mount():
     """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified in hybrid mode)."""
     try:
-        with open("/proc/self/mountinfo") as f:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 fields, _, fs = line.partition(" - ")
                 if fs.split()[:1] == ["cgroup2"]:
@@ -51,7 +51,7 @@ def cgroup_of(pid="self"):
     """The cgroup v2 directory of a process, or None without a cgroup v2 hierarchy."""
     mount = cgroup2_mount()
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
             path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
     except OSError:
         return None
@@ -60,12 +60,21 @@ def cgroup_of(pid="self"):
     return os.path.join(mount, path.lstrip("/")).rstrip("/")
 
 
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...), or None when the
+    process is gone. Read as bytes: the name in parentheses is whatever the process set (prctl), in any bytes."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].decode("ascii", "replace").split()
+    except OSError:
+        return None
+
+
 def start_time(pid):
     """The process's start time in clock ticks since boot: with the pid, it names one process for ever."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(stat_fields(pid)[19])
+    except (TypeError, ValueError, IndexError):
         return None
 
 
@@ -90,10 +99,8 @@ def session_members(sid, started):
     members = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
-            except OSError:
+            fields = stat_fields(entry)
+            if fields is None:
                 continue
             # a zombie holds nothing and cannot be killed; where no init reaps orphans it stays listed
             if len(fields) > 3 and fields[0] != "Z" and fields[3] == str(sid):

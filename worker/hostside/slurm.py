@@ -34,7 +34,7 @@ SLURM_END_WAIT = 60.0
 def _slurm(argv, env=None, cwd=None):
     """Run a Slurm command; (exit status, stdout, stderr), 127 when the command is not installed."""
     try:
-        p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, errors="replace", timeout=60, stdin=subprocess.DEVNULL,
                            preexec_fn=lambda: os.umask(files.CALLER_UMASK))
     except FileNotFoundError as exc:
         return 127, "", str(exc)

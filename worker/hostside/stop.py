@@ -7,6 +7,7 @@ import time
 
 from .containment import kill_cgroup, node_members, read_containment, release_cgroup, remove_cgroup
 from .files import EXIT_FILE, STOP_FILE, read, write_exit_code
+from .procfs import stat_fields
 
 # how long a probe gives what is left of an attempt whose job is over (or whose wrapper died) before SIGKILL
 LOST_GRACE = 5.0
@@ -61,11 +62,10 @@ def _cut_launcher(d, members, wrapper):
         return
     launcher = next(iter(rest))
     try:
-        with open(f"/proc/{launcher}/stat") as f:
-            parent = int(f.read().rpartition(")")[2].split()[1])
+        parent = int(stat_fields(launcher)[1])
         with open(f"/proc/{launcher}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-    except (OSError, ValueError, IndexError):
+    except (OSError, TypeError, ValueError, IndexError):
         return
     if parent == wrapper and b"torch.distributed.run" in argv:
         write_exit_code(d, 128 + signal.SIGTERM)
