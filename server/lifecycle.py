@@ -168,11 +168,15 @@ def start_attempt(attempt: Attempt, now: datetime) -> None:
 
 def end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None, message: str | None,
                 now: datetime | None = None) -> None:
-    """Record how the attempt ended; an attempt ends once."""
+    """Record how the attempt ended; an attempt ends once, and never after a later attempt of its run started (the
+    end a host or a scheduler recorded, set against the server's clock, is an estimate)."""
     if attempt.status in ENDED_ATTEMPT:
         return
     attempt.status, attempt.exit_code, attempt.message = status, exit_code, message
-    attempt.ended_at = now or utcnow()
+    ended = now or utcnow()
+    later = [a.started_at for a in (attempt.run.attempts if attempt.run is not None else ())
+             if a.number > attempt.number and a.started_at is not None]
+    attempt.ended_at = min([ended, *later])
 
 
 def drop_unstarted_attempt(attempt: Attempt) -> None:

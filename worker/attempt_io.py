@@ -91,7 +91,7 @@ def _job_times(attempt: Attempt, node: AttemptNode, times: HostTimes | None,
     offset = now.timestamp() - times.now
     if started is None:
         mapped = times.started + offset
-        opened = attempt.created_at.timestamp() if attempt.created_at else float("-inf")
+        opened = _not_before(attempt)
         if opened - CLOCK_SLACK_SECONDS <= mapped <= now.timestamp():
             started = max(mapped, opened)
     if started is not None and ran is None and times.ended is not None:
@@ -100,6 +100,18 @@ def _job_times(attempt: Attempt, node: AttemptNode, times: HostTimes | None,
         if 0 <= took and started + took <= now.timestamp() + CLOCK_SLACK_SECONDS:
             ran = min(took, now.timestamp() - started)
     return started, ran
+
+
+def _not_before(attempt: Attempt) -> float:
+    """The earliest an attempt's job can have started, by the server's clock: once the attempt was opened, and once
+    every attempt before it had ended (a restart or a retry launches n+1 only after n has stopped). A start mapped
+    earlier is an estimate's error: a scheduler's record in whole seconds (Slurm's StartTime), or the offset
+    between the clocks."""
+    bounds = [attempt.created_at] if attempt.created_at else []
+    run = attempt.run
+    if run is not None:
+        bounds += [a.ended_at for a in run.attempts if a.number < attempt.number and a.ended_at is not None]
+    return max(b.timestamp() for b in bounds) if bounds else float("-inf")
 
 
 def store_gpu_sample(session: Session, run: Run, attempt: Attempt, index: int, view: GpuView, host: Host,
