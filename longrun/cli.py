@@ -16,6 +16,7 @@ from longrun.commands import advise, check_draft, config, export, hosts, runs, s
 from longrun.commands.common import OUTPUT, GlobalOptions, print_json
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, exit_codes_help
+from longrun.safe_text import clean
 from longrun.specs import SpecError
 
 HELP = f"""Run long GPU training jobs on remote machines and keep them under control.
@@ -64,7 +65,7 @@ app.add_typer(service.app)
 
 
 def _fail(code: ExitCode, message: str, status_code: int | None = None) -> ExitCode:
-    print(f"longrun: {message}", file=sys.stderr)
+    print(f"longrun: {clean(message, multiline=True)}", file=sys.stderr)  # the server's words, as text
     if OUTPUT.json:
         print_json({"error": message, "exit_code": int(code), "status_code": status_code})
     return code

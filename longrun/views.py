@@ -2,8 +2,8 @@
 
 The watch panel fits the width it is given at any TTT depth and GPU count: the accuracies per TTT step and
 the GPUs wrap into rows, and the first line (state, attempt, ETA, step rate) never wraps away. Every string the
-server holds (names, ids, hosts, workspaces, messages, paths) goes in as `Text`, never as rich markup: a run named
-`[/]` is shown as it is named."""
+server holds (names, ids, hosts, workspaces, messages, paths) goes in as `Text` (longrun/safe_text.py `safe`: its
+terminal controls removed), never as rich markup: a run named `[/]` is shown as it is named."""
 
 import re
 from typing import Any
@@ -13,6 +13,8 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+
+from longrun.safe_text import safe
 
 # the GPU series of server/series.py (tests/test_shared_names.py pins this copy)
 GPU_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_(?P<kind>util|mem)_(?P<gpu>\d+)$")
@@ -94,7 +96,7 @@ def progress_line(run: dict[str, Any]) -> str:
 
 
 def state_text(status: str) -> Text:
-    return Text(status, style=STATE_STYLES.get(status, ""))
+    return safe(status, style=STATE_STYLES.get(status, ""))
 
 
 LABEL_WIDTH = 8  # "val_acc" and a space
@@ -153,8 +155,8 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
                                "" if mem is None else f" {mem / 1024:5.1f}G") for name, util, mem in gpus]
         rows.append(_wrapped_grid(cells, GPU_CELL, inner, "gpu"))
     if run.get("message"):
-        rows.append(Text(run["message"], style="dim", no_wrap=True, overflow="ellipsis"))
-    title = Text(f"{run['name']} [{run['id']}]", no_wrap=True)
+        rows.append(safe(run["message"], style="dim", no_wrap=True, overflow="ellipsis"))
+    title = safe(f"{run['name']} [{run['id']}]", no_wrap=True)
     if len(title) > inner - 2:
         title = title[: inner - 3] + "…"
     return Panel(Group(*rows), title=title, title_align="left", width=width, padding=(0, 1))
@@ -169,8 +171,8 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
         table.add_column(name, **options)
     for run in runs:
         p, loss = run.get("progress"), (run.get("latest") or {}).get("loss")
-        table.add_row(Text(run["id"]), Text(run["name"]), state_text(run["status"]),
-                      Text(",".join(run.get("hosts") or [])),
+        table.add_row(safe(run["id"]), safe(run["name"]), state_text(run["status"]),
+                      safe(",".join(run.get("hosts") or [])),
                       str(run["attempt"]), "" if p is None else f"{p * 100:.0f}%", duration(run.get("eta_seconds")),
                       str(ttt_depth(run) or ""), "" if loss is None else f"{loss:.4f}")
     return table
@@ -183,8 +185,8 @@ def attempts_table(run: dict[str, Any]) -> Table:
     for a in run["attempts"]:
         steps = f"{a.get('last_step') or 0}/{a.get('total_steps') or '?'}"
         table.add_row(str(a["number"]), state_text(a["status"]), "" if a["exit_code"] is None else str(a["exit_code"]),
-                      steps, duration(a.get("actual_duration_seconds")), Text(a.get("log_path") or ""),
-                      Text(a.get("message") or ""))
+                      steps, duration(a.get("actual_duration_seconds")), safe(a.get("log_path")),
+                      safe(a.get("message")))
     return table
 
 
@@ -196,5 +198,5 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
         state = {True: Text("reachable", style="green"), False: Text("UNREACHABLE", style="bold red"),
                  None: Text("not contacted yet", style="dim")}[h["reachable"]]
         address = f"{h['address']}:{h['port']}" if h.get("port") else h["address"]  # the local host has no port
-        table.add_row(Text(h["name"]), Text(address), Text(h["workspace"]), state)
+        table.add_row(safe(h["name"]), safe(address), safe(h["workspace"]), state)
     return table

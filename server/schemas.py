@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from server.advisor import Advice
 from server.lifecycle import AttemptStatus, RunStatus
 from server.series import SERVER_SERIES_DOC
-from server.spec import AbsPath, SafeStr, Strict, normalized_path
+from server.spec import AbsPath, Identifier, SafeStr, Strict, normalized_path
 from server.spec import RunCreate as RunCreate
 from server.spec import SlurmSpec as SlurmSpec
 from server.spec import TrainerSpec as TrainerSpec
@@ -38,9 +38,9 @@ class HostCreate(Strict):
     kind: HostKind = Field("direct", description="`direct`: runs start on the host itself; `slurm`: the host is a "
                            "Slurm login node (its workspace on a file system the compute nodes share) and each attempt "
                            "is a batch job")
-    address: SafeStr = Field(description="hostname or IP; `local` for this machine")
+    address: Identifier = Field(description="hostname or IP; `local` for this machine")
     port: int = Field(22, ge=1, le=65535)
-    username: SafeStr | None = None
+    username: Identifier | None = None
     key_path: AbsPath | None = None
     workspace: AbsPath = Field(description="absolute directory on the host that longrun may write and clean under")
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; else known_hosts")
@@ -57,9 +57,9 @@ class HostUpdate(Strict):
     """PATCH /v1/hosts/{name}: the fields given change, the others stay; null clears username, key_path and
     host_key (the server's user, its default keys, known_hosts)."""
 
-    address: SafeStr | None = None
+    address: Identifier | None = None
     port: int | None = Field(None, ge=1, le=65535)
-    username: SafeStr | None = None
+    username: Identifier | None = None
     key_path: AbsPath | None = None
     workspace: AbsPath | None = None
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; null: known_hosts")

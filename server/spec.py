@@ -100,6 +100,22 @@ def _stored(info: ValidationInfo) -> bool:
     return bool(info.context) and info.context.get("stored") is True
 
 
+# C0, DEL and C1: what a terminal obeys rather than shows (ESC starts a sequence that clears the screen, sets the
+# title or writes the clipboard)
+CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _identifier(value: str, info: ValidationInfo) -> str:
+    """A name or address: what the CLI and the page show and other requests name it by; no control characters
+    (one stored before this rule still reads)."""
+    if not _stored(info) and (found := CONTROL_CHARS.search(value)):
+        raise ValueError(f"must not hold control characters (U+{ord(found[0]):04X} at position {found.start()})")
+    return value
+
+
+Identifier = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_identifier)]
+
+
 class TrainerSpec(Strict):
     """The bundled trainer's flags (`python -m trainer.train --help`); unset ones take the trainer's defaults."""
 
@@ -241,7 +257,7 @@ class DeploySpec(Strict):
     """Where the draft will be served: the proposal (GET /v1/runs/{id}/proposal) prices depths on this host's
     measured all-reduce table (`longrun hosts probe-interconnect HOST`) the way this engine runs the draft."""
 
-    host: str = Field(min_length=1, max_length=64, description="a registered host whose interconnect is measured")
+    host: Identifier = Field(min_length=1, max_length=64, description="a registered host whose interconnect is measured")
     tp: int | None = Field(None, ge=1, le=64, description="the verifier's tensor parallelism (default: the "
                            "measured table's)")
     engine: Literal["sglang", "vllm", "measured"] = Field(
@@ -267,9 +283,9 @@ class DeploySpec(Strict):
 
 
 class RunCreate(Strict):
-    name: SafeStr = Field("run", min_length=1, max_length=255)
-    host: str | None = None
-    hosts: list[str] | None = Field(None, min_length=1, max_length=64)
+    name: Identifier = Field("run", min_length=1, max_length=255)
+    host: Identifier | None = None
+    hosts: list[Identifier] | None = Field(None, min_length=1, max_length=64)
     nproc_per_node: int = Field(1, gt=0, le=256)
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None

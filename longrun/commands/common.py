@@ -12,6 +12,7 @@ from rich.console import Console, RenderableType
 
 from longrun.client import Client
 from longrun.config import resolve
+from longrun.safe_text import SafeConsole, clean
 
 YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask on a terminal.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (one object; a stream of them, one per line, "
@@ -36,18 +37,19 @@ class OutputMode:
 OUTPUT = OutputMode()
 
 
-# what is printed holds the server's strings (run names, host fields, messages): text, never markup or emoji codes
+# what is printed holds the server's strings (run names, host fields, messages): text, never markup or emoji codes,
+# and never a terminal's control sequences (SafeConsole)
 PLAIN = {"highlight": False, "markup": False, "emoji": False}
 
 
 def stdout() -> Console:
     # a pipe gets wide lines, not rich's 80-column default: nothing that scripts read is cut
-    console = Console(soft_wrap=False, **PLAIN)
-    return console if console.is_terminal else Console(width=200, **PLAIN)
+    console = SafeConsole(soft_wrap=False, **PLAIN)
+    return console if console.is_terminal else SafeConsole(width=200, **PLAIN)
 
 
 def stderr() -> Console:
-    return Console(stderr=True, **PLAIN)
+    return SafeConsole(stderr=True, **PLAIN)
 
 
 def begin(as_json: bool) -> None:
@@ -83,4 +85,4 @@ def confirm(question: str, yes: bool) -> None:
     (exit 1). Scripts and pipes are not asked: they go on, as they always have."""
     if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
         return
-    typer.confirm(question, abort=True)
+    typer.confirm(clean(question), abort=True)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from longrun.commands.common import JsonFlag, YesFlag, begin, confirm, connect, emit
 from longrun.exit_codes import ExitCode
+from longrun.safe_text import clean
 from longrun.views import hosts_table
 
 app = typer.Typer(help="The machines runs go to: list (the default), add, update, remove, show, gpus, "
@@ -171,6 +172,6 @@ def probe_interconnect(
     summary = f"{name}: tp={table.get('tp')}, {table.get('interconnect') or 'no link between GPUs'}"
     emit(table, as_json, rows if table.get("allreduce") else summary)
     if problem:
-        print(f"longrun: {problem}", file=sys.stderr)  # plain: the host's words are not rich markup
+        print(f"longrun: {clean(problem)}", file=sys.stderr)  # plain: the host's words are not rich markup
         return ExitCode.FAILED
     return ExitCode.OK

@@ -24,6 +24,7 @@ from longrun.commands.common import (
 )
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, outcome_code
+from longrun.safe_text import clean, safe
 from longrun.specs import parse_assignments, read_spec
 from longrun.views import attempts_table, duration, progress_line, run_panel, runs_table
 
@@ -38,8 +39,9 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
             runs = client.list(limit=100)["items"]
     except (LongrunError, ConfigError, httpx.HTTPError):
         return []
-    return [(r["id"], f"{r['name']} ({r['status']})") for r in runs if r["id"].startswith(incomplete)] + [
-        (r["name"], f"{r['id']} ({r['status']})") for r in runs if r["name"].startswith(incomplete)]
+    return [(r["id"], clean(f"{r['name']} ({r['status']})")) for r in runs if r["id"].startswith(incomplete)] + [
+        (r["name"], f"{r['id']} ({r['status']})") for r in runs
+        if r["name"].startswith(incomplete) and clean(r["name"]) == r["name"]]
 
 
 RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its unique name "
@@ -102,8 +104,8 @@ def _print_lines(client: Client, run_id: str, interval: float, every: float) -> 
     for run in client.watch(run_id, interval=interval, on_reconnect=_reconnecting):
         state = (run["status"], run["attempt"])
         if state != last_state:
-            print(f"{run['name']} [{run['id']}]: {run['status']} (attempt {run['attempt']})"
-                  + (f" - {run['message']}" if run.get("message") else ""), flush=True)
+            print(clean(f"{run['name']} [{run['id']}]: {run['status']} (attempt {run['attempt']})"
+                        + (f" - {run['message']}" if run.get("message") else "")), flush=True)
             last_state = state
         if time.time() - last_print >= every:
             print(progress_line(run), flush=True)
@@ -295,6 +297,9 @@ def logs(
     rank: Annotated[int | None, typer.Option(help="Instead of the log: this failed rank's traceback (what it "
                                              "recorded with torch elastic's @record), from the attempt's failure "
                                              "summary.", min=0)] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Print the log's lines as the job wrote them, terminal "
+                                      "control sequences and all (by default they are removed: a job's log could "
+                                      "otherwise clear your screen or write your clipboard).")] = False,
     interval: Interval = 1.0,
     as_json: JsonFlag = False,
 ) -> int:
@@ -306,8 +311,8 @@ def logs(
         with connect(ctx) as client:
             failed = client.traceback(run_id, rank, attempt)
         cause = " (the first to fail)" if failed["root_cause"] else ""
-        emit(failed, as_json, Text(f"attempt {failed['attempt']}, rank {failed['rank']} on node {failed['node']}"
-                                   f"{cause}:\n{failed['traceback']}"))
+        emit(failed, as_json, safe(f"attempt {failed['attempt']}, rank {failed['rank']} on node {failed['node']}"
+                                   f"{cause}:\n{failed['traceback']}", multiline=True))
         return ExitCode.OK
 
     def show(number: int, lines: list[str]) -> None:
@@ -315,7 +320,7 @@ def logs(
             if as_json:
                 print_json({"attempt": number, "node": node, "line": line}, lines=True)
             else:
-                sys.stdout.write(line + "\n")
+                sys.stdout.write((line if raw else clean(line)) + "\n")
         sys.stdout.flush()
 
     with connect(ctx) as client:
