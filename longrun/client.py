@@ -34,6 +34,8 @@ RUN_STATUSES = ("queued", "launching", "running", "cancelling", "restarting", "s
 ATTEMPT_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 # the statuses a run stays in until restarted
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+# the most metric points the server puts in one answer (server/queries.py MAX_POINTS_PER_ANSWER)
+METRICS_PAGE = 20_000
 
 
 class LongrunError(Exception):
@@ -120,6 +122,8 @@ class Client:
         self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
+        # hears what the server chose for the caller (its Longrun-Note: a name that named several ended runs)
+        self.on_note: Callable[[str], None] | None = None
 
     def __enter__(self) -> Client:
         return self
@@ -137,18 +141,24 @@ class Client:
         except httpx.ConnectError:
             raise ServerUnreachable(self.url) from None
         _raise_for(response)
+        note = response.headers.get("Longrun-Note")
+        if note and self.on_note is not None:
+            self.on_note(note)
         return response.json() if response.content else None
 
     # runs
 
-    def submit(self, spec: Mapping[str, Any] | bytes, idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(self, spec: Mapping[str, Any] | bytes, idempotency_key: str | None = None,
+               name_suffix: bool = False) -> dict[str, Any]:
         """Submit a run (a spec as in docs/api.md, or its JSON as bytes); with the same idempotency key and body,
-        the run submitted first comes back."""
+        the run submitted first comes back. A name a live run has is a Conflict naming that run; with
+        `name_suffix` the new run is named NAME-2 (the first NAME-N no run has) instead."""
         headers = {"Content-Type": "application/json"}
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
         body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-        return self._call("POST", "/v1/runs", content=body, headers=headers)
+        params = {"name_suffix": "true"} if name_suffix else None
+        return self._call("POST", "/v1/runs", content=body, headers=headers, params=params)
 
     def get(self, run_id: str) -> dict[str, Any]:
         """The run: status, attempt, progress, eta_seconds, latest metrics, every attempt."""
@@ -273,17 +283,30 @@ class Client:
 
     def metrics(self, run_id: str, names: list[str] | None = None, attempt: int | None = None,
                 since_step: int | None = None, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...]. With `limit`, every point up to
-        that many in all; without it the server thins each series (a name in one attempt) to 2000 evenly spread
-        points, its first and last kept."""
-        params: dict[str, Any] = {} if limit is None else {"limit": limit}
+        """Time series by metric name: [{"attempt", "step", "value", "time"}, ...], each in step order. With `limit`,
+        every point up to that many in all; without it the server thins each series (a name in one attempt) to 2000
+        evenly spread points, its first and last kept. An answer holds at most METRICS_PAGE points: this follows
+        the server's next_cursor until it has them all."""
+        params: dict[str, Any] = {}
         if names:
             params["names"] = ",".join(names)
         if attempt is not None:
             params["attempt"] = attempt
         if since_step is not None:
             params["since_step"] = since_step
-        return self._call("GET", f"/v1/runs/{run_id}/metrics", params=params)["series"]
+        series: dict[str, list[dict[str, Any]]] = {}
+        left = limit
+        while True:
+            if left is not None:
+                params["limit"] = min(left, METRICS_PAGE)
+            page = self._call("GET", f"/v1/runs/{run_id}/metrics", params=params)
+            for name, points in page["series"].items():
+                series.setdefault(name, []).extend(points)
+                if left is not None:
+                    left -= len(points)
+            if not page.get("next_cursor") or left == 0:
+                return series
+            params["cursor"] = page["next_cursor"]
 
     def logs(self, run_id: str, tail: int | None = None, attempt: int | None = None,
              since_offset: int | None = None, node: int = 0) -> dict[str, Any]:

@@ -276,8 +276,14 @@ export function showRun(root, runId, signal) {
     const current = run?.attempt;
     const params = current && store.maxStep.has(current)
       ? { attempt: current, since_step: store.maxStep.get(current) - 1 } : {};
-    const answer = await api(runPath(runId, "/metrics"), { params });
-    if (store.add(answer.series) || !charts[0].chart) {
+    // an answer holds whole series up to the server's cap per answer: the rest follow its next_cursor
+    let answer = await api(runPath(runId, "/metrics"), { params });
+    let added = store.add(answer.series);
+    while (answer.next_cursor) {
+      answer = await api(runPath(runId, "/metrics"), { params: { ...params, cursor: answer.next_cursor } });
+      added += store.add(answer.series);
+    }
+    if (added || !charts[0].chart) {
       if (!charts[0].chart) rebuildCharts(); else drawCharts();
     }
   });

@@ -299,7 +299,7 @@ def test_metrics_series_filter_by_name_attempt_and_step(api: App) -> None:
     assert set(series["loss"][0]) == {"attempt", "step", "value", "time"}
     some = api.client.get(f"/v1/runs/{run['id']}/metrics", params={"names": "loss", "since_step": 3}).json()
     assert [p["value"] for p in some["series"]["loss"]] == [0.25, 0.2] and "acc_0" not in some["series"]
-    assert api.client.get(f"/v1/runs/{run['id']}/metrics", params={"attempt": 2}).json() == {"series": {}}
+    assert api.client.get(f"/v1/runs/{run['id']}/metrics", params={"attempt": 2}).json() == {"series": {}, "next_cursor": None}
     assert locs(api.client.get(f"/v1/runs/{run['id']}/metrics", params={"limit": 0})) == [["query", "limit"]]
 
 
@@ -350,7 +350,8 @@ def test_events_replay_the_stored_status_changes_and_end_with_the_run(api: App) 
 def evaluated_run(api: App, evaluation: dict, ttt_steps: int = 1) -> str:
     trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/o",
                "ttt_steps": ttt_steps}
-    r = api.client.post("/v1/runs", json={"name": "t", "host": "local", "trainer": trainer})
+    r = api.client.post("/v1/runs", json={"name": "t", "host": "local", "trainer": trainer},
+                        params={"name_suffix": "true"})
     with api.session() as s:
         attempt = s.query(Attempt).filter_by(run_id=r.json()["id"]).one()
         attempt.evaluation = evaluation

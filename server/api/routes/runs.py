@@ -3,13 +3,14 @@ import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from pydantic import Field
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from server import proposal, queries, runs, tracebacks, views
 from server.api.deps import DB, ReadSession, WriteSession, write_line
-from server.api.run_ref import RunRef
+from server.api.run_ref import RunRef, noted
 from server.errors import NotFound
 from server.lifecycle import TERMINAL, RunStatus
 from server.models import Event, Run
@@ -47,10 +48,16 @@ def _public(session: Session, run: Run) -> RunPublic:
 
 @router.post("", status_code=status.HTTP_201_CREATED,
              responses={200: {"model": RunPublic, "description": "the run an earlier request with this "
-                              "Idempotency-Key created"}, **CONFLICT})
+                              "Idempotency-Key created"},
+                        409: {"description": "a live run has this name (`status` is its state), or the "
+                              "Idempotency-Key was used for another request"}})
 def submit_run(body: RunCreate, session: WriteSession, response: Response,
-               idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> RunPublic:
-    run, created = runs.submit_run(session, body, idempotency_key)
+               idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+               name_suffix: Annotated[bool, Query(description="when a live run has the name: name this one NAME-2 "
+                                                  "(the first NAME-N no run has) instead of a 409")] = False) -> RunPublic:
+    """Queue a run. Its name is unique among live runs: a name a live run has is a 409 naming that run, unless
+    `name_suffix`; an ended run's name may be given again (a name then resolves to its live run, else its newest)."""
+    run, created = runs.submit_run(session, body, idempotency_key, name_suffix)
     if not created:
         response.status_code = status.HTTP_200_OK
     return _public(session, run)
@@ -69,11 +76,15 @@ def list_runs(session: ReadSession, status: RunStatus | None = None,
 async def get_run(run_id: str, db: DB) -> Response:
     # the hot path of every watcher: one hop to a thread for the whole read (a sync route and its session would
     # take three), serialised once, skipping FastAPI's second validation pass
-    def body() -> str:
+    def body() -> tuple[str, str | None]:
         with db.reading() as session:
-            return _public(session, queries.get_run(session, queries.resolve_run_id(session, run_id))).model_dump_json()
+            found, note = queries.resolve_run_ref(session, run_id)
+            return _public(session, queries.get_run(session, found)).model_dump_json(), note
 
-    return Response(await run_in_threadpool(body), media_type="application/json")
+    text, note = await run_in_threadpool(body)
+    response = Response(text, media_type="application/json")
+    noted(response, note)
+    return response
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses={**NOT_FOUND, **CONFLICT})
@@ -112,20 +123,30 @@ async def restart_run(run_id: RunRef, request: Request, db: DB, response: Respon
         return await run_in_threadpool(restart)
 
 
-@router.get("/{run_id}/metrics", responses=NOT_FOUND)
-def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: AttemptNumber = None,
-                since_step: Step = None, limit: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
-                max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None) -> MetricsPublic:
-    """Points by metric name, at most `limit` in all (100000 unless given).
+class MetricsPage(MetricsPublic):
+    next_cursor: str | None = Field(description="where the next answer starts: pass it as `cursor`, with the same "
+                                    "other parameters; null once this answer holds the last point")
 
-    `max_points` thins each series (a name in one attempt) to at most that many points, evenly spread, its first
-    and last kept. Without `limit` or `max_points`, series are thinned to DEFAULT_MAX_POINTS (2000) each, so a
-    run of millions of points reads in a moment; ask for a `limit` to have every point up to it."""
+
+@router.get("/{run_id}/metrics", response_model=MetricsPage, responses=NOT_FOUND)
+def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, attempt: AttemptNumber = None,
+                since_step: Step = None,
+                limit: Annotated[int | None, Query(ge=1, le=queries.MAX_POINTS_PER_ANSWER)] = None,
+                max_points: Annotated[int | None, Query(ge=2, le=queries.MAX_POINTS_PER_ANSWER)] = None,
+                cursor: Annotated[str | None, Query(max_length=1024)] = None) -> Response:
+    """Points by metric name, each series (a name in one attempt) in step order; at most `limit` points an answer
+    (20000 at most), and `next_cursor` to pass as `cursor` for the rest.
+
+    `max_points` thins each series to at most that many points, evenly spread, its first and last kept, and an
+    answer then holds whole series. Without `limit` or `max_points`, series are thinned to DEFAULT_MAX_POINTS (2000)
+    each, so a run of millions of points reads in a moment; ask for a `limit` to have every point, page by page."""
     wanted = [n for n in names.split(",") if n] if names else None
     if max_points is None and limit is None:
         max_points = queries.DEFAULT_MAX_POINTS
-    return MetricsPublic(series=queries.metric_series(session, run_id, wanted, attempt, since_step,
-                                                      limit or queries.MAX_POINTS_PER_ANSWER, max_points))
+    page = queries.metric_page(session, run_id, wanted, attempt, since_step, limit, max_points, cursor)
+    # serialised once (FastAPI would validate a returned model again): an answer is up to 20000 points
+    return Response(MetricsPage(series=page.series, next_cursor=page.next_cursor).model_dump_json(),
+                    media_type="application/json")
 
 
 @router.get("/{run_id}/logs", responses=NOT_FOUND)
@@ -184,7 +205,7 @@ def get_advice(run_id: RunRef, session: ReadSession, interconnect: Literal["pcie
 
 
 @router.get("/{run_id}/proposal", responses=NOT_FOUND)
-def get_proposal(run_id: str, session: ReadSession) -> proposal.ProposalPublic:
+def get_proposal(run_id: RunRef, session: ReadSession) -> proposal.ProposalPublic:
     """After each validation: restart at a deeper TTT (with the dry run, the GPU-hours and the tokens/s gained on
     the spec's `deploy` host) or keep going; `action` unavailable says what is missing. Changes nothing."""
     run = queries.get_run(session, run_id)
@@ -196,11 +217,11 @@ def get_proposal(run_id: str, session: ReadSession) -> proposal.ProposalPublic:
 async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header(ge=0, le=INT64_MAX)] = None) -> EventSourceResponse:
     """Server-Sent Events: `status`, `metrics`, `stall` and `proposal` events as they are stored; resumable with Last-Event-ID."""
 
-    def resolve() -> str:
+    def resolve() -> tuple[str, str | None]:
         with db.reading() as s:
-            return queries.resolve_run_id(s, run_id)
+            return queries.resolve_run_ref(s, run_id)
 
-    run_id = await run_in_threadpool(resolve)  # 404 before the stream starts
+    run_id, note = await run_in_threadpool(resolve)  # 404 before the stream starts
 
     def fetch(after: int) -> tuple[list[Event], str]:
         with db.reading() as s:
@@ -224,4 +245,6 @@ async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, H
 
     # sse-starlette frames the events, sends a comment every `ping` seconds so proxies keep the stream open, and
     # ends the generator when the client goes away or the server shuts down
-    return EventSourceResponse(stream(), ping=5, sep="\n", headers={"Cache-Control": "no-cache"})
+    answer = EventSourceResponse(stream(), ping=5, sep="\n", headers={"Cache-Control": "no-cache"})
+    noted(answer, note)
+    return answer
