@@ -36,17 +36,20 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed
 
-# the SSH and network tests need OpenSSH's server and iproute2; the browser tests (tests/web) Chromium; the tests
+# the SSH and network tests need OpenSSH's server and iproute2; the host matrix (tests/hostenv) the en_US.UTF-8
+# locale; the browser tests (tests/web) Chromium; the tests
 # on PostgreSQL its server (tests/postgres.py starts a throw-away cluster from Debian's binaries); the Slurm tests
 # (tests/slurm.py starts a throw-away cluster) slurmctld, slurmd and munged
 system-deps:
 	@if [ -x /usr/sbin/sshd ] && command -v ip >/dev/null && command -v ssh-keygen >/dev/null && command -v chromium >/dev/null \
 		&& ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
-		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v docker-compose >/dev/null; then :; \
+		&& [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v docker-compose >/dev/null \
+		&& locale -a 2>/dev/null | grep -qi '^en_US\.utf-\?8$$'; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql slurm-wlm munge docker-compose >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 chromium postgresql slurm-wlm munge docker-compose locales >/dev/null \
+		&& sed -i 's/^# *en_US.UTF-8 UTF-8/en_US.UTF-8 UTF-8/' /etc/locale.gen && locale-gen >/dev/null; \
 	else \
-		echo "The SSH, browser, PostgreSQL and Slurm tests need OpenSSH's server, iproute2, Chromium, PostgreSQL, Slurm, munge and docker-compose: run 'sudo apt-get install openssh-server iproute2 chromium postgresql slurm-wlm munge docker-compose', then 'make test' again." >&2; exit 1; \
+		echo "The SSH, browser, PostgreSQL and Slurm tests need OpenSSH's server, iproute2, Chromium, PostgreSQL, Slurm, munge and docker-compose, and the host matrix the en_US.UTF-8 locale: run 'sudo apt-get install openssh-server iproute2 chromium postgresql slurm-wlm munge docker-compose locales' and generate en_US.UTF-8 (sudo dpkg-reconfigure locales), then 'make test' again." >&2; exit 1; \
 	fi
 
 lint: setup

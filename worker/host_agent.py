@@ -82,7 +82,23 @@ INSTALL_AND_RUN = (
 # be opened). The request and the answer are bytes in any case (hostside/agent.py)
 AGENT_FLAGS = ("-S", "-X", "utf8")
 # the workspace's real path, asked with nothing installed: one JSON line
-RESOLVE = "import json, os, sys; print(json.dumps({'real': os.path.realpath(sys.argv[1])}))"
+# and the python's version: run with no flags (a python 2 refuses -X), its source valid from Python 2.7 on; the path
+# resolved as bytes, so an ASCII filesystem encoding cannot change it
+RESOLVE = (
+    "import json, os, sys\n"
+    "v = '%d.%d.%d' % tuple(sys.version_info[:3])\n"
+    "answer = {'python': v, 'executable': sys.executable}\n"
+    "if sys.version_info >= (3, 8):\n"
+    "    answer['real'] = os.path.realpath(os.fsencode(sys.argv[1])).decode('utf-8', 'surrogateescape')\n"
+    "    for name in ('subprocess', 'signal', 'zipimport', 'hashlib', 'errno', 'stat'):\n"
+    "        try:\n"
+    "            __import__(name)\n"
+    "        except ImportError:\n"
+    "            answer['missing'] = name\n"
+    "sys.stdout.write(json.dumps(answer) + '\\n')\n"
+)
+# the oldest python the agent runs on (docs/reliability.md's host matrix runs it there)
+HOST_PYTHON_FLOOR = (3, 8)
 
 
 class HostAgent:
@@ -134,9 +150,22 @@ class HostAgent:
     def workspace_real(self) -> str:
         """The workspace's real path on the host, its symlinks followed there: asked before the agent is installed
         under it (nothing is written there), so that one leading to / or a system directory is refused first."""
-        result = self.transport.exec(shlex.join([self.python, *AGENT_FLAGS, "-c", RESOLVE, self.layout.workspace]),
+        result = self.transport.exec(shlex.join([self.python, "-c", RESOLVE, self.layout.workspace]),
                                      timeout=self.timeout)
+        if result.returncode == 127 or (result.returncode != 0 and not result.stdout.strip()):
+            raise PythonUnfit(f"{self.python!r} did not run on the host (exit {result.returncode}: "
+                              f"{result.stderr.strip()[-300:]}); register the host with --python naming a Python "
+                              f"{_floor()} or newer")
         answer = _answer_of("workspace", result)
+        version = str(answer.get("python", "?"))[:32]
+        if "real" not in answer:
+            raise PythonUnfit(f"the host's python {self.python!r} is Python {version}; the agent needs Python "
+                              f"{_floor()} or newer: register the host with --python naming one "
+                              f"(longrun hosts update NAME --python /path/to/python3)")
+        if "missing" in answer:
+            raise PythonUnfit(f"the host's python {self.python!r} (Python {version}) lacks the standard module "
+                              f"{str(answer['missing'])[:64]!r} the agent needs: register the host with --python "
+                              "naming a complete Python")
         real = answer.get("real")
         if not isinstance(real, str) or not real.startswith("/"):
             raise CommandFailed(f"workspace: the host's answer is not a path: {result.stdout.strip()[:200]!r}")
@@ -145,6 +174,14 @@ class HostAgent:
     def gpus(self, tokens: list[str]) -> GpuView:
         answer: GpusAnswer = self.call(GpusRequest(tokens))
         return answer.view()
+
+
+class PythonUnfit(CommandFailed):
+    """The host's python cannot run the agent: not found there, or older than HOST_PYTHON_FLOOR."""
+
+
+def _floor() -> str:
+    return ".".join(map(str, HOST_PYTHON_FLOOR))
 
 
 def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:

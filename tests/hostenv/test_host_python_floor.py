@@ -1,0 +1,45 @@
+"""A host whose python cannot run the agent is told so in one sentence naming the version found and the floor (or
+the module it lacks), never with a traceback or 'not a JSON object'."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hostenv.test_host_env_matrix import host_python
+from worker.host_agent import HostAgent, PythonUnfit
+from worker.local_transport import LocalTransport
+
+
+def _resolve(python: str, tmp_path: Path) -> str:
+    return HostAgent(LocalTransport(), str(tmp_path / "ws ś"), python).workspace_real()
+
+
+@pytest.mark.parametrize("version", ["2.7", "3.6"])
+def test_a_python_below_the_floor_is_refused_naming_its_version_and_the_floor(version: str, tmp_path: Path) -> None:
+    old = next(Path("/root/.pyenv/versions").glob(f"{version}.*/bin/python{version}"), None)
+    if old is None:
+        pytest.fail(f"no Python {version} on this machine (pyenv install {version}) for the floor test")
+    with pytest.raises(PythonUnfit, match=rf"is Python {version}\.\d+; the agent needs Python 3\.8 or newer") as exc:
+        _resolve(str(old), tmp_path)
+    assert "Traceback" not in str(exc.value) and "--python" in str(exc.value)
+
+
+def test_a_python_that_is_not_there_is_refused_saying_so(tmp_path: Path) -> None:
+    with pytest.raises(PythonUnfit, match="did not run on the host .*--python naming a Python 3.8 or newer"):
+        _resolve(str(tmp_path / "no-such-python3"), tmp_path)
+
+
+def test_a_python_without_a_module_the_agent_needs_is_refused_naming_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "hashlib.py").write_text("raise ImportError('built without OpenSSL')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    with pytest.raises(PythonUnfit, match="lacks the standard module 'hashlib'"):
+        _resolve(sys.executable, tmp_path)
+
+
+def test_the_floor_itself_resolves_the_workspace(tmp_path: Path) -> None:
+    (tmp_path / "ws ś").mkdir()
+    assert _resolve(host_python("3.8"), tmp_path) == str(tmp_path / "ws ś")
