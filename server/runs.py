@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from server import eta, queries, resume
@@ -78,8 +78,49 @@ def _check_scheduler(spec: RunCreate, hosts: list[Host], loc: tuple[str, ...] = 
                          "on it, without a batch job")
 
 
-def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None) -> tuple[Run, bool]:
-    """Create a queued run; with an idempotency key a repeat of the same request returns the first run."""
+# a suffixed name tries NAME-2, NAME-3, ... this far before giving up (each a name some run already has)
+MAX_NAME_SUFFIX = 1000
+# the advisory lock that serialises submits on PostgreSQL: a fixed 63-bit number of our own
+NAMES_LOCK_KEY = int.from_bytes(hashlib.sha256(b"longrun run names").digest()[:8], "big") >> 1
+
+
+def _live_named(session: Session, name: str) -> Run | None:
+    """The newest run of that name that has not ended."""
+    return session.scalars(select(Run).where(Run.name == name, Run.status.not_in(TERMINAL))
+                           .order_by(Run.created_at.desc()).limit(1)).first()
+
+
+def _lock_names(session: Session) -> None:
+    """Serialise submits on PostgreSQL (SQLite's write transaction already is): two submits of one name at once must
+    not both find it free. A transaction-scoped advisory lock, as dstack takes one around its run names."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": NAMES_LOCK_KEY})
+
+
+def _run_name(session: Session, name: str, suffix: bool) -> str:
+    """The name the new run gets. A name is unique among live runs (as a dstack run name or a SkyPilot cluster name
+    is): a second submit of a live name is refused, naming the live run, unless `suffix` asks for the first free
+    NAME-N instead (free among every run, ended ones too, so that the new name names one run only)."""
+    live = _live_named(session, name)
+    if live is None:
+        return name
+    if not suffix:
+        raise Conflict(f"a run named {name!r} is live: {live.id} ({live.status}, attempt {live.attempt}); follow it "
+                       f"with `longrun watch {live.id}`, cancel it first (`longrun cancel {live.id}`), or submit with "
+                       f"--name-suffix (POST /v1/runs?name_suffix=true) to start another beside it as {name}-N",
+                       live.status)
+    base = name[:255 - 1 - len(str(MAX_NAME_SUFFIX))]
+    taken = set(session.scalars(select(Run.name).where(Run.name.startswith(f"{base}-", autoescape=True))))
+    for n in range(2, MAX_NAME_SUFFIX + 1):
+        if f"{base}-{n}" not in taken:
+            return f"{base}-{n}"
+    raise Conflict(f"{name}-2 to {name}-{MAX_NAME_SUFFIX} are all taken: give the run a name of its own", live.status)
+
+
+def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None,
+               name_suffix: bool = False) -> tuple[Run, bool]:
+    """Create a queued run; with an idempotency key a repeat of the same request returns the first run. A name a
+    live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name)."""
     body = spec_dict(spec)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     if idempotency_key:
@@ -90,7 +131,12 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
             return get_run(session, existing.id), False
     _check_scheduler(spec, _check_hosts(session, spec))
     _check_launch_size(body)
-    run = Run(id=uuid.uuid4().hex[:12], name=spec.name, spec=body,
+    _lock_names(session)
+    name = _run_name(session, spec.name, name_suffix)
+    if name != spec.name:
+        spec = spec.model_copy(update={"name": name})
+        body = {**body, "name": name}
+    run = Run(id=uuid.uuid4().hex[:12], name=name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
     session.add(run)

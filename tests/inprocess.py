@@ -40,8 +40,9 @@ class App:
         return self.settings.local_workspace
 
     def submit(self, **spec: Any) -> dict[str, Any]:
+        """A queued run; a second one of a name still live is named NAME-2 (?name_suffix: no worker ends them)."""
         body = {"name": "toy", "host": "local", "entrypoint": "/opt/train.py", **spec}
-        r = self.client.post("/v1/runs", json=body)
+        r = self.client.post("/v1/runs", json=body, params={"name_suffix": "true"})
         assert r.status_code == 201, r.text
         return r.json()
 

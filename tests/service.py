@@ -78,6 +78,8 @@ class Service:
                 self.kill()
 
     def submit(self, spec: dict[str, Any], expect: int = 201, **kwargs: Any) -> dict[str, Any]:
+        """Submit `spec`; a name a live run has gets a suffix (NAME-2) unless `params` say otherwise."""
+        kwargs.setdefault("params", {"name_suffix": "true"})
         r = self.client.post("/v1/runs", json=spec, **kwargs)
         assert r.status_code == expect, r.text
         return r.json()

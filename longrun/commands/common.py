@@ -62,6 +62,8 @@ def connect(ctx: typer.Context) -> Iterator[Client]:
     options: GlobalOptions = ctx.find_root().obj or GlobalOptions()
     connection = resolve(options.url, options.token)
     with Client(connection.url, connection.token) as client:
+        # what the server chose for us (a name that named several ended runs: its newest) goes to stderr
+        client.on_note = lambda note: stderr().print(f"longrun: note: {note}", soft_wrap=True)
         yield client
 
 

@@ -44,8 +44,8 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
         if r["name"].startswith(incomplete) and clean(r["name"]) == r["name"]]
 
 
-RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its unique name "
-                                      "(`longrun status` lists them).",
+RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its name: its live run, "
+                                      "else its newest ended one (`longrun status` lists them).",
                                       autocompletion=complete_run_id)]
 Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
 Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",
@@ -78,6 +78,8 @@ def follow_run(client: Client, run_id: str, interval: float, every: float, as_js
     """Show the run until it ends: a live panel on a terminal, lines on a pipe, JSON lines with --json;
     the exit code says how it ended, also when the server restarted meanwhile (the stream is resumed).
     Ctrl-C stops watching, not the run."""
+    # a name is resolved once: a run of that name submitted meanwhile is not followed in its place
+    run_id = client.get(run_id)["id"]
     try:
         if as_json:
             last: dict[str, Any] | None = None
@@ -121,6 +123,9 @@ def submit(
                                              "standard input (fields as in the README).")],
     idempotency_key: Annotated[str | None, typer.Option(help="Submitting again with the same key and spec returns "
                                                         "the run submitted first instead of a second run.")] = None,
+    name_suffix: Annotated[bool, typer.Option("--name-suffix", help="When a live run has the spec's name, name this "
+                                              "one NAME-2 (the first NAME-N no run has) instead of refusing it: a "
+                                              "name is unique among live runs.")] = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it ends; the exit code says "
                                         "how it ended.")] = False,
     interval: Interval = 1.0,
@@ -131,7 +136,7 @@ def submit(
     begin(as_json)
     spec = read_spec(spec_file)
     with connect(ctx) as client:
-        run = client.submit(spec, idempotency_key=idempotency_key)
+        run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix)
         if as_json:
             print_json(run, lines=watch)
         else:
@@ -324,6 +329,8 @@ def logs(
         sys.stdout.flush()
 
     with connect(ctx) as client:
+        if follow:
+            run_id = client.get(run_id)["id"]  # resolved once, as watch does
         page = client.logs(run_id, tail=tail, attempt=attempt, node=node)
         current, offset = page["attempt"], page["next_offset"]
         show(current, page["lines"])

@@ -22,13 +22,19 @@ def client(api: App) -> Client:
 def test_submit_get_list_cancel(client: Client) -> None:
     run = client.submit(SPEC)
     assert client.get(run["id"])["status"] == "queued"
-    assert client.submit(SPEC, idempotency_key="k")["id"] == client.submit(SPEC, idempotency_key="k")["id"]
+    keyed = {**SPEC, "name": "keyed"}
+    assert client.submit(keyed, idempotency_key="k")["id"] == client.submit(keyed, idempotency_key="k")["id"]
     page = client.list(limit=1)
     assert len(page["items"]) == 1 and page["next_cursor"] is not None
     assert len(client.list(cursor=page["next_cursor"])["items"]) == 1
     assert [r["id"] for r in client.list(status="cancelling")["items"]] == []
     assert client.cancel(run["id"])["status"] == "cancelling"
     assert [r["id"] for r in client.list(status="cancelling")["items"]] == [run["id"]]
+    # a name is unique among live runs: refused naming the live one, or suffixed when asked
+    with pytest.raises(Conflict, match="a run named 'keyed' is live: ") as taken:
+        client.submit(keyed)
+    assert taken.value.status == "queued"
+    assert client.submit(keyed, name_suffix=True)["name"] == "keyed-2"
 
 
 def test_restart_takes_overrides_as_keywords(api: App, client: Client) -> None:

@@ -63,7 +63,7 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         run = svc.run(run_id)
         assert run["status"] == "running"
         assert "cannot store this run's progress" in run["message"] and "full" in run["message"]
-        refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1))
+        refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1), params={"name_suffix": "true"})
         assert refused.status_code == 503 and "full" in refused.json()["detail"], refused.text
         # the job ends meanwhile (150 steps of 0.05 s): many worker ticks fail to store it, none fails the run
         time.sleep(12)
