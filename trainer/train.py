@@ -28,11 +28,11 @@ from torch.utils.data import Dataset
 
 from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
 from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
-from trainer.formats import DATA_FORMATS, open_training_data
+from trainer.formats import DATA_FORMATS, open_training_data, parse_layer_ids
 from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
-from trainer.profiling import StepProfiler
+from trainer.profiling import StartupClock, StepProfiler
 from trainer.step import TrainingStep
 from trainer.trackers import TRACKERS, open_trackers, parse_report_to
 from trainer.ttt import TTTObjective, plan_trained_rows
@@ -41,6 +41,16 @@ from trainer.verifier_model import VerifierHead, load_verifier_head, read_verifi
 from trainer.vocab import load_vocab_mapping
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+# the start-up clock of this process's first run, from the process's start: python's own, then these imports
+_STARTUP: StartupClock | None = StartupClock()
+_STARTUP.mark("python and imports")
+
+
+def startup_clock() -> StartupClock:
+    """The process's start-up clock for its first run; a later run in the same process (tests) times from now."""
+    global _STARTUP
+    clock, _STARTUP = _STARTUP, None
+    return clock or StartupClock(since_process_start=False)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -48,9 +58,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
     p.add_argument("--data-dir", required=True, help="per-sample files: trainer.prepare's, speculators' or SpecForge's")
     p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default="auto", help="layout of --data-dir")
-    p.add_argument("--layer-ids", type=lambda v: [int(i) for i in v.split(",")], default=None,
+    p.add_argument("--layer-ids", type=parse_layer_ids, nargs="+", default=None,
                    help="the verifier layers whose inputs the stored features are, e.g. 2,16,29 (speculators >= 0.5 "
-                        "data records none: the ids given to vLLM, no +1)")
+                        "data records none: the ids given to vLLM, no +1); speculators' 4 ids (2 30 58 61: the last "
+                        "is the verifier's last layer, the target) are taken too")
     p.add_argument("--vocab-mapping-dir", required=True,
                    help="vocab_mapping.safetensors, speculators' d2t.npy + t2d.npy or SpecForge's vocab_mapping.pt")
     p.add_argument("--output-dir", required=True)
@@ -113,6 +124,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=8)
     p.add_argument("--eval-new-tokens", type=int, default=64)
     args = p.parse_args(argv)
+    if args.layer_ids:  # `--layer-ids 2,30,58` or `--layer-ids 2 30 58 61`
+        args.layer_ids = [i for ids in args.layer_ids for i in ids]
     if args.sim_depth < 0 or args.sim_samples < 0:
         p.error("--sim-depth and --sim-samples must be at least 0")
     if args.ttt_steps < 1 or args.epochs < 1 or args.batch_size < 1 or args.max_seq_len < 2:
@@ -216,8 +229,12 @@ def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | N
     verifier = read_verifier_config(args.verifier_path)
     config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps, args.draft_num_heads,
                                        args.draft_num_kv_heads, args.draft_head_dim, args.fc_norm, args.norm_output)
-    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids)
+    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids,
+                              verifier.get("hidden_size"))
     config.aux_hidden_state_layer_ids = data.layer_ids
+    if int(os.environ.get("RANK", "0")) == 0:
+        for note in data.notes:  # what was made of the layer ids given (speculators' 4-id form)
+            print(note, flush=True)
     head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
     head.input_is_normed = data.last_hidden_state_normed
     torch.manual_seed(args.seed)  # identical initial weights on every rank
@@ -241,8 +258,9 @@ def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
 
 def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
     """(training set, validation set or None) over `--data-dir` in its `--data-format`, split by `--val-ratio`."""
-    data = open_training_data(args.data_dir, args.data_format,
-                              read_verifier_config(args.verifier_path)["num_hidden_layers"], args.layer_ids)
+    verifier = read_verifier_config(args.verifier_path)
+    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids,
+                              verifier.get("hidden_size"))
     train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
     if not train_files:
         raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
@@ -350,19 +368,23 @@ def checkpoint_to_resume(output_dir: Path, no_resume: bool, ctx: Distributed) ->
 
 
 def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
+    clock: StartupClock | None = startup_clock()
     output_dir = Path(args.output_dir)
     resume_from = checkpoint_to_resume(output_dir, args.no_resume, ctx)
     dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     log = print if ctx.rank == 0 else (lambda *a, **k: None)
 
+    clock.mark("setup")
     draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
     draft.to(ctx.device)
     head = head.to(ctx.device, dtype)
+    clock.mark("model")
     objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
     model = objective if ctx.world_size == 1 else DistributedDataParallel(
         objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
     )
     data = training_data(args, ctx, draft.config.target_hidden_size)
+    clock.mark("data")
     total_steps = data.steps(args.epochs)
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
@@ -409,6 +431,10 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                                                  data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
                 result = train_step(micro_batches)
+                if clock is not None:
+                    clock.mark("first step" + (": torch.compile warm-up" if ctx.device.type == "cuda" else ""))
+                    log(clock.summary(), flush=True)
+                    clock = None
                 position.step += 1
                 position.batch += len(micro_batches)
                 previous_stops = metrics.publish()  # the step before this one: its figures are ready by now

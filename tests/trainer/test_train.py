@@ -3,6 +3,7 @@ checkpoints, exact resume, SIGTERM / SIGKILL and relaunch, --no-resume, --init-f
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,11 @@ def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
     assert config["ttt_steps"] == TTT_STEPS and config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert (out / "model.safetensors").is_file()
     assert latest_checkpoint(out).name == f"step_{total:08d}"
+    # where rank 0's start-up went, said once
+    startup = [line for line in result.stdout.splitlines() if line.startswith("startup:")]
+    assert len(startup) == 1, result.stdout[-2000:]
+    assert re.fullmatch(r"startup: [\d.]+ s to the end of step 1 \(python and imports [\d.]+ s, setup [\d.]+ s, "
+                        r"model [\d.]+ s, data [\d.]+ s, first step [\d.]+ s\)", startup[0]), startup[0]
 
 
 def wait_for(predicate, process, timeout=120.0):
