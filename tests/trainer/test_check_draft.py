@@ -1,6 +1,7 @@
 """`longrun check-draft`: on real exports of a tiny trained draft, each engine's reading (written from its source,
-longrun/commands/check_draft.py) says which layers it captures; exports an engine would misread are refused with
-the reason; a verifier adds a one-prompt smoke decode; the command loads no torch until it decodes."""
+longrun/draft_rules.py; the broken-export fixture set is tests/unit/test_draft_rules.py) says which layers it
+captures; exports an engine would misread are refused with the reason; a verifier adds a one-prompt smoke decode,
+whose failure is a refusal too; the command loads no torch until it decodes."""
 
 import json
 import shutil
@@ -93,15 +94,42 @@ def test_a_missing_d2t_is_refused(exports, tmp_path, capsys):
         assert refused and all("no d2t" in r for r in refused), refused
 
 
-def test_eagle31_flags_are_refused_where_the_engine_drops_them(exports, capsys):
-    code, answer = check(capsys, exports["eagle31"])
-    assert code == 2
+def test_eagle31_is_served_by_the_releases_that_read_it_and_refused_before(exports, capsys):
+    code, answer = check(capsys, exports["eagle31"], "--verifier", exports["verifier"])
+    assert code == 0 and answer["ok"], answer
     engines = {e["engine"]: e for e in answer["engines"]}
-    for name in ("vllm", "sglang"):
-        assert set(engines[name]["ignored"]) == {"fc_norm", "norm_output"}
-        assert any(r.startswith("fc_norm is on and") for r in engines[name]["refused"])
-    assert engines["speculators"]["refused"] == []  # speculators reads both
-    assert check(capsys, exports["eagle31"] / "speculators", "--engine", "speculators")[0] == 0
+    assert set(engines) == {"vllm", "sglang", "speculators"}
+    assert all(e["smoke_decode"]["passes"] > 0 for e in engines.values())
+    for engine, version, first in (("vllm", "0.21.0", "0.22.0"), ("sglang", "0.5.11", "0.5.12")):
+        code, answer = check(capsys, exports["eagle31"], "--engine", engine, "--engine-version", version)
+        (reading,) = answer["engines"]
+        assert code == 2 and set(reading["ignored"]) == {"fc_norm", "norm_output"}
+        assert any(f"does not read it (it is read from {engine} {first}" in r for r in reading["refused"])
+    code, answer = check(capsys, exports["eagle31"] / "speculators", "--engine", "vllm", "--engine-version", "0.24.0")
+    assert code == 2 and "vllm 0.25.0 in speculators' format" in answer["engines"][0]["refused"][0]
+
+
+def test_a_broken_export_is_refused_before_the_smoke_decode(exports, tmp_path, capsys):
+    bad = copy(exports["eagle3"], tmp_path / "bad")
+    state = load_file(str(bad / "model.safetensors"))
+    state["lm_head.weight"] = state["lm_head.weight"][:-1].contiguous()
+    save_file(state, str(bad / "model.safetensors"))
+    code, answer = check(capsys, bad, "--verifier", exports["verifier"])
+    assert code == 2 and not answer["ok"]
+    for engine in answer["engines"]:
+        if engine["engine"] in ("vllm", "sglang"):
+            assert any(r.startswith("lm_head.weight is [") for r in engine["refused"]), engine
+            assert "smoke_decode" not in engine
+
+
+def test_a_failing_smoke_decode_is_a_refusal_with_its_error(exports, tmp_path, capsys):
+    verifier = shutil.copytree(exports["verifier"], tmp_path / "verifier")
+    weights = next(verifier.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])  # its config reads fine; its weights do not load
+    code, answer = check(capsys, exports["eagle3"], "--engine", "vllm", "--verifier", verifier)
+    (reading,) = answer["engines"]
+    assert code == 2 and not answer["ok"] and "smoke_decode" not in reading
+    assert reading["refused"][0].startswith("the smoke decode failed: ")
 
 
 def test_the_speculators_export_without_its_embedding_is_refused(exports, tmp_path, capsys):
