@@ -26,11 +26,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server import eta, hosts, pace
-from server.advisor import CostModel, Drafting, advise, improved_positions
-from server.advisor.results import Advice
+from server.advisor import CostModel, Drafting, advise
+from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
+from server.advisor.results import Advice, FrontierRow, Objective
+from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
+from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
 from server.errors import Conflict, NotFound
-from server.lifecycle import RunStatus, TransitionError, restart_run
-from server.models import Event, MetricPoint, Run, utcnow
+from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
+from server.models import Event, Host, MetricPoint, Run, utcnow
 from server.schemas import DryRunPublic, without_env_values
 from server.spec import RunCreate, spec_dict
 from server.wakeup import wake_workers
@@ -76,9 +79,16 @@ class ProposalPublic(BaseModel):
     extra_gpu_hours: float | None = Field(None, description="GPU-hours beyond finishing the current attempt")
     break_even_tokens: float | None = Field(
         None, description="tokens served after which the extra GPU-hours are won back by serving faster (GPU-time "
-        "saved per token on the deployment's tp GPUs)")
+        "saved per token on the deployment's tp GPUs); the frontier's, the reason's and the summary's figure")
     restart: dict[str, Any] | None = Field(None, description="the body of POST /v1/runs/{id}/restart it proposes")
     dry_run: DryRunPublic | None = None
+    verifier: str | None = Field(None, description="the verifier priced: its config.json's shape, or the built-in "
+                                 "default and why")
+    terms_basis: dict[str, str] = Field(default_factory=dict, description="each cost term and whether it was "
+                                        "measured or modelled (advice.cost_model.basis)")
+    objective: str | None = Field(None, description="how the TTT was picked among the frontier's")
+    frontier: list[FrontierRow] = Field(default_factory=list, description="every candidate TTT: serve depth, "
+                                        "tokens/s, training hours, GPU-hours, tokens served to break even")
     advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
     auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
 
@@ -144,6 +154,56 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h"
 
 
+def verifier_of(session: Session, spec: RunCreate) -> tuple[VerifierShape | None, dict[str, Any] | None, str]:
+    """The served verifier's shape from its config.json (deploy.verifier, else the trainer's verifier_path), the
+    deploy host's stored probe-verifier timing of it if any, and where the config came from or why it could not
+    be read (then the built-in 70B-class default is priced, and the answer says so)."""
+    deploy = spec.deploy
+    path = deploy.verifier or (spec.trainer.verifier_path if spec.trainer else None)
+    if path is None:
+        return None, None, "no verifier path (deploy.verifier, or the trainer's verifier_path)"
+    host = session.scalar(select(Host).where(Host.name == deploy.host))
+    probe = ((host.interconnect or {}).get("verifier") if host else None) or None
+    if probe and probe.get("path") == path and isinstance(probe.get("config"), dict):
+        config, where = probe["config"], f"read on {deploy.host} by probe-verifier"
+    else:
+        probe = None
+        try:
+            config, where = read_config(path), "read by the server"
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return None, None, (f"{path}: {why} where the server can read it; `longrun probe-verifier "
+                                f"{deploy.host} --verifier {path}` reads it on the deploy host")
+    try:
+        shape = VerifierShape.from_config(config, name_of(path, config))
+    except ValueError as exc:
+        return None, None, f"{path}: {exc}"
+    timed = probe if probe and probe.get("layers_ms_ok") else None
+    return shape, timed, f"{path} ({where})"
+
+
+def _cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> CostModel:
+    deploy = spec.deploy
+    shape, timed, where = verifier_of(session, spec)
+    if shape is None:
+        return CostModel.for_interconnect("nvlink", tp, allreduce_us=table,
+                                          basis={"verifier_forward": f"modelled: the built-in default ({where})"})
+    ep = deploy.ep or 1
+    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1)
+    try:
+        return CostModel.for_verifier(shape, parallel, table, measured=timed,
+                                      context_tokens=deploy.context_tokens if deploy.context_tokens is not None
+                                      else DEFAULT_KV_CONTEXT_TOKENS)
+    except ValueError:  # a stored timing of another tp: model it
+        return CostModel.for_verifier(shape, parallel, table)
+
+
+def _objective(spec: RunCreate, remaining: float | None) -> Objective:
+    deploy = spec.deploy
+    return Objective(serve_tokens=deploy.serve_tokens, train_gpus=spec.gpus, remaining_seconds=remaining or 0.0,
+                     train_gpu_hour_price=deploy.train_gpu_hour_price, serve_gpu_hour_price=deploy.serve_gpu_hour_price)
+
+
 def build(session: Session, run: Run, measured: list[eta.Measured] | None = None) -> ProposalPublic:
     """The proposal for the run's current attempt from what is stored now; changes nothing. `measured`: the
     paces the dry run predicts from (default: the run's own attempts)."""
@@ -159,6 +219,8 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy and deploy.model_dump(mode="json", exclude_none=True)}
     if not deploy:
         return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
+    if run.status in TERMINAL:
+        return _unavailable(run, f"the run is {run.status}: there is no attempt to restart", **base)
     if not accs:
         return _unavailable(run, "no sim_acc_k metrics in this attempt yet: they arrive with each validation "
                             "(the bundled trainer's --sim-depth)", **base)
@@ -166,18 +228,21 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     if trained is None:
         return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
                             "cannot be proposed", **base)
+    remaining = _remaining_seconds(run)
     try:
         tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
-        cost = CostModel.for_interconnect(links or "pcie", tp, allreduce_us=table)
+        links = links or UNKNOWN_LINKS
+        cost = _cost_model(session, spec, tp, table)
         drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
-                            round_ms=deploy.round_ms or None)
+                            engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
         positions, running = [], 1.0
         for a in accs:
             running *= a
             positions.append(running)
-        advice = advise({"position_acceptance": positions, "by_depth": []}, links or "pcie", tp, cost,
+        advice = advise({"position_acceptance": positions, "by_depth": []}, links, tp, cost,
                         trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
-                        min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting)
+                        min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
+                        objective=_objective(spec, remaining))
     except (NotFound, Conflict) as exc:
         return _unavailable(run, f"deploy host: {exc}", **base)
     except ValueError as exc:
@@ -187,11 +252,14 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         **base, "trained_ttt": trained, "advice": advice, "depth_now": advice.recommended_depth,
         "tokens_per_second_now": advice.tokens_per_second, "depth_after": retrain.depth_after,
         "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
+        "verifier": advice.cost_model.priced_verifier, "terms_basis": advice.cost_model.basis,
+        "frontier": retrain.frontier, "objective": retrain.objective, "remaining_seconds": remaining,
     }
-    where = f"{deploy.host} ({advice.interconnect}, tp={tp}, {drafting.engine})"
+    where = f"{deploy.host} ({advice.interconnect}{' links' if links == UNKNOWN_LINKS else ''}, tp={tp}, " \
+            f"{drafting.engine})"
     if retrain.depth_after is not None:
         # what a deeper TTT is expected to reach (RETRAIN_ASSUMPTION), whether or not it pays off
-        after = improved_positions(positions, trained)
+        after = lifted_positions(positions, trained, retrain.suggested_ttt_steps or len(positions))
         fields |= {"predicted_position_acceptance_after": after,
                    "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
     if not (retrain.pays_off and retrain.suggested_ttt_steps and retrain.suggested_ttt_steps > trained):
@@ -207,20 +275,17 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     fields["dry_run"] = dry
     seconds = dry.predicted_duration_seconds
     gpus = spec.gpus
-    remaining = _remaining_seconds(run)
-    fields |= {"gpus": gpus, "predicted_training_seconds": seconds, "remaining_seconds": remaining}
+    fields |= {"gpus": gpus, "predicted_training_seconds": seconds}
     training = "the dry run has no measured step to predict from yet"
-    if seconds is not None:
-        fields["restart_gpu_hours"] = seconds * gpus / 3600
-        training = f"the dry run predicts {_hours(seconds)} of training ({seconds * gpus / 3600:.3g} GPU-h)"
+    row = next((r for r in retrain.frontier if r.ttt == ttt), None)
+    if seconds is not None and row is not None and row.training_seconds is not None:
+        fields |= {"restart_gpu_hours": row.gpu_hours, "break_even_tokens": retrain.break_even_tokens}
         if remaining is not None:
-            extra = seconds - remaining
-            fields |= {"extra_training_seconds": extra, "extra_gpu_hours": extra * gpus / 3600}
-            training += f", {'+' if extra >= 0 else ''}{_hours(extra)} against finishing this attempt"
-            saved_per_token = tp * (1 / advice.tokens_per_second - 1 / retrain.tokens_per_second_after)
-            if extra > 0 and saved_per_token > 0:
-                fields["break_even_tokens"] = extra * gpus / saved_per_token
-                training += f", won back after {fields['break_even_tokens']:.3g} tokens served"
+            fields |= {"extra_training_seconds": seconds - remaining, "extra_gpu_hours": row.extra_gpu_hours}
+        objective = _objective(spec, remaining)
+        training = "the dry run predicts " + (training_cost(row, objective, tp) if remaining is not None else (
+            f"{seconds:.0f} s of training ({row.gpu_hours:.3g} GPU-h on {gpus} GPU(s)); this attempt's ETA is "
+            f"unknown, so the whole restart is counted, won back after {retrain.break_even_tokens:.3g} tokens served"))
     return ProposalPublic(
         run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
         summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "

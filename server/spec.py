@@ -255,14 +255,15 @@ class SlurmSpec(Strict):
 
 class DeploySpec(Strict):
     """Where the draft will be served: the proposal (GET /v1/runs/{id}/proposal) prices depths on this host's
-    measured all-reduce table (`longrun hosts probe-interconnect HOST`) the way this engine runs the draft."""
+    measured all-reduce table (`longrun hosts probe-interconnect HOST`) the way this engine runs the draft, for
+    the verifier of its own config.json, and picks the retrain that pays most over what the deployment serves."""
 
     host: Identifier = Field(min_length=1, max_length=64, description="a registered host whose interconnect is measured")
     tp: int | None = Field(None, ge=1, le=64, description="the verifier's tensor parallelism (default: the "
                            "measured table's)")
     engine: Literal["sglang", "vllm", "measured"] = Field(
-        "sglang", description="sglang: draft sharded at tp; vllm: draft_tp 1 (replicated) or tp; measured: "
-        "round_ms as timed")
+        "sglang", description="sglang: draft sharded at tp; vllm: by engine_version (V1, the default: sharded at "
+        "tp; V0: draft_tp 1 replicated, or tp); measured: round_ms as timed")
     topk: int = Field(1, ge=1, le=64, description="1: chain drafting; more: a tree of top-k per draft step")
     draft_tp: int | None = Field(None, ge=1, le=64, description="vllm only: draft_tensor_parallel_size")
     round_ms: dict[int, Annotated[float, Field(gt=0)]] | None = Field(
@@ -286,6 +287,9 @@ class RunCreate(Strict):
     name: Identifier = Field("run", min_length=1, max_length=255)
     host: Identifier | None = None
     hosts: list[Identifier] | None = Field(None, min_length=1, max_length=64)
+ENGINE_VERSION_RE = r"^v?\d{1,3}(\.\d{1,4}){0,2}([.+-][A-Za-z0-9.+-]{0,32})?$"
+
+
     nproc_per_node: int = Field(1, gt=0, le=256)
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None
@@ -303,6 +307,22 @@ class RunCreate(Strict):
     slurm: SlurmSpec | None = Field(None, description="runs on a host of kind `slurm`: nodes, partition, account, "
                                     "time limit, GPUs per node and more #SBATCH options of each attempt's batch job")
     deploy: DeploySpec | None = Field(None, description="where the draft will be served: after each validation "
+    engine_version: Annotated[str, Field(max_length=48, pattern=ENGINE_VERSION_RE)] | None = Field(
+        None, description="the engine's version (0.11.0; v0 / v1 for vLLM): where it places the draft. vLLM V1 (0.8 "
+        "on, the default) shards an EAGLE draft at the target's tp whatever draft_tp says; V0 honours draft_tp 1")
+    verifier: AbsPath | None = Field(None, description="the served verifier's config.json or model directory "
+                                     "(default: the trainer's verifier_path): its layers, experts, attention and "
+                                     "weight bits price each verifier forward")
+    ep: int | None = Field(None, ge=1, le=64, description="expert parallelism of an MoE verifier: 1 (experts "
+                           "sliced by tp, the default) or the tp (whole experts per GPU, all-to-all dispatch)")
+    context_tokens: int | None = Field(None, ge=0, le=1 << 24, description="the context whose KV cache each "
+                                       "decode step reads (default 4096)")
+    serve_tokens: float | None = Field(None, ge=0, le=1e18, description="tokens the draft will serve over its "
+                                       "life: a restart is proposed only where the serving GPU-hours it saves over "
+                                       "them exceed its extra training GPU-hours")
+    train_gpu_hour_price: float | None = Field(None, ge=0, le=1e6, description="with serve_gpu_hour_price and "
+                                               "serve_tokens: weigh training and serving GPU-hours at these prices")
+    serve_gpu_hour_price: float | None = Field(None, ge=0, le=1e6)
                                       "the service proposes a deeper TTT restart when it pays off there")
     on_proposal: Literal["restart"] | None = Field(
         None, description="`restart`: take a restart proposal by itself (clean, at the proposed TTT), at most once "
@@ -312,6 +332,12 @@ class RunCreate(Strict):
     def _one_target(self, info: ValidationInfo) -> "RunCreate":
         if _stored(info):
             return self
+        if (self.train_gpu_hour_price is None) != (self.serve_gpu_hour_price is None):
+            raise ValueError("give train_gpu_hour_price and serve_gpu_hour_price together")
+        if self.train_gpu_hour_price is not None and self.serve_tokens is None:
+            raise ValueError("GPU-hour prices weigh the GPU-hours over serve_tokens: give serve_tokens with them")
+        if self.ep is not None and self.tp is not None and self.ep not in (1, self.tp):
+            raise ValueError(f"ep is 1 (experts sliced by tp) or the tp ({self.tp}), not {self.ep}")
         if (self.host is None) == (self.hosts is None):
             raise ValueError("give exactly one of `host` or `hosts`")
         if (self.trainer is None) == (self.entrypoint is None):

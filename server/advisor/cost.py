@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from server.advisor.tables import (
     DEFAULT_DRAFT_STEP_MS,
+    DEFAULT_DRAFT_VOCAB,
+    DEFAULT_HBM_BYTES_PER_S,
     DEFAULT_HIDDEN,
+    DEFAULT_KV_CONTEXT_TOKENS,
     DEFAULT_LAYERS,
     DEFAULT_VERIFIER_ONE_GPU_MS,
     DEFAULT_VERIFIER_PER_TOKEN_ONE_GPU_MS,
     Table,
     check_interconnect,
     default_allreduce_us,
+)
+from server.advisor.verifier import (
+    BUILT_IN,
+    Parallelism,
+    VerifierCost,
+    VerifierShape,
+    draft_params,
+    verifier_cost,
 )
 
 
@@ -42,8 +53,24 @@ class CostModel:
     verifier_one_token_ms: float | None = None
     allreduces_per_layer: int = 2  # Megatron-style TP: after attention and after the MLP
     bytes_per_value: int = 2  # bf16 activations
+    # the verifier priced from its own config.json (server/advisor/verifier.py): its forward and collectives
+    # replace verifier_base_ms / verifier_per_token_ms and layers x allreduces_per_layer
+    verifier: VerifierCost | None = None
+    # what each term rests on, "measured: ..." or "modelled: ..." (set by the builder; defaults filled in)
+    basis: dict[str, str] = field(default_factory=dict)
+    priced_verifier: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "priced_verifier", self.verifier.description if self.verifier else BUILT_IN)
+        defaults = {
+            "verifier_forward": (self.verifier.basis.get("verifier_forward", "modelled") if self.verifier else
+                                 f"modelled: {self.verifier_base_ms:g} ms + {self.verifier_per_token_ms:g} ms per "
+                                 "verified token (the built-in 70B-class default unless given)"),
+            "verifier_collectives": (self.verifier.basis.get("verifier_collectives", "modelled") if self.verifier
+                                     else f"{self.layers} layers x {self.allreduces_per_layer} all-reduces"),
+            "draft_step": f"modelled: {self.draft_step_ms:g} ms of weight reads per draft forward",
+        }
+        object.__setattr__(self, "basis", {**defaults, **self.basis})
         for name in ("tp", "layers", "hidden", "allreduces_per_layer", "bytes_per_value"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -82,6 +109,22 @@ class CostModel:
         }
         return cls(tp=tp, **{**defaults, **overrides})
 
+    @classmethod
+    def for_verifier(cls, shape: VerifierShape, parallel: Parallelism, allreduce_us: Table,
+                     measured: dict | None = None, context_tokens: int = DEFAULT_KV_CONTEXT_TOKENS,
+                     draft_vocab: int = DEFAULT_DRAFT_VOCAB) -> CostModel:
+        """The verifier of `shape` served at `parallel`, on this all-reduce table; its EAGLE-3 draft one decoder
+        layer of the verifier's hidden size (modelled); `measured`: a stored probe-verifier answer."""
+        cost = verifier_cost(shape, parallel, context_tokens=context_tokens, measured=measured)
+        draft = draft_params(shape, draft_vocab)
+        step = draft * 2 / DEFAULT_HBM_BYTES_PER_S * 1000
+        return cls(tp=parallel.tp, draft_step_ms=step, verifier_base_ms=cost.fixed_ms or 1e-9,
+                   verifier_per_token_ms=cost.per_token_ms, allreduce_us=allreduce_us, layers=shape.layers,
+                   hidden=shape.hidden, verifier=cost,
+                   basis={"draft_step": f"modelled: an EAGLE-3 draft layer of hidden {shape.hidden} with a "
+                          f"{draft_vocab}-token head, {draft / 1e9:.3g}B bf16 parameters read per forward at "
+                          f"{DEFAULT_HBM_BYTES_PER_S / 1e12:g} TB/s"})
+
     @cached_property
     def _envelope(self) -> list[tuple[int, float]]:
         return _lower_envelope(self.allreduce_us)
@@ -100,13 +143,38 @@ class CostModel:
     def verifier_ms(self, depth: int) -> float:
         if depth == 0 and self.verifier_one_token_ms is not None:
             return self.verifier_one_token_ms
+        if self.verifier is not None:
+            return self.verifier.ms(depth + 1)
         return self.verifier_base_ms + self.verifier_per_token_ms * (depth + 1)
+
+    @property
+    def allreduce_calls(self) -> int:
+        """The verifier's all-reduces per forward (0 at tp=1)."""
+        if self.tp == 1:
+            return 0
+        return self.verifier.allreduce_calls if self.verifier else self.layers * self.allreduces_per_layer
+
+    @property
+    def alltoall_calls(self) -> int:
+        return self.verifier.alltoall_calls if self.verifier and self.tp > 1 else 0
+
+    def alltoall_ms(self, depth: int) -> float:
+        """Expert-parallel dispatch + combine, each priced as one all-reduce call of its bytes (modelled)."""
+        if not self.alltoall_calls:
+            return 0.0
+        message = (depth + 1) * self.verifier.alltoall_bytes_per_token
+        return self.alltoall_calls * self.allreduce_latency_us(message) / 1000.0
+
+    def allgather_latency_us(self, output_bytes: float) -> float:
+        """One all-gather of `output_bytes` in all: a ring all-gather runs tp - 1 steps to an all-reduce's
+        2 (tp - 1) over the same bytes, so half the all-reduce's time from the table (no all-gather table)."""
+        return self.allreduce_latency_us(output_bytes) / 2
 
     def comm_ms(self, depth: int) -> float:
         if self.tp == 1:
             return 0.0
         message = (depth + 1) * self.hidden * self.bytes_per_value
-        return self.layers * self.allreduces_per_layer * self.allreduce_latency_us(message) / 1000.0
+        return self.allreduce_calls * self.allreduce_latency_us(message) / 1000.0 + self.alltoall_ms(depth)
 
     def round_ms(self, depth: int) -> float:
         draft_ms = self.draft_round_ms + depth * self.draft_step_ms if depth else 0.0

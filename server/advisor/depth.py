@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from server.advisor.cost import CostModel, check_number
 from server.advisor.engine import Drafting, EngineCost, drafting_public
-from server.advisor.results import Advice, DepthSpeed, InterconnectComparison, NoSpeculation, RetrainAdvice
+from server.advisor.results import (
+    Advice,
+    DepthSpeed,
+    FrontierRow,
+    InterconnectComparison,
+    NoSpeculation,
+    Objective,
+    RetrainAdvice,
+)
 from server.advisor.tables import (
     INTERCONNECTS,
     NVLINK_ALLREDUCE_US,
@@ -17,6 +27,9 @@ from server.advisor.tables import (
 
 # Tokens/s within this relative distance of the best count as a tie (float rounding), resolved to the shallower.
 _TIE = 1e-9
+UNKNOWN_LINKS = "unknown"
+# A retrain's TTT: the smallest within this share of the best objective (net gain, else tokens/s).
+PICK_WITHIN = 0.01
 # Positions must be non-increasing; allow rounding in files written with few decimals.
 _ORDER_SLACK = 1e-9
 
@@ -24,7 +37,8 @@ RETRAIN_ASSUMPTION = (
     "positions beyond the trained TTT depth T improve until they follow the decay seen inside it: "
     "a_i = a_T * r^(i-T), r the geometric-mean ratio a_(i+1)/a_i over positions 1..T (for T = 1, r = a_1: "
     "each token accepted independently at the first position's rate); positions already better keep their value, "
-    "and positions up to T do not change"
+    "and positions up to T do not change. A retrain at TTT N lifts positions T+1..N so; positions beyond N keep "
+    "their conditional rates"
 )
 
 
@@ -89,7 +103,9 @@ def _shallowest_best(tokens_per_second: dict[int, float]) -> int:
 
 
 def _cost_for(interconnect: str, tp: int, cost: CostModel | None) -> CostModel:
-    check_interconnect(interconnect)
+    # links a probe could not read are "unknown": priced on the table measured over them, never named pcie
+    if interconnect != UNKNOWN_LINKS or cost is None:
+        check_interconnect(interconnect)
     if cost is None:
         return CostModel.for_interconnect(interconnect, tp)
     if cost.tp != tp:
@@ -107,6 +123,7 @@ def advise(
     min_gain: float = 0.02,
     allreduce_basis: str | None = None,
     drafting: Drafting | None = None,
+    objective: Objective | None = None,
 ) -> Advice:
     """Expected tokens/s per depth, the depth to serve (0: do not speculate) and whether a deeper TTT pays off.
     allreduce_basis says where a given cost model's all-reduce table comes from (else it is recognised).
@@ -130,7 +147,7 @@ def advise(
     speeds = {0: plain, **{row.depth: row.tokens_per_second for row in by_depth}}
     depth = _shallowest_best(speeds)
     retrain = _retrain_advice(rounds, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt,
-                              min_gain)
+                              min_gain, objective or Objective())
     if drafting is not None and drafting.topk > 1:
         retrain.reason += (f" (the top-{drafting.topk} tree's acceptance taken as the chain's, a lower bound: "
                            "drafting.acceptance)")
@@ -144,7 +161,8 @@ def advise(
         by_depth=by_depth,
         allreduce_basis=allreduce_basis or _allreduce_basis(cost),
         retrain=retrain,
-        cost_model=cost,
+        cost_model=replace(cost, basis={**cost.basis, "allreduce_times": allreduce_basis or _allreduce_basis(cost),
+                                        **({"draft_placement": drafting.placement(tp)} if drafting else {})}),
         drafting=drafting_public(drafting, tp) if drafting is not None else None,
     )
 
@@ -200,6 +218,68 @@ def _training_seconds(ttt: int, by_ttt: dict[int, float] | None) -> tuple[float 
     return seconds, f"linear in ttt_steps through the times given for {list(xs)}"
 
 
+def lifted_positions(positions: list[float], trained_ttt: int, ttt: int) -> list[float]:
+    """Acceptance per position after a retrain at TTT `ttt`: positions up to `ttt` as improved_positions lifts
+    them, those beyond keep their conditional rates (P(1..i) / P(1..i-1)) on top of the lifted prefix."""
+    better = improved_positions(positions, trained_ttt)
+    out = better[:ttt]
+    for i in range(ttt, len(positions)):
+        out.append(out[-1] * (positions[i] / positions[i - 1] if positions[i - 1] > 0 else 0.0))
+    return out
+
+
+def break_even_tokens(extra_gpu_seconds: float, tp: int, tps_now: float, tps_after: float) -> float | None:
+    """Tokens served until a retrain's extra training GPU-time is won back: each token served at tps_after instead
+    of tps_now saves tp x (1/tps_now - 1/tps_after) GPU-seconds on the serving group. The one definition every
+    answer uses (0: it costs no more than finishing; None: it serves no faster)."""
+    saved = tp * (1 / tps_now - 1 / tps_after) if tps_now > 0 and tps_after > 0 else 0.0
+    if saved <= 0:
+        return None
+    return max(0.0, extra_gpu_seconds) / saved
+
+
+def _frontier_row(cost: CostModel | EngineCost, taus: dict[int, float], positions: list[float], trained: int,
+                  ttt: int, tps_now: float, by_ttt: dict[int, float] | None, objective: Objective) -> FrontierRow:
+    after = lifted_positions(positions, trained, ttt)
+    # only the improvement is added, so a measured tau keeps its own value at and below the trained depth
+    taus_after = {d: tau + sum(after[:d]) - sum(positions[:d]) for d, tau in taus.items()}
+    speeds = {0: 1000 / cost.round_ms(0), **{d: 1000 * tau / cost.round_ms(d) for d, tau in taus_after.items()}}
+    depth = _shallowest_best(speeds)
+    row = FrontierRow(ttt=ttt, depth=depth, tokens_per_second=speeds[depth], gain=speeds[depth] / tps_now - 1)
+    seconds, _ = _training_seconds(ttt, by_ttt)
+    if seconds is None:
+        return row
+    gpus = objective.train_gpus
+    extra = (seconds - objective.remaining_seconds) * gpus
+    row.training_seconds, row.training_hours = seconds, seconds / 3600
+    row.gpu_hours, row.extra_gpu_hours = seconds * gpus / 3600, extra / 3600
+    row.break_even_tokens = break_even_tokens(extra, cost.tp, tps_now, row.tokens_per_second)
+    if objective.serve_tokens is not None:
+        saved = objective.serve_tokens * cost.tp * (1 / tps_now - 1 / row.tokens_per_second) / 3600
+        row.net_gpu_hours = saved - extra / 3600
+        if objective.train_gpu_hour_price is not None and objective.serve_gpu_hour_price is not None:
+            row.net_value = saved * objective.serve_gpu_hour_price - extra / 3600 * objective.train_gpu_hour_price
+    return row
+
+
+def _objective_value(row: FrontierRow, objective: Objective) -> float | None:
+    if objective.serve_tokens is None:
+        return row.tokens_per_second
+    return row.net_value if objective.train_gpu_hour_price is not None else row.net_gpu_hours
+
+
+def _describe_objective(objective: Objective, priced: bool) -> str:
+    if objective.serve_tokens is None:
+        return ("the fastest serving (no deploy.serve_tokens: training cost not weighed), the smallest TTT within "
+                f"{PICK_WITHIN:.0%} of the best tokens/s")
+    what = ("net value: serving GPU-hours saved x serve price less extra training GPU-hours x train price"
+            if objective.train_gpu_hour_price is not None else
+            "net GPU-hours: serving GPU-hours saved less extra training GPU-hours")
+    unknown = "" if priced else " (training time unknown: picked by tokens/s instead)"
+    return (f"{what} over {objective.serve_tokens:.3g} tokens served, the smallest TTT within {PICK_WITHIN:.0%} of "
+            f"the best{unknown}")
+
+
 def _retrain_advice(
     cost: CostModel | EngineCost,
     taus: dict[int, float],
@@ -209,6 +289,7 @@ def _retrain_advice(
     trained_ttt: int | None,
     retrain_seconds_by_ttt: dict[int, float] | None,
     min_gain: float,
+    objective: Objective,
 ) -> RetrainAdvice:
     if trained_ttt is not None and (isinstance(trained_ttt, bool) or not isinstance(trained_ttt, int) or trained_ttt < 1):
         raise ValueError(f"trained_ttt must be a whole number >= 1, got {trained_ttt!r}")
@@ -223,47 +304,70 @@ def _retrain_advice(
         )
         return advice
 
-    better = improved_positions(positions, trained_ttt)
-    if better == positions:
+    if improved_positions(positions, trained_ttt) == positions:
         advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_now, tps_now, 0.0
         advice.reason = _nothing_to_lift(positions, trained_ttt)
         return advice
-    # Only the improvement is added, so a measured tau keeps its own value at and below the trained depth.
-    taus_after = {d: tau + sum(better[:d]) - sum(positions[:d]) for d, tau in taus.items()}
-    speeds_after = {0: 1000 / cost.round_ms(0), **{d: 1000 * tau / cost.round_ms(d) for d, tau in taus_after.items()}}
-    depth_after = _shallowest_best(speeds_after)
-    tps_after = speeds_after[depth_after]
-    gain = tps_after / tps_now - 1
-    advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_after, tps_after, gain
-    if depth_after <= trained_ttt:
+    rows = [_frontier_row(cost, taus, positions, trained_ttt, t, tps_now, retrain_seconds_by_ttt, objective)
+            for t in range(trained_ttt + 1, max(taus) + 1)]
+    advice.frontier = rows
+    fastest = max(rows, key=lambda r: (r.tokens_per_second, -r.ttt))
+    advice.depth_after, advice.tokens_per_second_after, advice.gain = (
+        fastest.depth, fastest.tokens_per_second, fastest.gain)
+    if fastest.depth <= trained_ttt:
+        advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_now, tps_now, 0.0
         advice.reason = (
-            f"even with better acceptance beyond position {trained_ttt}, depth {depth_after} stays the fastest, "
+            f"even with better acceptance beyond position {trained_ttt}, depth {fastest.depth} stays the fastest, "
             f"within the trained TTT depth {trained_ttt}: a deeper TTT would not speed up serving"
         )
         return advice
-
-    seconds, basis = _training_seconds(depth_after, retrain_seconds_by_ttt)
-    advice.suggested_ttt_steps = depth_after
+    eligible = [r for r in rows if r.gain >= min_gain and r.depth > trained_ttt]
+    priced = objective.serve_tokens is not None and bool(eligible) and all(r.training_seconds is not None
+                                                                          for r in eligible)
+    judged = objective if priced else objective.model_copy(update={"serve_tokens": None})
+    advice.objective = _describe_objective(objective, priced or objective.serve_tokens is None)
+    if not eligible:
+        advice.suggested_ttt_steps = fastest.ttt
+        advice.reason = (f"serving at depth {fastest.depth} after a TTT-{fastest.ttt} retrain is expected to give "
+                         f"{fastest.tokens_per_second:.1f} tokens/s instead of {tps_now:.1f} at depth {depth_now} now "
+                         f"({fastest.gain:+.1%}), below the {min_gain:.0%} worth a retrain")
+        return advice
+    values = {r.ttt: _objective_value(r, judged) for r in eligible}
+    best = max(values.values())
+    pick = next(r for r in eligible if values[r.ttt] >= best - PICK_WITHIN * abs(best))
+    advice.suggested_ttt_steps, advice.depth_after = pick.ttt, pick.depth
+    advice.tokens_per_second_after, advice.gain = pick.tokens_per_second, pick.gain
+    seconds, basis = _training_seconds(pick.ttt, retrain_seconds_by_ttt)
     advice.predicted_training_seconds, advice.training_seconds_basis = seconds, basis
     change = (
-        f"serving at depth {depth_after} after a TTT-{depth_after} retrain is expected to give "
-        f"{tps_after:.1f} tokens/s instead of {tps_now:.1f} at depth {depth_now} now ({gain:+.1%})"
+        f"serving at depth {pick.depth} after a TTT-{pick.ttt} retrain is expected to give "
+        f"{pick.tokens_per_second:.1f} tokens/s instead of {tps_now:.1f} at depth {depth_now} now ({pick.gain:+.1%})"
     )
-    if gain < min_gain:
-        advice.reason = f"{change}, below the {min_gain:.0%} worth a retrain"
+    if priced and best <= 0:
+        advice.reason = (f"{change}, but no deeper TTT wins back its training within the "
+                         f"{objective.serve_tokens:.3g} tokens the deployment serves (best net {best:.3g}"
+                         f"{' GPU-h' if objective.train_gpu_hour_price is None else ''}, TTT={pick.ttt})")
         return advice
     advice.pays_off = True
     if seconds is None:
         advice.reason = f"{change}; training time unknown (give retrain_seconds_by_ttt to weigh it)"
         return advice
-    # Serving N tokens saves N * (1/now - 1/after) seconds; break-even when that equals the training time.
-    advice.break_even_tokens = seconds / (1 / tps_now - 1 / tps_after)
-    hours = advice.break_even_tokens / tps_after / 3600
-    advice.reason = (
-        f"{change}; the {seconds:.0f} s of training is won back after {advice.break_even_tokens:.3g} generated "
-        f"tokens (~{hours:.3g} h of serving on one group)"
-    )
+    advice.break_even_tokens = pick.break_even_tokens
+    advice.reason = f"{change}; {training_cost(pick, objective, cost.tp)}"
+    if priced:
+        advice.reason += f"; net {values[pick.ttt]:.3g}{' GPU-h' if objective.train_gpu_hour_price is None else ''} " \
+                         f"over {objective.serve_tokens:.3g} tokens served"
     return advice
+
+
+def training_cost(row: FrontierRow, objective: Objective, tp: int) -> str:
+    """The retrain's cost and its break-even, in the words every surface uses."""
+    text = (f"{row.training_seconds:.0f} s of training ({row.gpu_hours:.3g} GPU-h on {objective.train_gpus} "
+            f"GPU(s)), {row.extra_gpu_hours:+.3g} GPU-h against finishing this attempt")
+    if row.break_even_tokens is not None:
+        text += (f", won back after {row.break_even_tokens:.3g} tokens served (the GPU-time saved on the tp={tp} "
+                 "serving GPUs)")
+    return text
 
 
 def compare_interconnects(

@@ -8,15 +8,23 @@ Where the draft runs, read from the engines' sources:
   are the tensor-parallel ones: VocabParallelEmbedding, QKVParallelLinear / row-parallel o_proj, LlamaMLP's
   row-parallel down_proj, ParallelLMHead (python/sglang/srt/models/llama_eagle3.py at commit
   03d5a7771f6082e7737a5f19cae7d1e863087013). So every draft forward pays, at the target's tp, three all-reduces of
-  its tokens x draft hidden size (embedding, attention, MLP) and one all-gather of its logits. RFC #14343 (a
+  its tokens x draft hidden size (embedding, attention, MLP) and one all-gather of its logits
+  (`LogitsProcessor._get_logits` → `tensor_model_parallel_all_gather`, python/sglang/srt/layers/logits_processor.py
+  at commit 009db01a7c0d5460611d543516401eb497641918), priced as an all-gather: half an all-reduce of its output
+  bytes (ring: tp - 1 steps to the all-reduce's 2 (tp - 1); CostModel.allgather_latency_us). RFC #14343 (a
   draft tp of its own) is still open. A round at depth d runs d draft forwards: the draft-extend forward over
   the tokens accepted last round (taken as d + 1), which gives the first top-k, and d - 1 decode forwards over
   top-k tokens each (`EAGLEWorker.draft`: the last of speculative_num_steps selections runs no forward).
-- vLLM (`vllm`): `SpeculativeConfig._verify_and_get_draft_tp` (vllm/config/speculative.py, vllm-project/vllm at
-  commit 002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443) sets an unset `draft_tensor_parallel_size` to the target's tp
-  for every draft but mlp_speculator, and accepts only 1 or the target's tp. `draft_tp=1` (the default here, the
-  replicated draft of `draft_tensor_parallel_size: 1`) runs the whole draft on each rank: no collective, its full
-  weight read per step; `draft_tp=tp` is vLLM's own default and costs what SGLang's does.
+- vLLM (`vllm`) by engine version (`engine_version`):
+  - V1 (0.8 and later, and the default when no version is given): `EagleProposer.load_model` builds the draft with
+    `get_model(vllm_config=self.vllm_config, model_config=draft_model_config)` (vllm/v1/spec_decode/eagle.py,
+    vllm-project/vllm at commit f7eef1b6987f4780fe8636077682936fe075aa2f): the target's parallel config, so the
+    draft shards over the target's tensor group whatever `draft_tensor_parallel_size` says (vllm-project/vllm#17499
+    "Specifying draft TP does not have any impact" is open). Priced as SGLang's: sharded at the target's tp.
+  - V0 (before 0.8, or "v0"): `SmallerTpProposerWorker` (vllm/spec_decode/smaller_tp_proposer_worker.py at commit
+    0f79d54e130ad86876bbefa837bd09b2ae17eaf8) runs a draft with `draft_tensor_parallel_size: 1` on its own rank
+    group: `draft_tp=1` is a replicated draft (no collective, its full weight read per step); unset it is the
+    target's tp (`SpeculativeConfig._verify_and_get_draft_tp`).
 - `measured`: the round's cost by depth as timed on the serving box (`round_ms`), nothing modelled.
 
 A sharded draft reads 1/tp of its weights per step (draft_step_ms / tp) but pays the collectives; a replicated
@@ -34,18 +42,51 @@ a tree to judge one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from server.advisor.cost import CostModel, check_number
+from server.advisor.tables import DEFAULT_DRAFT_VOCAB
+
+SGLANG_PLACEMENT = (
+    "SGLang runs the EAGLE worker in the target's tensor group: python/sglang/srt/speculative/eagle_worker.py "
+    "(EAGLEWorker.__init__, sgl-project/sglang@00559eacbf0841146db7e27e445d1971e35e6294) with the tensor-parallel "
+    "layers of python/sglang/srt/models/llama_eagle3.py (@03d5a7771f6082e7737a5f19cae7d1e863087013); its logits "
+    "all-gathered in python/sglang/srt/layers/logits_processor.py (LogitsProcessor._get_logits, "
+    "@009db01a7c0d5460611d543516401eb497641918)")
+VLLM_V1_PLACEMENT = (
+    "vLLM V1 builds the draft with the target's config: vllm/v1/spec_decode/eagle.py (EagleProposer.load_model -> "
+    "get_model(vllm_config=self.vllm_config, ...), vllm-project/vllm@f7eef1b6987f4780fe8636077682936fe075aa2f), so "
+    "it shards over the target's tp whatever draft_tensor_parallel_size says (vllm-project/vllm#17499, open)")
+VLLM_V0_PLACEMENT = (
+    "vLLM V0 runs a draft_tensor_parallel_size 1 draft on its own ranks: vllm/spec_decode/"
+    "smaller_tp_proposer_worker.py (SmallerTpProposerWorker, vllm-project/vllm@0f79d54e130ad86876bbefa837bd09b2ae17eaf8)"
+    "; unset, the target's tp (SpeculativeConfig._verify_and_get_draft_tp)")
+_VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?")
+
+
+def vllm_generation(engine_version: str | None) -> str:
+    """"v1" or "v0": the engine that runs the EAGLE proposer for this vLLM version (unset: V1, the default
+    since 0.8)."""
+    if engine_version is None:
+        return "v1"
+    text = engine_version.strip().lower()
+    if text in ("v0", "v1"):
+        return text
+    m = _VERSION.match(text)
+    if not m:
+        raise ValueError(f"engine_version {engine_version!r}: give vLLM's version (0.11.0) or v0 / v1")
+    major, minor = int(m.group(1)), int(m.group(2) or 0)
+    return "v0" if (major, minor) < (0, 8) else "v1"
+
 
 Engine = Literal["sglang", "vllm", "measured"]
 ENGINES = ("sglang", "vllm", "measured")
 # SGLang's EAGLE-3 draft layer: embedding, attention output and MLP output all-reduces per forward
 DRAFT_ALLREDUCES_PER_FORWARD = 3
-DEFAULT_DRAFT_VOCAB = 32000
 CHAIN_ACCEPTANCE = "the chain's (greedy top-1), as measured"
 TREE_ACCEPTANCE = (
     "the chain's (greedy top-1) taken for the top-{topk} tree, not modelled: sim_acc_k and evaluate measure no "
@@ -63,9 +104,12 @@ class RoundTerms(BaseModel):
     verifier_allreduces: int = Field(description="layers x all-reduces per layer")
     verifier_allreduce_bytes: int
     verifier_allreduce_ms: float
+    verifier_alltoalls: int = Field(0, description="expert-parallel dispatch + combine calls (MoE layers, ep > 1)")
+    verifier_alltoall_ms: float = 0.0
     draft_forwards: int
     draft_compute_ms: float = Field(description="draft_round_ms + forwards x per-forward weight read")
-    draft_allreduces: int = Field(0, description="collectives of a sharded draft (all-gathers counted as one call)")
+    draft_allreduces: int = Field(0, description="collectives of a sharded draft: its all-reduces and its logits "
+                                  "all-gather, one call each")
     draft_allreduce_ms: float = 0.0
     round_ms: float
 
@@ -76,7 +120,8 @@ class Drafting:
 
     engine: str = "sglang"
     topk: int = 1
-    draft_tp: int | None = None  # vllm only: 1 (replicated, default) or the target's tp
+    draft_tp: int | None = None  # vllm only: draft_tensor_parallel_size (1 or the target's tp; V0 honours 1)
+    engine_version: str | None = None  # vllm: V1 (default) shards the draft at tp; V0 honours draft_tp
     draft_hidden: int | None = None  # default: the verifier's hidden size (EAGLE-3 drafts share it)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
     round_ms: dict[int, float] | None = None  # measured: round cost by depth (0: no speculation)
@@ -90,6 +135,8 @@ class Drafting:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.draft_tp is not None and self.engine != "vllm":
             raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size; SGLang runs the draft at the target's tp")
+        if self.engine == "vllm":
+            vllm_generation(self.engine_version)  # validates it
         if self.engine == "measured":
             if not self.round_ms:
                 raise ValueError("engine measured needs round_ms: the round's cost by depth, ms")
@@ -101,12 +148,23 @@ class Drafting:
         if self.engine == "sglang":
             return tp > 1
         if self.engine == "vllm":
-            draft_tp = self.draft_tp or 1
+            draft_tp = self.draft_tp or tp
             if draft_tp not in (1, tp):
                 raise ValueError(f"vLLM accepts draft_tensor_parallel_size 1 or the target's tp ({tp}), "
                                  f"not {draft_tp}")
-            return draft_tp > 1
+            return tp > 1 and (vllm_generation(self.engine_version) == "v1" or draft_tp > 1)
         return False
+
+    def placement(self, tp: int) -> str:
+        """Where the engine puts the draft, and the code that says so (file and commit)."""
+        if self.engine == "sglang":
+            return SGLANG_PLACEMENT
+        if self.engine == "vllm":
+            if vllm_generation(self.engine_version) == "v0":
+                return VLLM_V0_PLACEMENT
+            ignored = (f"; draft_tp={self.draft_tp} is not honoured there" if self.draft_tp not in (None, tp) else "")
+            return VLLM_V1_PLACEMENT + ignored
+        return "measured: the round's cost as timed, no placement modelled"
 
     def describe(self, tp: int) -> str:
         if self.engine == "measured":
@@ -114,7 +172,8 @@ class Drafting:
         shape = "chain" if self.topk == 1 else f"tree, top-{self.topk} per step (acceptance: the chain's, a lower bound)"
         where = (f"draft sharded at tp={tp}: {DRAFT_ALLREDUCES_PER_FORWARD} all-reduces + 1 logits all-gather per "
                  "draft forward" if self.sharded(tp) else "draft replicated on every rank: no collective")
-        return f"{self.engine}, {shape}, {where}"
+        engine = self.engine if self.engine != "vllm" else f"vllm {vllm_generation(self.engine_version).upper()}"
+        return f"{engine}, {shape}, {where}"
 
     def acceptance(self) -> str:
         """What the answer's acceptance (τ by depth) is for this drafting: the chain's, a lower bound for a tree."""
@@ -152,13 +211,16 @@ class EngineCost:
                               draft_compute_ms=0.0, round_ms=ms)
         tokens = self.verified_tokens(depth)
         verifier_ms = c.verifier_ms(tokens - 1)
-        calls = c.layers * c.allreduces_per_layer if c.tp > 1 else 0
+        calls = c.allreduce_calls
         message = tokens * c.hidden * c.bytes_per_value
-        verifier_comm = c.comm_ms(tokens - 1)
+        alltoall = c.alltoall_ms(tokens - 1)
+        verifier_comm = c.comm_ms(tokens - 1) - alltoall
+        collectives = {"verifier_allreduces": calls, "verifier_allreduce_bytes": message,
+                       "verifier_allreduce_ms": verifier_comm, "verifier_alltoalls": c.alltoall_calls,
+                       "verifier_alltoall_ms": alltoall}
         if depth == 0:
-            return RoundTerms(verifier_ms=verifier_ms, verified_tokens=1, verifier_allreduces=calls,
-                              verifier_allreduce_bytes=message, verifier_allreduce_ms=verifier_comm,
-                              draft_forwards=0, draft_compute_ms=0.0, round_ms=verifier_ms + verifier_comm)
+            return RoundTerms(verifier_ms=verifier_ms, verified_tokens=1, **collectives, draft_forwards=0,
+                              draft_compute_ms=0.0, round_ms=verifier_ms + verifier_comm + alltoall)
         sharded = self.drafting.sharded(c.tp)
         per_forward = c.draft_step_ms / c.tp if sharded else c.draft_step_ms
         draft_compute = c.draft_round_ms + depth * per_forward
@@ -170,13 +232,12 @@ class EngineCost:
             for forward_tokens, rows in [(depth + 1, 1)] + [(k, k)] * (depth - 1):
                 draft_comm += DRAFT_ALLREDUCES_PER_FORWARD * c.allreduce_latency_us(
                     forward_tokens * hidden * c.bytes_per_value) / 1000
-                draft_comm += c.allreduce_latency_us(rows * self.drafting.draft_vocab * c.bytes_per_value) / 1000
+                draft_comm += c.allgather_latency_us(rows * self.drafting.draft_vocab * c.bytes_per_value) / 1000
                 draft_calls += DRAFT_ALLREDUCES_PER_FORWARD + 1
-        total = verifier_ms + verifier_comm + draft_compute + draft_comm
-        return RoundTerms(verifier_ms=verifier_ms, verified_tokens=tokens, verifier_allreduces=calls,
-                          verifier_allreduce_bytes=message, verifier_allreduce_ms=verifier_comm,
-                          draft_forwards=depth, draft_compute_ms=draft_compute, draft_allreduces=draft_calls,
-                          draft_allreduce_ms=draft_comm, round_ms=total)
+        total = verifier_ms + verifier_comm + alltoall + draft_compute + draft_comm
+        return RoundTerms(verifier_ms=verifier_ms, verified_tokens=tokens, **collectives, draft_forwards=depth,
+                          draft_compute_ms=draft_compute, draft_allreduces=draft_calls, draft_allreduce_ms=draft_comm,
+                          round_ms=total)
 
     def round_ms(self, depth: int) -> float:
         return self.terms(depth).round_ms
@@ -184,17 +245,20 @@ class EngineCost:
 
 class DraftingPublic(BaseModel):
     engine: str
+    engine_version: str | None = None
     topk: int
     draft_tp: int | None
     sharded: bool
     description: str
+    placement: str = Field("", description="where the engine puts the draft, citing the engine's file and commit")
     acceptance: str = Field(description="what the τ by depth is for this drafting: the chain's as measured; for a "
                             "tree (topk > 1) the chain's too, a lower bound: a tree's acceptance is not modelled")
     acceptance_is_lower_bound: bool = Field(description="true for a tree: its τ is the chain's, not its own")
 
 
 def drafting_public(drafting: Drafting, tp: int) -> DraftingPublic:
-    return DraftingPublic(engine=drafting.engine, topk=drafting.topk, draft_tp=drafting.draft_tp,
-                          sharded=drafting.sharded(tp), description=drafting.describe(tp),
+    return DraftingPublic(engine=drafting.engine, engine_version=drafting.engine_version, topk=drafting.topk,
+                          draft_tp=drafting.draft_tp, sharded=drafting.sharded(tp), description=drafting.describe(tp),
+                          placement=drafting.placement(tp),
                           acceptance=drafting.acceptance(),
                           acceptance_is_lower_bound=drafting.topk > 1)

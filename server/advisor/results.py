@@ -19,6 +19,37 @@ class NoSpeculation(BaseModel):
     tokens_per_second: float
 
 
+class FrontierRow(BaseModel):
+    """One candidate TTT depth of a retrain: what it serves at, what it costs to train, when it pays."""
+
+    ttt: int
+    depth: int = Field(description="the depth to serve after a retrain at this TTT")
+    tokens_per_second: float
+    gain: float = Field(description="tokens_per_second / tokens_per_second now - 1")
+    training_seconds: float | None = Field(None, description="the retrain's predicted duration (the dry run's)")
+    training_hours: float | None = None
+    gpu_hours: float | None = Field(None, description="training_hours x the GPUs the run trains on")
+    extra_gpu_hours: float | None = Field(None, description="gpu_hours less finishing the current attempt")
+    break_even_tokens: float | None = Field(
+        None, description="tokens served until the extra training GPU-time is won back by the serving GPU-time "
+        "saved: extra_gpu_hours x 3600 / (tp x (1/tokens_per_second_now - 1/tokens_per_second)); 0 when the "
+        "retrain costs no more than finishing; none when it serves no faster")
+    net_gpu_hours: float | None = Field(None, description="with serve_tokens: serving GPU-hours saved over them less "
+                                        "extra_gpu_hours")
+    net_value: float | None = Field(None, description="with GPU-hour prices: serving saved x its price less the "
+                                    "extra training x its price")
+
+
+class Objective(BaseModel):
+    """What a retrain is judged by: the tokens the draft will serve over its life, optionally GPU-hour prices."""
+
+    serve_tokens: float | None = Field(None, ge=0, description="tokens the draft will serve over its life")
+    train_gpus: int = Field(1, ge=1, description="GPUs the retrain runs on")
+    remaining_seconds: float = Field(0.0, ge=0, description="what finishing the current attempt would still take")
+    train_gpu_hour_price: float | None = Field(None, ge=0)
+    serve_gpu_hour_price: float | None = Field(None, ge=0)
+
+
 class RetrainAdvice(BaseModel):
     """Whether training the draft with a deeper TTT would speed up serving, and when it pays for itself."""
 
@@ -34,6 +65,9 @@ class RetrainAdvice(BaseModel):
     pays_off: bool = False
     reason: str = ""
     assumption: str
+    objective: str = Field("", description="how the TTT was picked among the frontier's")
+    frontier: list[FrontierRow] = Field(default_factory=list, description="every candidate TTT beyond the trained "
+                                        "one, with its serving speed, training cost and break-even")
 
 
 class Advice(BaseModel):

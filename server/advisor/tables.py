@@ -40,6 +40,14 @@ DEFAULT_VERIFIER_PER_TOKEN_ONE_GPU_MS = 0.3
 # EAGLE-3 draft of that verifier: one 8192-wide decoder layer plus a 32k-token head, ~1.2 B params (2.4 GB)
 # read per proposed token at ~4 TB/s.
 DEFAULT_DRAFT_STEP_MS = 0.6
+# the draft's head: EAGLE-3's reduced vocabulary
+DEFAULT_DRAFT_VOCAB = 32000
+# The bandwidth and compute those defaults rest on, for a verifier priced from its own config.json
+# (server/advisor/verifier.py): 140 GB in 40 ms, 140 GFLOP in 0.3 ms.
+DEFAULT_HBM_BYTES_PER_S = 3.5e12
+DEFAULT_TFLOPS = 2 * 70e9 / 0.3e-3 / 1e12
+# the context whose KV cache each decode forward reads, where the deployment does not say
+DEFAULT_KV_CONTEXT_TOKENS = 4096
 
 
 def pcie_extra_us_per_call(tp: int) -> float:

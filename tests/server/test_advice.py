@@ -20,6 +20,7 @@ from server.advisor import (
     pcie_allreduce_us,
     pcie_extra_us_per_call,
 )
+from server.advisor.results import Objective
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200x2"
 
@@ -69,7 +70,8 @@ def test_hand_worked_retrain_from_ttt_1_pays_off():
     # tau_2 = 2.3 + 0.14 = 2.44, tau_3 = 2.5 + 0.14 + 0.312 = 2.952 (rounds unchanged: 4.87, 5.66 ms)
     # after: depth 2 -> 2440/4.87 = 501.03, depth 3 -> 2952/5.66 = 521.55 tokens/s  <- best, so TTT 3
     # gain over now (2300/4.87 = 472.28): 2952/5.66 / (2300/4.87) - 1 = 0.10433
-    # break-even: 3000 s / (4.87/2300 - 5.66/2952) = 3000 / 0.00020005 = 1.4996e7 tokens
+    # break-even: 3000 GPU-s of training (1 GPU, nothing left to finish) against tp=2 serving GPUs saving
+    # 2 x (4.87/2300 - 5.66/2952) ms-per-token each: 3000 / (2 x 0.00020005) = 7.498e6 tokens
     out = advise(HAND_EVALUATION, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt={1: 1000, 3: 3000})
     retrain = out.retrain
     assert retrain.trained_ttt == 1
@@ -78,10 +80,40 @@ def test_hand_worked_retrain_from_ttt_1_pays_off():
     assert retrain.tokens_per_second_after == pytest.approx(2952 / 5.66, abs=1e-9)
     assert retrain.gain == pytest.approx((2952 / 5.66) / (2300 / 4.87) - 1, abs=1e-9)
     assert retrain.predicted_training_seconds == 3000
-    assert retrain.break_even_tokens == pytest.approx(3000 / (4.87 / 2300 - 5.66 / 2952), rel=1e-9)
+    assert retrain.break_even_tokens == pytest.approx(3000 / (2 * (4.87 / 2300 - 5.66 / 2952)), rel=1e-9)
     assert retrain.pays_off is True
     assert "depth 3" in retrain.reason and "3000 s" in retrain.reason
+    assert f"won back after {retrain.break_even_tokens:.3g} tokens served" in retrain.reason
     assert "geometric-mean ratio" in retrain.assumption
+    # the frontier: TTT=2 lifts position 2 only (0.64; position 3 keeps its 0.4 given 2: 0.256), serves at depth
+    # 2 at 2440/4.87 tokens/s and trains 2000 s (the line through 1000 s and 3000 s); TTT=3 is the pick
+    two, three = retrain.frontier
+    assert (two.ttt, two.depth, three.ttt, three.depth) == (2, 2, 3, 3)
+    assert two.tokens_per_second == pytest.approx(2440 / 4.87) and two.training_seconds == pytest.approx(2000)
+    assert three.break_even_tokens == retrain.break_even_tokens and three.gpu_hours == pytest.approx(3000 / 3600)
+
+
+def test_the_frontier_picks_by_the_deployments_serve_tokens_the_smallest_ttt_within_1_percent():
+    # the same draft with TTT=3 dearer: 30000 s. Over 1e8 tokens served on tp=2, TTT=2 saves
+    # 1e8 x 2 x (4.87/2300 - 4.87/2440) s = 2.4298e4 GPU-s less its 2000 s; TTT=3 saves 4.0010e4 less 30000
+    evaluation, seconds = HAND_EVALUATION, {1: 1000, 2: 2000, 3: 30000}
+    tokens_only = advise(evaluation, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt=seconds)
+    assert tokens_only.retrain.suggested_ttt_steps == 3 and "training cost not weighed" in tokens_only.retrain.objective
+    served = advise(evaluation, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt=seconds,
+                    objective=Objective(serve_tokens=1e8))
+    two, three = served.retrain.frontier
+    assert two.net_gpu_hours == pytest.approx((1e8 * 2 * (4.87 / 2300 - 4.87 / 2440) - 2000) / 3600)
+    assert three.net_gpu_hours == pytest.approx((1e8 * 2 * (4.87 / 2300 - 5.66 / 2952) - 30000) / 3600)
+    assert served.retrain.suggested_ttt_steps == 2 and served.retrain.pays_off
+    assert "net GPU-hours" in served.retrain.objective and "GPU-h over 1e+08 tokens served" in served.retrain.reason
+    # too few tokens to win back any retrain: it says so and does not pay
+    few = advise(evaluation, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt=seconds,
+                 objective=Objective(serve_tokens=1e5)).retrain
+    assert not few.pays_off and "no deeper TTT wins back its training within the 1e+05 tokens" in few.reason
+    # GPU-hour prices: serving GPUs at 10 a GPU-hour against training ones at 1 make TTT=3 worth its 30000 s
+    priced = advise(evaluation, "nvlink", 2, hand_cost(), trained_ttt=1, retrain_seconds_by_ttt=seconds,
+                    objective=Objective(serve_tokens=1e8, train_gpu_hour_price=1.0, serve_gpu_hour_price=10.0)).retrain
+    assert priced.suggested_ttt_steps == 3 and priced.frontier[1].net_value > priced.frontier[0].net_value
 
 
 def test_hand_worked_retrain_from_ttt_2_does_not_move_the_depth():

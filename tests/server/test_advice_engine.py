@@ -1,5 +1,6 @@
-"""The advisor with the serving engine in the cost: SGLang's sharded draft pays all-reduces per draft forward,
-vLLM's replicated draft (draft_tensor_parallel_size 1) does not, and that moves the depth to serve."""
+"""The advisor with the serving engine in the cost: SGLang's sharded draft pays all-reduces and a logits all-gather
+per draft forward, vLLM V0's replicated draft (draft_tensor_parallel_size 1) does not, and that moves the depth to
+serve; vLLM V1 (the default) shards the draft at the target's tp whatever draft_tp says."""
 
 from dataclasses import replace
 
@@ -16,35 +17,48 @@ COST = CostModel(tp=2, draft_step_ms=1.0, verifier_base_ms=10.0, verifier_per_to
 
 def test_sglang_and_vllm_serve_different_depths_because_of_the_drafts_all_reduces() -> None:
     # by hand: the verifier's round is 10 ms + one 0.25 ms all-reduce = 10.25 ms at every depth.
-    # vllm (replicated): + d x 1.0 ms of draft.  sglang (sharded at tp=2): + d x (1.0/2 + 4 calls x 0.25) = 1.5 ms.
+    # vllm V0 (replicated): + d x 1.0 ms of draft.  sglang (sharded at tp=2): + d x (1.0/2 + 3 all-reduces x 0.25
+    # + 1 logits all-gather x 0.125, half an all-reduce) = 1.375 ms.
     # tau(d) = 1 + 0.7 + ... + 0.7^d = 1.7, 2.19, 2.533, 2.7731, 2.94117, 3.058819
-    # vllm tokens/s: 1000 tau / (10.25 + d)   = 151.1, 178.8, 191.2, 194.6, 192.9, 188.2  -> depth 4
-    # sglang:        1000 tau / (10.25 + 1.5d) = 144.7, 165.3, 171.7, 170.7, 165.7, 158.9 -> depth 3
-    vllm = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=1))
+    # vllm tokens/s: 1000 tau / (10.25 + d)     = 151.1, 178.8, 191.2, 194.6, 192.9, 188.2  -> depth 4
+    # sglang:        1000 tau / (10.25 + 1.375d) = 146.2, 168.5, 176.21, 176.07, 171.7, 165.3 -> depth 3
+    vllm = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=1, engine_version="0.7.3"))
     sglang = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="sglang"))
     assert vllm.recommended_depth == 4 and sglang.recommended_depth == 3
     assert [r.round_ms for r in vllm.by_depth] == pytest.approx([11.25, 12.25, 13.25, 14.25, 15.25, 16.25])
-    assert [r.round_ms for r in sglang.by_depth] == pytest.approx([11.75, 13.25, 14.75, 16.25, 17.75, 19.25])
+    assert [r.round_ms for r in sglang.by_depth] == pytest.approx([11.625, 13.0, 14.375, 15.75, 17.125, 18.5])
     assert vllm.tokens_per_second == pytest.approx(2773.1 / 14.25)
-    assert sglang.tokens_per_second == pytest.approx(2533.0 / 14.75)
+    assert sglang.tokens_per_second == pytest.approx(2533.0 / 14.375)
     assert vllm.no_speculation.round_ms == sglang.no_speculation.round_ms == pytest.approx(10.25)
 
     # the terms add up to the round, and say what was paid
     t = sglang.by_depth[2].terms
     assert (t.verifier_ms, t.verifier_allreduces, t.verifier_allreduce_ms) == pytest.approx((10.0, 1, 0.25))
     assert (t.draft_forwards, t.draft_compute_ms, t.draft_allreduces, t.draft_allreduce_ms) == pytest.approx(
-        (3, 1.5, 12, 3.0))
+        (3, 1.5, 12, 3 * 0.875))
     assert t.verifier_ms + t.verifier_allreduce_ms + t.draft_compute_ms + t.draft_allreduce_ms == pytest.approx(
         t.round_ms)
     assert vllm.by_depth[2].terms.draft_allreduces == 0 and vllm.by_depth[2].terms.draft_compute_ms == 3.0
     assert sglang.drafting.sharded and not vllm.drafting.sharded
     assert "sharded at tp=2" in sglang.drafting.description
+    assert "logits_processor.py" in sglang.drafting.placement and "@009db01a7c0d" in sglang.drafting.placement
+    assert "smaller_tp_proposer_worker.py" in vllm.drafting.placement
 
 
-def test_vllms_default_draft_tp_is_the_targets_and_costs_what_sglangs_does() -> None:
-    own = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=2))
+def test_vllm_v1_shards_the_draft_at_the_targets_tp_whatever_draft_tp_says_and_cites_the_code() -> None:
     sglang = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="sglang"))
-    assert [r.round_ms for r in own.by_depth] == [r.round_ms for r in sglang.by_depth]
+    for drafting in (Drafting(engine="vllm"), Drafting(engine="vllm", draft_tp=1),
+                     Drafting(engine="vllm", draft_tp=1, engine_version="0.11.0"),
+                     Drafting(engine="vllm", draft_tp=2, engine_version="v0")):
+        own = advise(CHAIN, "pcie", 2, COST, drafting=drafting)
+        assert [r.round_ms for r in own.by_depth] == [r.round_ms for r in sglang.by_depth], drafting
+        assert own.drafting.sharded
+    v1 = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=1)).drafting
+    assert "vllm/v1/spec_decode/eagle.py" in v1.placement and "@f7eef1b6987f" in v1.placement
+    assert "#17499" in v1.placement and "draft_tp=1 is not honoured" in v1.placement
+    assert v1.description.startswith("vllm V1")
+    with pytest.raises(ValueError, match="engine_version"):
+        Drafting(engine="vllm", engine_version="latest")
     with pytest.raises(ValueError, match="draft_tensor_parallel_size 1 or the target's tp"):
         advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=4))
     with pytest.raises(ValueError, match="draft_tp is vLLM's"):
@@ -57,8 +71,8 @@ def test_a_tree_verifies_topk_tokens_per_step_and_a_measured_round_is_taken_as_g
     tree = advise(CHAIN, "pcie", 2, cost, drafting=Drafting(engine="sglang", topk=4))
     t = tree.by_depth[1].terms  # depth 2: 4 x 2 + 1 = 9 verified tokens, 10 + 0.5 x 9 = 14.5 ms
     assert (t.verified_tokens, t.verifier_ms) == (9, pytest.approx(14.5))
-    # extend forward + one decode forward, each 3 all-reduces and one logits all-gather, 0.25 ms a call
-    assert (t.draft_allreduces, t.draft_allreduce_ms) == (8, pytest.approx(2.0))
+    # extend forward + one decode forward, each 3 all-reduces of 0.25 ms and one logits all-gather of 0.125 ms
+    assert (t.draft_allreduces, t.draft_allreduce_ms) == (8, pytest.approx(1.75))
 
     measured = advise(CHAIN, "nvlink", 2, cost, drafting=Drafting(engine="measured",
                                                                    round_ms={0: 10.0, 1: 11.0, 2: 20.0}))

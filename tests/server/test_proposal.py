@@ -74,6 +74,9 @@ def test_a_validation_with_sim_acceptance_gives_a_restart_proposal_priced_on_the
     assert ttt > 3 and got["trained_ttt"] == 3 and got["step"] == 100
     assert got["restart"] == {"overrides": {"ttt_steps": ttt}, "clean": True}
     assert got["summary"].startswith(f"restart at TTT={ttt}: the dry run predicts")
+    # one break-even on every surface: the summary's, the reason's and the field's are one figure
+    assert f"won back after {got['break_even_tokens']:.3g} tokens served" in got["summary"]
+    assert f"won back after {got['break_even_tokens']:.3g} tokens served" in got["reason"]
     # the dry run is the restart's own: POST .../restart?dry_run=true with the proposed body says the same
     dry = api.client.post(f"/v1/runs/{run_id}/restart", params={"dry_run": True}, json=got["restart"]).json()
     assert got["predicted_training_seconds"] == pytest.approx(dry["predicted_duration_seconds"])
@@ -122,7 +125,9 @@ def test_keep_going_when_deeper_training_would_not_pay_and_unavailable_without_a
     assert got["predicted_tau_after"] == pytest.approx(
         1 + sum(got["predicted_position_acceptance_after"][:got["depth_after"]]))
     assert got["summary"].startswith("keep going: the advisor predicts")
-    assert not got["advice"]["drafting"]["sharded"]
+    # vLLM V1 (no engine_version) shards the draft at tp=2 whatever draft_tp says, and cites the code
+    assert got["advice"]["drafting"]["sharded"] and "#17499" in got["advice"]["drafting"]["placement"]
+    assert "vllm/v1/spec_decode/eagle.py" in got["terms_basis"]["draft_placement"]
     no_deploy = trainer_run(api)
     assert "no `deploy" in api.client.get(f"/v1/runs/{no_deploy}/proposal").json()["reason"]
     bad = api.client.post("/v1/runs", json={"name": "x", "host": "local", "entrypoint": "/t.py",
@@ -175,10 +180,10 @@ def test_a_changed_proposal_goes_to_the_webhook(api: App, responder: Interconnec
         validate(api, run_id, 2, 200, SHALLOW)
         validate(api, run_id, 3, 300, STEADY)
         queued = [n for n in notifier.run_once() if n.event == "proposal"]
-        assert [n.message.split(":")[0] for n in queued] == ["restart at TTT=8", "keep going"]
+        assert [n.message.split(":")[0] for n in queued] == ["restart at TTT=7", "keep going"]
         wait_for("two proposal calls", lambda: len(receiver.delivered()) == 2, timeout=20)
         assert [b["event"] for b in receiver.delivered()] == ["proposal", "proposal"]
-        assert receiver.delivered()[0]["message"].startswith("restart at TTT=8: the dry run predicts")
+        assert receiver.delivered()[0]["message"].startswith("restart at TTT=7: the dry run predicts")
     finally:
         notifier.close()
         receiver.close()
