@@ -13,6 +13,7 @@ A batch from `make_loader`:
 
 import json
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +94,29 @@ class SampleFile:
             raise OSError(f"{self.path}: short read of {name}")
 
 
+class FeatureWidths:
+    """The per-token widths every sample's features must have, 3H (three captured layers) and H (the last): H is
+    the verifier's hidden size when given, else that of the first sample read. A sample of another size is named
+    with its shapes, rather than failing later in the draft as a bare matrix-shape error."""
+
+    def __init__(self, hidden_size: int | None = None):
+        self.hidden_size = hidden_size
+        self.source = f"the verifier's hidden_size {hidden_size}" if hidden_size else ""
+        self.lock = threading.Lock()
+
+    def check(self, path: Path, hidden_width: int, last_width: int, stored: str) -> None:
+        """`stored` says what the file holds (its tensors' shapes), for the error."""
+        with self.lock:
+            if self.hidden_size is None and hidden_width == 3 * last_width:
+                self.hidden_size, self.source = last_width, f"hidden size {last_width}, as in {path}"
+        size = self.hidden_size
+        if size is None or (hidden_width, last_width) != (3 * size, size):
+            expected = (f"[3 x {size} = {3 * size}] and [{size}] per token ({self.source})" if size else
+                        f"3 x its last hidden state's width, {3 * last_width}")
+            raise ValueError(f"{path}: {stored}: features {hidden_width} and {last_width} wide, expected {expected}; "
+                             "one dataset, one verifier")
+
+
 def list_samples(data_dir: str | Path) -> list[Path]:
     """Sample files in `data_dir` (or in `data_dir/hidden_states`, the layout `prepare` writes), sorted."""
     data_dir = Path(data_dir)
@@ -129,7 +153,8 @@ class HiddenStatesDataset(Dataset):
     """Map-style dataset over per-sample files; each item is a dict of the four tensors, cut to max_seq_len."""
 
     def __init__(
-        self, data_dir: str | Path | None, max_seq_len: int, files: Sequence[str | Path] | None = None
+        self, data_dir: str | Path | None, max_seq_len: int, files: Sequence[str | Path] | None = None,
+        hidden_size: int | None = None,
     ):
         self.files = [Path(f) for f in files] if files is not None else list_samples(data_dir)
         if files is None and not self.files:
@@ -137,6 +162,7 @@ class HiddenStatesDataset(Dataset):
                 f"no {SAMPLE_PATTERN} files in {data_dir}; run `python -m trainer.prepare` first"
             )
         self.max_seq_len = max_seq_len
+        self.widths = FeatureWidths(hidden_size)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -178,6 +204,11 @@ class HiddenStatesDataset(Dataset):
                         for i in row] for row in rows]
             lengths = [[min(s.rows("input_ids"), self.max_seq_len) for s in row] for row in samples]
             longest = max(sum(row) for row in lengths)
+            for sample in (s for row in samples for s in row):
+                hidden, last = (sample.dtype_and_row_shape(name)[1] for name in ("hidden_states", "last_hidden_state"))
+                self.widths.check(sample.path, hidden[-1] if hidden else 0, last[-1] if last else 0,
+                                  f"hidden_states {[sample.rows('hidden_states'), *hidden]}, last_hidden_state "
+                                  f"{[sample.rows('last_hidden_state'), *last]}")
             out: dict[str, torch.Tensor] = {}
             optional = [name for name in OPTIONAL_TENSOR_NAMES if all(name in f.entries for row in samples for f in row)]
             for name in (*TENSOR_NAMES, *optional):

@@ -16,7 +16,12 @@ into the batches `trainer.data` makes: `input_ids` int64, `loss_mask` uint8, `hi
   `eagle_aux_hidden_state_layer_ids` (scripts/launch_vllm.py: [2, N//2, N-3] and N, the last layer's output
   before the final norm), so no +1. hs_connectors' FP8 connector (hs_connectors 0.9.0, fp8_utils.py) stores
   `hidden_states` as float8_e4m3fn with `hidden_states_scales` float32 [S, 1, 1]. No file records the layer
-  ids: `--layer-ids`, or `eagle_aux_hidden_state_layer_ids` in the hs files' safetensors metadata.
+  ids: `--layer-ids`, or `eagle_aux_hidden_state_layer_ids` in the hs files' safetensors metadata; either may
+  give the 4 ids speculators users hold (`2 30 58 61`), whose last is the verifier's last layer N
+  (launch_vllm.py appends num_hidden_layers; speculators' train/config/schema.py `target_layer_ids`: "excluding
+  the final layer launch_vllm.py appends"): that is the target slot, the first three the captured layers.
+  Row i's file must exist for every row: speculators' ArrowDataset (train/data.py `_get_raw_data`,
+  on_missing="raise") refuses a missing one ("Failed to load hidden states for sample i"), and so does this.
   Vocab maps: d2t-<size>.npy / t2d-<size>.npy in D (trainer.vocab reads them).
 - speculators, offline data generation through vLLM (speculators v0.3.0 - v0.4.0.1,
   scripts/data_generation_offline.py): `data_{i}.pt` per sample, `torch.save` of {"input_ids" [S],
@@ -34,6 +39,8 @@ into the batches `trainer.data` makes: `input_ids` int64, `loss_mask` uint8, `hi
 import gzip
 import json
 import os
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +96,72 @@ def _hs_index(path: Path) -> int | None:
 def _hs_files(hs_dir: Path) -> list[Path]:
     """hs_{i}.safetensors in row order (hs_10 after hs_9)."""
     return sorted((p for p in hs_dir.iterdir() if _hs_index(p) is not None), key=_hs_index)
+
+
+def compact_ranges(numbers: Sequence[int], limit: int = 20) -> str:
+    """`1, 7-9, 12`: sorted numbers with runs joined; past `limit` runs, how many more."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    rest = sum(b - a + 1 for a, b in runs[limit:])
+    return shown + (f" and {rest} more" if rest else "")
+
+
+def _check_hs_numbering(files: list[Path], hs_dir: Path, rows: int, dataset_dir: Path) -> None:
+    """One hs_{i}.safetensors for each Arrow row i, no more: a missing file is refused, as speculators' reader
+    refuses it, rather than trained around."""
+    indices = Counter(_hs_index(path) for path in files)
+    missing = [i for i in range(rows) if i not in indices]
+    past = [i for i in indices if i >= rows]
+    twice = [i for i, count in indices.items() if count > 1]
+    if not (missing or past or twice):
+        return
+    problems = []
+    if missing:
+        problems.append(f"no hs_{{i}}.safetensors for row{'s' if len(missing) > 1 else ''} {compact_ranges(missing)} "
+                        f"({len(missing)} of {rows}; speculators' own reader stops there too: \"Failed to load "
+                        f"hidden states for sample {missing[0]}\")")
+    if past:
+        problems.append(f"files past the last row {rows - 1}: hs_ {compact_ranges(past)}")
+    if twice:
+        problems.append(f"more than one file for row {compact_ranges(twice)} (leading zeros?)")
+    raise ValueError(f"{hs_dir}: {len(files)} hidden-states files for the {rows} rows of {dataset_dir}: "
+                     f"{'; '.join(problems)}. Capture the missing rows again (speculators' launch_vllm.py + "
+                     "data_generation_offline.py), or save the Arrow dataset without those rows and renumber")
+
+
+def parse_layer_ids(text: str) -> list[int]:
+    """`2,30,58`, `2 30 58 61` or `[2, 30, 58, 61]`: the whole numbers given, in order."""
+    parts = [p for p in re.split(r"[\s,]+", text.strip().strip("[]()")) if p]
+    if not parts or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        raise ValueError(f"layer ids {text!r}: expected whole numbers separated by commas or spaces, e.g. 2,30,58")
+    return [int(p) for p in parts]
+
+
+def capture_layer_ids(ids: Sequence[int], num_layers: int, source: str) -> tuple[list[int], str | None]:
+    """(the 3 captured layers, a note saying what was done with a 4th id) from `ids` as given in `source`.
+
+    4 ids are speculators' form: launch_vllm.py appends num_hidden_layers, the verifier's last layer (its output
+    before the final norm), to the 3 captured; that slot is the target, not a feature."""
+    ids = [int(i) for i in ids]
+    shown = " ".join(map(str, ids))
+    if len(ids) == 3:
+        return ids, None
+    if len(ids) == 4 and ids[3] == num_layers:
+        return ids[:3], (f"layer ids {shown} ({source}): {num_layers} is the verifier's last layer, used as the "
+                         f"target; capture layers {' '.join(map(str, ids[:3]))}")
+    if len(ids) == 4:
+        raise ValueError(f"layer ids {shown} ({source}): 4 ids are speculators' form, whose last is the verifier's "
+                         f"last layer ({num_layers} for this {num_layers}-layer verifier; launch_vllm.py appends "
+                         f"num_hidden_layers), not {ids[3]}. Give the 3 captured layers, or the 4 ending in "
+                         f"{num_layers}")
+    raise ValueError(f"layer ids {shown} ({source}): expected the 3 captured layers (e.g. "
+                     f"{' '.join(map(str, default_layer_ids(num_layers)))}), or speculators' 4 ending in the "
+                     f"verifier's last layer {num_layers}")
 
 
 def _specforge_files(data_dir: Path) -> list[Path]:
@@ -252,18 +325,28 @@ class TorchSampleDataset(HiddenStatesDataset):
     """Per-sample torch files (speculators', SpecForge's), batched and packed exactly as `HiddenStatesDataset`
     batches its own files: only the reading of samples differs."""
 
-    def __init__(self, files: Sequence[Path], max_seq_len: int, read: Callable[[Path, int], dict[str, torch.Tensor]]):
-        super().__init__(None, max_seq_len, files=files)
+    def __init__(self, files: Sequence[Path], max_seq_len: int, read: Callable[[Path, int], dict[str, torch.Tensor]],
+                 hidden_size: int | None = None):
+        super().__init__(None, max_seq_len, files=files, hidden_size=hidden_size)
         self.read = read
 
     def sample(self, index: int) -> dict[str, torch.Tensor]:
-        """The four tensors of sample `index`, cut to max_seq_len; an error names a file whose rows disagree."""
+        """The four tensors of sample `index`, cut to max_seq_len; an error names a file whose rows disagree, or
+        whose features are of another hidden size, with its shapes."""
         sample = self.read(self.files[index], self.max_seq_len)
         length = sample["input_ids"].shape[0]
         for name in TENSOR_NAMES:
             if sample[name].shape[0] != length:
                 raise ValueError(f"{self.files[index]}: {name} has {sample[name].shape[0]} rows for {length} tokens")
+        hidden, last = sample["hidden_states"], sample["last_hidden_state"]
+        self.widths.check(self.files[index], hidden.shape[-1] if hidden.dim() > 1 else 0,
+                          last.shape[-1] if last.dim() > 1 else 0, self.stored(sample))
         return sample
+
+    def stored(self, sample: dict[str, torch.Tensor]) -> str:
+        """What the file holds, as its tool names it, for an error."""
+        return (f"hidden_states {list(sample['hidden_states'].shape)}, last_hidden_state "
+                f"{list(sample['last_hidden_state'].shape)}")
 
     def lengths(self) -> list[int]:
         return [self.sample(i)["input_ids"].shape[0] for i in range(len(self))]
@@ -292,9 +375,13 @@ class TorchSampleDataset(HiddenStatesDataset):
 class ArrowDatasetSamples(TorchSampleDataset):
     """speculators >= 0.5 data: the files are hs_{i}.safetensors; lengths come from the Arrow rows."""
 
-    def __init__(self, files: Sequence[Path], max_seq_len: int, arrow: ArrowRows):
-        super().__init__(files, max_seq_len, lambda path, rows: read_hs_file(path, rows, arrow))
+    def __init__(self, files: Sequence[Path], max_seq_len: int, arrow: ArrowRows, hidden_size: int | None = None):
+        super().__init__(files, max_seq_len, lambda path, rows: read_hs_file(path, rows, arrow), hidden_size)
         self.arrow = arrow
+
+    def stored(self, sample: dict[str, torch.Tensor]) -> str:
+        rows, width = sample["last_hidden_state"].shape if sample["last_hidden_state"].dim() == 2 else (0, 0)
+        return f"'hidden_states' [{rows}, 4, {width}] (its first {rows} rows)"
 
     def lengths(self) -> list[int]:
         return [min(self.arrow.length(_hs_index(path)), self.max_seq_len) for path in self.files]
@@ -314,24 +401,32 @@ class TrainingData:
     layer_ids: list[int]  # the verifier layers whose INPUTS the features are (longrun's convention)
     last_hidden_state_normed: bool  # the stored last hidden state is already through the final norm
     arrow: ArrowRows | None = field(default=None, repr=False)  # speculators >= 0.5: the token rows
+    hidden_size: int | None = None  # the verifier's: every sample's features are checked against it
+    notes: list[str] = field(default_factory=list)  # what was made of the inputs, for the training log
 
     def dataset(self, files: Sequence[Path], max_seq_len: int) -> Dataset:
         """A dataset over `files` (a split of `self.files`) with `read_batch(indices, pin)`."""
         if self.format == "longrun":
-            return HiddenStatesDataset(None, max_seq_len, files=files)
+            return HiddenStatesDataset(None, max_seq_len, files=files, hidden_size=self.hidden_size)
         if self.arrow is not None:
-            return ArrowDatasetSamples(files, max_seq_len, self.arrow)
+            return ArrowDatasetSamples(files, max_seq_len, self.arrow, self.hidden_size)
         read = read_speculators_sample if self.format == "speculators" else read_specforge_sample
-        return TorchSampleDataset(files, max_seq_len, read)
+        return TorchSampleDataset(files, max_seq_len, read, self.hidden_size)
 
 
 def open_training_data(data_dir: str | Path, data_format: str, num_layers: int,
-                       layer_ids: Sequence[int] | None = None) -> TrainingData:
-    """The samples of `data_dir` in `data_format` ("auto" detects it) for a verifier of `num_layers` layers;
-    `layer_ids` (`--layer-ids`: the layers whose inputs the features are) overrides what the data says."""
+                       layer_ids: Sequence[int] | None = None, hidden_size: int | None = None) -> TrainingData:
+    """The samples of `data_dir` in `data_format` ("auto" detects it) for a verifier of `num_layers` layers (and
+    `hidden_size`, which every sample's features must match); `layer_ids` (`--layer-ids`: the layers whose inputs
+    the features are, or speculators' 4 ending in the last layer) overrides what the data says."""
     data_dir = Path(data_dir)
+    notes = []
+    if layer_ids:
+        layer_ids, note = capture_layer_ids(layer_ids, num_layers, "--layer-ids")
+        notes += [note] if note else []
     data = _open(data_dir, detect_format(data_dir) if data_format == "auto" else data_format, num_layers,
                  list(layer_ids) if layer_ids else None)
+    data.hidden_size, data.notes = hidden_size, notes + data.notes
     if not data.files:
         found = _found_format(data_dir)
         holds = f"it holds {found} data" if found else f"formats tried: {'; '.join(TRIED)}"
@@ -367,15 +462,23 @@ def _open(data_dir: Path, data_format: str, num_layers: int, layer_ids: list[int
 
 def _open_arrow(dataset_dir: Path, hs_dir: Path, num_layers: int, layer_ids: list[int] | None) -> TrainingData:
     files = _hs_files(hs_dir)
+    notes: list[str] = []
     if not layer_ids:
         with open(files[0], "rb") as file:
             recorded = SampleFile(file, files[0], HS_FILE_KEYS, "a speculators >= 0.5 hidden-states file").metadata
         if LAYER_IDS_METADATA_KEY not in recorded:
             raise ValueError(
                 f"{dataset_dir} is speculators >= 0.5 data, which records no layer ids: {files[0]} has no "
-                f"{LAYER_IDS_METADATA_KEY!r} metadata. Pass --layer-ids: the first three of the ids vLLM captured "
+                f"{LAYER_IDS_METADATA_KEY!r} metadata. Pass --layer-ids: the ids vLLM captured, as given "
                 f"(launch_vllm.py --target-layer-ids; its default for this {num_layers}-layer verifier is "
-                f"{','.join(map(str, [2, num_layers // 2, num_layers - 3]))})")
-        ids = json.loads(recorded[LAYER_IDS_METADATA_KEY])
-        layer_ids = [int(i) for i in ids][:3]
-    return TrainingData("speculators", files, layer_ids, last_hidden_state_normed=False, arrow=ArrowRows(dataset_dir))
+                f"{','.join(map(str, [2, num_layers // 2, num_layers - 3]))}, or with the last layer it appends "
+                f"{' '.join(map(str, [2, num_layers // 2, num_layers - 3, num_layers]))})")
+        try:
+            ids = parse_layer_ids(str(recorded[LAYER_IDS_METADATA_KEY]))
+        except ValueError as error:
+            raise ValueError(f"{files[0]}: {LAYER_IDS_METADATA_KEY!r} metadata: {error}") from None
+        layer_ids, note = capture_layer_ids(ids, num_layers, f"{files[0].name}'s {LAYER_IDS_METADATA_KEY}")
+        notes = [note] if note else []
+    arrow = ArrowRows(dataset_dir)
+    _check_hs_numbering(files, hs_dir, len(arrow), dataset_dir)
+    return TrainingData("speculators", files, layer_ids, last_hidden_state_normed=False, arrow=arrow, notes=notes)

@@ -135,6 +135,8 @@ def test_speculators_arrow_errors_name_the_file_the_key_and_the_formats_tried(la
     (copy / "hidden_states").mkdir(parents=True)
     for name in ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"):
         (copy / name).write_bytes((root / name).read_bytes())
+    for path in (root / "hidden_states").iterdir():  # a file for every row (a missing one is refused up front)
+        (copy / "hidden_states" / path.name).write_bytes(path.read_bytes())
     tensors = load_file(root / "hidden_states" / "hs_0.safetensors")
     save_file({k: v for k, v in tensors.items() if k != "hidden_states_scales"}, str(copy / "hidden_states" / "hs_0.safetensors"))
     save_file({"hidden_states": tensors["hidden_states"]}, str(copy / "hidden_states" / "hs_1.safetensors"))
