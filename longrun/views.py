@@ -190,6 +190,14 @@ def attempts_table(run: dict[str, Any]) -> Table:
     return table
 
 
+def host_address(host: dict[str, Any]) -> str:
+    """Where the host is reached: `address:port`, or the address alone for port 22, the registration's default,
+    which yields to the `Port` of an alias in the worker's ~/.ssh/config (worker/ssh_reach.py): `gpu-box`, not a
+    `gpu-box:22` the worker never dials."""
+    port = host.get("port")
+    return host["address"] if not port or port == 22 else f"{host['address']}:{port}"  # local: no port
+
+
 def hosts_table(hosts: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name in ("NAME", "ADDRESS", "WORKSPACE", "STATE"):
@@ -197,6 +205,19 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
     for h in hosts:
         state = {True: Text("reachable", style="green"), False: Text("UNREACHABLE", style="bold red"),
                  None: Text("not contacted yet", style="dim")}[h["reachable"]]
-        address = f"{h['address']}:{h['port']}" if h.get("port") else h["address"]  # the local host has no port
-        table.add_row(safe(h["name"]), safe(address), safe(h["workspace"]), state)
+        table.add_row(safe(h["name"]), safe(host_address(h)), safe(h["workspace"]), state)
     return table
+
+
+def host_state(host: dict[str, Any]) -> Text:
+    """One host's state in words, and when it is unreachable why and what fixes it: the worker's error says both
+    (an unknown host key's names the `hosts update --host-key` line that pins it)."""
+    name, reachable, error = host["name"], host.get("reachable"), host.get("last_error")
+    if reachable is False:
+        return Text.assemble(safe(name), " is ", ("UNREACHABLE", "bold red"), ": ",
+                             safe(error or "the worker gave no reason", multiline=True))
+    if reachable:
+        seen = f" (last answered {host['last_seen_at']})" if host.get("last_seen_at") else ""
+        return Text.assemble(safe(name), " is ", ("reachable", "green"), seen)
+    return Text.assemble(safe(name), " has ", ("not been contacted yet", "dim"),
+                         ": no worker has answered for it (is one running? `longrun serve` starts one)")

@@ -3,7 +3,8 @@
 The registered address may be a `Host` alias of the worker user's ~/.ssh/config (or LONGRUN_SSH_CONFIG; empty
 turns it off), read as OpenSSH reads it through paramiko's parser: `HostName`, `User`, `Port`, `IdentityFile`
 and `ProxyJump` (a chain of `[user@]host[:port]` hops, each looked up in the same file, each host key verified
-from known_hosts). What the registration sets wins over the file, as OpenSSH's command line does, except port 22,
+from known_hosts), and `UserKnownHostsFile` (the files the host's key is looked up in, the first the one a fix
+adds it to; else ~/.ssh/known_hosts). What the registration sets wins over the file, as OpenSSH's command line does, except port 22,
 the registration's default, which yields to the file's `Port`.
 """
 
@@ -84,6 +85,17 @@ def resolve(config: paramiko.SSHConfig | None, name: str, port: int | None, user
                         None)
     jump = entry.get("proxyjump")
     return address, port or 22, user, key_path, None if jump in (None, "none") else jump
+
+
+def known_hosts_files(config: paramiko.SSHConfig | None, name: str) -> list[str]:
+    """The known_hosts files of `name`'s `UserKnownHostsFile` (whitespace-separated, `~` expanded; `none` for
+    none at all), else [~/.ssh/known_hosts], as OpenSSH reads them."""
+    entry = config.lookup(name) if config is not None else {}
+    given = entry.get("userknownhostsfile")
+    files = given.split() if isinstance(given, str) else list(given or [])
+    if not files:
+        return [os.path.expanduser("~/.ssh/known_hosts")]
+    return [os.path.expanduser(f) for f in files if f.lower() != "none"] or [os.devnull]
 
 
 def parse_hop(hop: str) -> tuple[str | None, str, int | None]:

@@ -30,6 +30,7 @@ from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
 from worker.ssh_reach import (
     RejectUnknownKey,
     describe_key,
+    known_hosts_files,
     load_key,
     open_jump_channel,
     parse_public_key,
@@ -66,7 +67,11 @@ class SSHTransport(Transport):
             self.host_key = parse_public_key(host_key) if host_key else None
         except ValueError as exc:
             raise HostKeyRefused(f"the host_key registered for {address}:{port} is unusable: {exc}") from exc
-        self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+        # the files the host's key is looked up in: those given, else the SSH config's UserKnownHostsFile for the
+        # alias, else ~/.ssh/known_hosts; the first is the one a fix adds a key to
+        self.known_hosts_files = ([os.path.expanduser(known_hosts)] if known_hosts
+                                  else known_hosts_files(self.ssh_config, address))
+        self.known_hosts = self.known_hosts_files[0]
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
         self.keepalive = keepalive
@@ -108,11 +113,12 @@ class SSHTransport(Transport):
         client.set_missing_host_key_policy(RejectUnknownKey(self._trust_advice))
         if self.host_key is not None:
             client.get_host_keys().add(self.host_name, self.host_key.get_name(), self.host_key)
-        elif os.path.exists(self.known_hosts):
-            try:
-                client.load_host_keys(self.known_hosts)
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyRefused(f"cannot read known_hosts file {self.known_hosts}: {exc}") from exc
+        else:
+            for path in filter(os.path.exists, self.known_hosts_files):
+                try:
+                    client.load_host_keys(path)
+                except (OSError, paramiko.SSHException) as exc:
+                    raise HostKeyRefused(f"cannot read known_hosts file {path}: {exc}") from exc
         return client
 
     def _open_socket(self, timeout: float) -> socket.socket | paramiko.Channel:

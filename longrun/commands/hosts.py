@@ -5,12 +5,13 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Group
 from rich.table import Table
 
 from longrun.commands.common import JsonFlag, YesFlag, begin, confirm, connect, emit
 from longrun.exit_codes import ExitCode
 from longrun.safe_text import clean
-from longrun.views import hosts_table
+from longrun.views import host_address, host_state, hosts_table
 
 app = typer.Typer(help="The machines runs go to: list (the default), add, update, remove, show, gpus, "
                   "probe-interconnect.")
@@ -59,7 +60,8 @@ def add(
     with connect(ctx) as client:
         host = client.add_host(name, address, workspace, port=port, username=username, key_path=key_path,
                                host_key=host_key, python=python, kind=kind)
-    emit(host, as_json, f"added {host['name']} ({host['address']}:{host['port']}, workspace {host['workspace']})")
+    emit(host, as_json, Group(f"added {host['name']} ({host_address(host)}, workspace {host['workspace']})",
+                              host_state(host)))
     return ExitCode.OK
 
 
@@ -90,7 +92,7 @@ def update(
         raise typer.BadParameter("give at least one setting to change (see --help)")
     with connect(ctx) as client:
         host = client.update_host(name, **fields)
-    emit(host, as_json, f"updated {host['name']}: {', '.join(sorted(fields))}")
+    emit(host, as_json, Group(f"updated {host['name']}: {', '.join(sorted(fields))}", host_state(host)))
     return ExitCode.OK
 
 
@@ -112,11 +114,11 @@ def remove(
 
 @app.command()
 def show(ctx: typer.Context, name: HostName, as_json: JsonFlag = False) -> int:
-    """One host's settings and reachability."""
+    """One host's settings and reachability, and when it is unreachable why and what fixes it."""
     begin(as_json)
     with connect(ctx) as client:
         host = client.host(name)
-    emit(host, as_json, hosts_table([host]))
+    emit(host, as_json, Group(hosts_table([host]), host_state(host)))
     return ExitCode.OK
 
 
