@@ -13,7 +13,7 @@ LOWEST_VENV ?= .venv-lowest
 # (19m50s of tests, 23 CPU-minutes in 22 minutes), so three
 TEST_PROCESSES ?= 3
 
-.PHONY: setup test test-fast test-lowest lint demo system-deps clean
+.PHONY: setup test test-fast test-lowest lint demo system-deps clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,26 @@ test-lowest: $(LOWEST_VENV)/.installed
 # unit and in-process API tests only: no server, sshd or torchrun is started
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) -m "not slow"
+
+# the GPU loop on a GPU machine, from a fresh venv with the README's install, in that machine's own locale: the
+# demo verifier and data, `longrun serve`, submit TTT=3 on every GPU, watch, restart at TTT=5 (nvidia-smi sampled
+# for the hand-over), cancel; figures in $(GPU_OUT)/report.json, exit 1 if the loop broke. Run it for every change
+# to worker/ or trainer/. The venv sees the machine's own torch (--system-site-packages). A machine without a
+# package index: GPU_WHEELS=DIR, a folder of the service's wheels (docs/benchmarks.md says how to make one)
+GPU_VENV ?= .venv-gpu
+GPU_OUT ?= .gpu-check
+GPU_WHEELS ?=
+GPU_CHECK_ARGS ?= --watch 20
+gpu-check:
+	rm -rf $(GPU_VENV)
+	$(PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	@# a python that is itself a venv's (where the machine's torch lives) lends the new venv its site-packages
+	$(PYTHON) -c "import site; print('\n'.join(site.getsitepackages()))" > "$$($(GPU_VENV)/bin/python -c \
+		'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine-site.pth"
+	$(GPU_VENV)/bin/pip install -q $(if $(GPU_WHEELS),--no-index --find-links $(GPU_WHEELS)) -e .
+	$(GPU_VENV)/bin/python -c "import torch, transformers, safetensors; assert torch.cuda.is_available(), \
+		'gpu-check needs a GPU and a CUDA build of torch ($(GPU_VENV) sees torch ' + torch.__version__ + ')'"
+	$(GPU_VENV)/bin/python benchmarks/gpu_e2e.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
 demo: setup
 	$(BIN)/python examples/demo.py
