@@ -337,7 +337,8 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
     # capture layers and the number of features fc reads
     ids, source = config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids"
     if not (ids and isinstance(ids, list)) and v >= VLLM_FC_NORM:
-        ids, source = eagle_config.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids"
+        ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        source = "eagle_config.eagle_aux_hidden_state_layer_ids"
     if ids and isinstance(ids, list):
         reading.capture_layers, reading.capture_source = list(ids), source
     elif verifier is not None:
@@ -492,6 +493,7 @@ def read_speculators(config: dict, tensors: dict, verifier: Verifier | None, ver
 
 
 READERS = {"vllm": read_vllm, "sglang": read_sglang, "speculators": read_speculators}
+CAPTURE_SOURCES = {"vllm": SRC["vllm_capture"], "sglang": SRC["sglang_capture"], "speculators": SRC["spec_config"]}
 
 
 def _sizes(s: Shapes) -> str:

@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from longrun.commands.common import JsonFlag, begin, emit
 from longrun.draft_rules import (
+    CAPTURE_SOURCES,
     ENGINES,
     EngineReading,
     Verifier,
@@ -40,11 +41,12 @@ def _check_layers(reading: EngineReading, trained: list[int] | None) -> None:
     if reading.capture_layers is None:
         reading.refuse(f"{reading.engine} finds no capture layer ids and falls back to the verifier's "
                        "(2, N/2, N-3); pass --verifier to name them, and make sure the draft was trained on those",
-                       "see the engine's capture rule in longrun/draft_rules.py")
+                       CAPTURE_SOURCES[reading.engine])
         return
     if trained is not None and reading.capture_layers != trained:
         reading.refuse(f"{reading.engine} captures layers {reading.capture_layers} ({reading.capture_source}) "
-                       f"but the draft was trained on {trained}", "longrun's aux_hidden_state_layer_ids")
+                       f"but the draft was trained on {trained} (longrun's aux_hidden_state_layer_ids)",
+                       CAPTURE_SOURCES[reading.engine])
 
 
 def trained_layers(config: dict) -> list[int] | None:
