@@ -31,7 +31,7 @@ from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
 from server.advisor.results import Advice, FrontierRow, Objective
 from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
 from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
-from server.errors import Conflict, NotFound
+from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
 from server.models import Event, Host, MetricPoint, Run, utcnow
 from server.schemas import DryRunPublic, without_env_values
@@ -42,6 +42,8 @@ log = logging.getLogger("longrun.proposal")
 
 SIM_ACC = re.compile(r"sim_acc_(\d{1,2})$")
 MAX_SIM_DEPTH = 64
+# how server/runs.py request_restart words a restart asked for by hand (its status event's message)
+HAND_RESTART_MESSAGE = "restart requested"
 # the least serving speed-up worth a restart (the advisor's min_gain)
 MIN_GAIN = 0.02
 
@@ -317,23 +319,60 @@ def event_data(proposal: ProposalPublic) -> dict[str, Any]:
             "predicted_duration_seconds": proposal.predicted_training_seconds, "key": proposal.key}
 
 
+def _hand_restart_since(session: Session, run: Run, first: Event) -> Event | None:
+    """A restart asked for by hand (POST /v1/runs/{id}/restart) after the run's first proposal."""
+    return next((e for e in session.scalars(select(Event).where(
+        Event.run_id == run.id, Event.kind == "status", Event.id > first.id).order_by(Event.id))
+        if e.data.get("to") == RunStatus.RESTARTING and str(e.data.get("message") or "").startswith(
+            HAND_RESTART_MESSAGE)), None)
+
+
+def _auto_restart_refusal(session: Session, run: Run, proposal: ProposalPublic, events: list[Event]) -> str | None:
+    """Why on_proposal: restart must not take this proposal, or None. Every precondition of the restart is checked
+    here, before anything is stopped: the restart's own validation (server/runs.py, as its dry run does)."""
+    from server import runs  # runs -> queries -> proposal
+    from server.schemas import RestartRequest
+
+    taken = next((e for e in events if e.data.get("restarted_to_attempt")), None)
+    if taken is not None:
+        return (f"on_proposal: restart took a proposal once already (attempt {taken.data['restarted_to_attempt']}); "
+                "no further automatic restart")
+    if run.status != RunStatus.RUNNING:
+        return f"the run is {run.status}, not running"
+    if events and (hand := _hand_restart_since(session, run, events[0])) is not None:
+        return (f"the run was restarted by hand at {hand.time:%Y-%m-%d %H:%M:%S} UTC (attempt {hand.data.get('attempt')})"
+                " since its first proposal; an automatic restart never overrides that: restart it yourself to "
+                "take this proposal")
+    try:
+        runs.dry_run_restart(session, run.id, RestartRequest(**proposal.restart))
+    except (FieldError, Conflict, NotFound) as exc:
+        return f"the restart would not succeed, so the attempt is left running: {exc}"
+    return None
+
+
 def after_validation(session: Session, run: Run) -> ProposalPublic | None:
-    """Store a `proposal` event if the proposal changed; take it with on_proposal: restart (once per run)."""
+    """Store a `proposal` event if the proposal changed; take it with on_proposal: restart (once per run, never
+    over a restart made by hand since the first proposal, and only where the restart's checks pass). Nothing for
+    a run without `deploy` or one that has ended."""
+    spec = run.current.typed_spec
+    if spec.deploy is None or run.status in TERMINAL:
+        return None
     proposal = build(session, run)
     if proposal.action == "unavailable" and not proposal.sim_acc:
         return None
     events = _proposal_events(session, run.id)
-    if not events or events[-1].data.get("key") != proposal.key:
+    take = False
+    if proposal.action == "restart" and spec.on_proposal == "restart" and proposal.suggested_ttt is not None:
+        refusal = _auto_restart_refusal(session, run, proposal, events)
+        proposal.auto_restart = f"not taken: {refusal}" if refusal else None
+        take = refusal is None
+    if not take and (not events or events[-1].data.get("key") != proposal.key):
         session.add(Event(run_id=run.id, kind="proposal", data=event_data(proposal)))
-    if proposal.action != "restart" or run.current.typed_spec.on_proposal != "restart":
-        return proposal
-    if any(e.data.get("restarted_to_attempt") for e in events):
-        return proposal  # one automatic restart per run
-    if run.status != RunStatus.RUNNING or proposal.suggested_ttt is None:
+    if not take:
         return proposal
     previous, measured = run.attempt, pace.own_paces(run)
     try:
-        attempt = restart_run(session, run, with_ttt(run.current.typed_spec, proposal.suggested_ttt), True,
+        attempt = restart_run(session, run, with_ttt(spec, proposal.suggested_ttt), True,
                               f"proposal taken (on_proposal: restart): attempt {previous + 1} at TTT="
                               f"{proposal.suggested_ttt}", overrides=proposal.restart["overrides"])
     except TransitionError:

@@ -24,8 +24,8 @@ SHALLOW = [0.8, 0.75, 0.7] + [0.3] * 13
 STEADY = [0.8, 0.3, 0.1] + [0.05] * 13
 
 
-def trainer_run(api: App, **spec: object) -> str:
-    out = str(api.workspace / "out")
+def trainer_run(api: App, trainer_output_dir: str | None = None, **spec: object) -> str:
+    out = trainer_output_dir or str(api.workspace / "out")
     trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": out,
                "ttt_steps": 3}
     r = api.client.post("/v1/runs", json={"name": "eagle3", "host": "local", "nproc_per_node": 2,
@@ -232,3 +232,91 @@ def test_on_the_modelled_pcie_box_a_shallow_draft_gets_a_restart_and_the_demos_d
     assert "gain nothing" in got["reason"] and "accepts 0.88 0.87 at positions 4..5" in got["reason"]
     assert f"above the {(0.82 * 0.87) ** 0.5:.3f} per position" in got["reason"]
     assert got["predicted_tau_after"] == pytest.approx(1 + sum(got["predicted_position_acceptance_after"]))
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_an_automatic_restart_never_overrides_a_restart_made_by_hand_since_the_proposal(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    assert api.client.get(f"/v1/runs/{run_id}/proposal").json()["action"] == "restart"
+    # the user restarts by hand at a TTT of their own, and asks for automatic restarts from now on
+    r = api.client.post(f"/v1/runs/{run_id}/restart", json={"overrides": {"ttt_steps": 5, "on_proposal": "restart"},
+                                                             "clean": True})
+    assert r.status_code == 202, r.text
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, [0.9] * 5 + [0.3] * 11)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "running" and run["attempt"] == 2
+    assert run["attempts"][-1]["spec"]["trainer"]["ttt_steps"] == 5
+    stream = [data for kind, data in events(api, run_id) if kind == "proposal"]
+    assert stream[-1]["action"] == "restart" and "restarted by hand" in stream[-1]["auto_restart"]
+    assert not any(data.get("restarted_to_attempt") for data in stream)
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_an_automatic_restart_whose_clean_would_fail_leaves_the_attempt_running_and_says_why(
+        api: App, responder: InterconnectResponder, tmp_path: Path) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    outside = str(tmp_path / "elsewhere" / "out")  # not inside local's workspace: the clean is refused
+    run_id = trainer_run(api, trainer_output_dir=outside, deploy={"host": "local"}, on_proposal="restart")
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "running" and run["attempt"] == 1
+    stream = [data for kind, data in events(api, run_id) if kind == "proposal"]
+    assert len(stream) == 1 and stream[0]["action"] == "restart"
+    assert "would not succeed" in stream[0]["auto_restart"] and "outside the workspace" in stream[0]["auto_restart"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_proposals_are_for_live_runs_with_a_deploy_and_take_names_and_prefixes(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    plain = trainer_run(api, name="no-deploy")
+    feed(api, plain, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, plain, 1, 100, SHALLOW)
+    assert not [kind for kind, _ in events(api, plain) if kind == "proposal"], "no 'no proposal yet' event"
+
+    run_id = trainer_run(api, name="deployed", deploy={"host": "local"})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    by_id = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert by_id["action"] == "restart"
+    for ref in ("deployed", run_id[:8]):
+        got = api.client.get(f"/v1/runs/{ref}/proposal")
+        assert got.status_code == 200 and got.json()["run_id"] == run_id, ref
+    api.client.post(f"/v1/runs/{run_id}/cancel")
+    api.move(run_id, RunStatus.CANCELLED)
+    ended = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert ended["action"] == "unavailable" and "the run is cancelled" in ended["reason"]
+    assert "against finishing" not in ended["summary"] and ended["extra_gpu_hours"] is None
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_proposal_prices_the_deployments_own_verifier_from_its_config_json(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    kimi = str(Path(__file__).resolve().parents[1] / "fixtures" / "verifiers" / "kimi-k2.5")
+    runs = {}
+    for verifier in (None, kimi):
+        deploy = {"host": "local", **({"verifier": kimi} if verifier else {})}
+        runs[verifier] = run_id = trainer_run(api, deploy=deploy)
+        feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+        validate(api, run_id, 1, 100, SHALLOW)
+    default = api.client.get(f"/v1/runs/{runs[None]}/proposal").json()
+    # the trainer's verifier_path (/m/v) is not readable here: the built-in default, saying so and why
+    assert default["verifier"].startswith("built-in default") and "/m/v" in default["terms_basis"]["verifier_forward"]
+    own = api.client.get(f"/v1/runs/{runs[kimi]}/proposal").json()
+    assert own["verifier"].startswith("kimi-k2.5") and "384 routed experts" in own["verifier"]
+    assert own["advice"]["cost_model"]["priced_verifier"] == own["verifier"]
+    assert own["terms_basis"]["verifier_forward"].startswith("modelled from kimi-k2.5")
+    assert own["terms_basis"]["allreduce_times"].startswith("measured on local by probe-interconnect")
+    assert [row["ttt"] for row in own["frontier"]] == list(range(4, 17))
+    assert all(row["training_hours"] and row["gpu_hours"] for row in own["frontier"])
+    # an MoE verifier reads more experts for every token it verifies: deeper rounds cost it more than the dense one
+    assert own["advice"]["by_depth"][15]["terms"]["verifier_ms"] > 3 * own["advice"]["by_depth"][0]["terms"][
+        "verifier_ms"]
