@@ -72,6 +72,23 @@ def ttt_depth(run: dict[str, Any]) -> int | None:
     return trainer.get("ttt_steps") or (run.get("latest") or {}).get("ttt_steps")
 
 
+def comparable_loss(latest: dict[str, Any], key: str = "loss") -> tuple[str, float] | None:
+    """(name, value) of the loss that compares across TTT depths: `loss_0` (TTT step 0's, what the page charts), not
+    `loss`, which sums w^k * loss_k over the steps and so grows with the depth (14.78 at TTT=5 against 10.73 at
+    TTT=3 for the same draft); `loss` itself for a trainer that logs no per-step losses. `key` val_loss for the
+    validation's."""
+    for name in (f"{key}_0", key):
+        if isinstance(latest.get(name), int | float):
+            return name, latest[name]
+    return None
+
+
+def loss_figures(latest: dict[str, Any]) -> list[str]:
+    """The training and validation losses a line shows, each the comparable one."""
+    found = [comparable_loss(latest, key) for key in ("loss", "val_loss")]
+    return [f"{name} {value:.4f}" for name, value in filter(None, found)]
+
+
 def progress_line(run: dict[str, Any]) -> str:
     """One line for logs and pipes, state and ETA first: progress, step, loss, accuracy by TTT step (the first
     four and the last when deeper), step rate, mean GPU use."""
@@ -81,7 +98,7 @@ def progress_line(run: dict[str, Any]) -> str:
              f"{p * 100:.1f}%" if p is not None else "?%"]
     if "step" in latest:
         parts.append(f"step {int(latest['step'])}/{int(latest.get('total_steps', 0)) or '?'}")
-    parts += [f"{key} {latest[key]:.4f}" for key in ("loss", "val_loss") if key in latest]
+    parts += loss_figures(latest)
     accs = [f"{v:.2f}" for _, v in step_series(latest, "acc")]
     if accs:
         parts.append("acc " + "/".join(accs if len(accs) <= 6 else [*accs[:4], "..", accs[-1]])
@@ -139,7 +156,7 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
     bar.add_row(ProgressBar(total=1.0, completed=p or 0.0), label)
     rows.append(bar)
 
-    figures = [f"{key} {latest[key]:.4f}" for key in ("loss", "val_loss") if key in latest]
+    figures = loss_figures(latest)
     figures += [f"epoch {latest['epoch']:.2f}"] if "epoch" in latest else []
     figures += [f"{latest['tokens_per_s']:.0f} tok/s"] if "tokens_per_s" in latest else []
     if figures:
@@ -167,14 +184,14 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
     for name, options in (("ID", {"no_wrap": True}), ("NAME", {"overflow": "ellipsis", "max_width": 24}),
                           ("STATE", {}), ("HOST", {"overflow": "ellipsis", "max_width": 16}),
                           ("ATT", {"justify": "right"}), ("PROGRESS", {"justify": "right"}), ("ETA", {}),
-                          ("TTT", {"justify": "right"}), ("LOSS", {"justify": "right"})):
+                          ("TTT", {"justify": "right"}), ("LOSS (TTT 0)", {"justify": "right"})):
         table.add_column(name, **options)
     for run in runs:
-        p, loss = run.get("progress"), (run.get("latest") or {}).get("loss")
+        p, loss = run.get("progress"), comparable_loss(run.get("latest") or {})
         table.add_row(safe(run["id"]), safe(run["name"]), state_text(run["status"]),
                       safe(",".join(run.get("hosts") or [])),
                       str(run["attempt"]), "" if p is None else f"{p * 100:.0f}%", duration(run.get("eta_seconds")),
-                      str(ttt_depth(run) or ""), "" if loss is None else f"{loss:.4f}")
+                      str(ttt_depth(run) or ""), "" if loss is None else f"{loss[1]:.4f}")
     return table
 
 

@@ -30,10 +30,14 @@ def fold_step_time(sec_per_step: float | None, sample: float, steps: int = 1) ->
 
 
 def remaining_seconds(total_steps: int | None, step: int | None, sec_per_step: float | None,
-                      seconds_since_last: float = 0.0) -> float | None:
+                      seconds_since_last: float = 0.0, wrapup_seconds: float = 0.0) -> float | None:
+    """The steps left at the measured pace, then `wrapup_seconds` after the last one (the final validation,
+    evaluation and export, as an earlier attempt took them and the dry run counts them), less the time since the
+    last step: after the last step the ETA counts down through the wrap-up instead of standing at 0."""
     if total_steps is None or step is None or sec_per_step is None:
         return None
-    return max(0.0, (total_steps - step) * sec_per_step - max(0.0, seconds_since_last))
+    left = max(0, total_steps - step) * sec_per_step + max(0.0, wrapup_seconds)
+    return max(0.0, left - max(0.0, seconds_since_last))
 
 
 def ttt_of(spec: RunCreate) -> int | None:

@@ -49,6 +49,14 @@ def similar_paces(history: list[PastAttempt], spec: RunCreate, exclude_run: str 
     return out
 
 
+def wrapup_seconds(run: Run, history: list[PastAttempt]) -> float:
+    """What the run's attempt will take after its last step (final validation, evaluation, export): as the newest
+    finished attempt of its own took it, else a similar earlier one in `history` (when loaded), else 0."""
+    found = [m for m in own_paces(run) if m.wrapup_seconds]
+    found = found or [m for m in similar_paces(history, run.typed_spec, exclude_run=run.id) if m.wrapup_seconds]
+    return found[0].wrapup_seconds if found else 0.0
+
+
 def paces(run: Run, history: list[PastAttempt]) -> list[eta.Measured]:
     """The run's own measured attempts; without any, similar earlier ones from `history`."""
     return own_paces(run) or similar_paces(history, run.typed_spec, exclude_run=run.id)

@@ -53,7 +53,8 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
     if a.sec_per_step is not None:
         # the server's clock on both sides: a job's clock an hour off must not move the ETA
         since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
-        return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
+        return progress, eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since,
+                                               pace.wrapup_seconds(run, history))
     seconds, _ = eta.predict_duration(pace.paces(run, history), a.typed_spec)
     start = expected_start(a)
     if seconds is not None and start is not None:

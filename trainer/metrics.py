@@ -12,6 +12,7 @@ from typing import TextIO
 
 import torch
 
+from trainer.timefmt import duration
 from trainer.trackers import Trackers
 from trainer.ttt import summarize_stats
 
@@ -86,13 +87,8 @@ def progress_line(record: dict, eta: float) -> str:
     return (
         f"[train] step {step}/{total} epoch {record['epoch']:.2f} loss {record['loss']:.4f} acc {accs} "
         f"lr {record['lr']:.2e} gnorm {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s "
-        f"eta {_duration(eta)}"
+        f"ETA {duration(eta)}"
     )
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Throughput:

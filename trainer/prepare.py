@@ -42,6 +42,7 @@ from transformers.utils import logging as hf_logging
 
 from trainer.corpus import ReadProgress, iter_samples
 from trainer.data import FP8_SCALES, quantize_fp8
+from trainer.timefmt import duration
 from trainer.verifier_model import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
@@ -183,15 +184,10 @@ class Written:
     def report(self, started: float, done: float) -> None:
         """A progress line: counts, rate and, from `done` (the share of the work behind us), the ETA."""
         elapsed = time.monotonic() - started
-        eta = f", ETA {_duration(elapsed / done * (1 - done))}" if 0 < done < 1 else ""
+        eta = f", ETA {duration(elapsed / done * (1 - done))}" if 0 < done < 1 else ""
         print(f"prepare: {self.samples} samples ({self.skipped} already written), {self.tokens} tokens, "
-              f"{self.tokens / elapsed:.0f} tokens/s; {100 * done:.1f}% done after {_duration(elapsed)}{eta}",
+              f"{self.tokens / elapsed:.0f} tokens/s; {100 * done:.1f}% done after {duration(elapsed)}{eta}",
               flush=True)
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def _write_samples(model, tokenizer, corpus: Path, sample_dir: Path, resume: bool, max_seq_len: int,

@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from longrun.cli import main
-from longrun.views import progress_line, run_panel
+from longrun.views import progress_line, run_panel, runs_table
 from server.lifecycle import RunStatus as S
 from server.models import Run
 from tests.inprocess import App
@@ -55,7 +55,8 @@ def test_the_panel_fits_80_columns_with_state_eta_every_acc_and_every_gpu(ttt: i
     text = "\n".join(lines)
     head = lines[1]
     assert "running" in head and "attempt 2" in head and "ETA 1h 23m" in head and f"TTT {ttt}" in head
-    assert "45.2%" in text and "step 4520/10000" in text and "loss 1.2345" in text
+    # step 0's loss, which compares across depths, not the sum over TTT steps (`loss`)
+    assert "45.2%" in text and "step 4520/10000" in text and "loss_0 1.1000" in text and "1.2345" not in text
     accs = re.findall(r"(\d+) (0\.\d\d)", text.split("acc_k", 1)[1].split("val_acc", 1)[0])
     assert [int(k) for k, _ in accs] == list(range(ttt))
     gpu_cells = re.findall(r"(n\d+:)?(\d+) +(\d+)% +140\.4G", text)
@@ -104,3 +105,14 @@ def test_watch_on_an_80_column_terminal_draws_the_panel_within_it(cli: App, monk
 def test_an_id_that_reads_like_a_colour_stays_in_the_title(run_id: str) -> None:
     run = {**a_run(2, 1), "id": run_id, "name": "toy [/x] [bold]run"}
     assert f"toy [/x] [bold]run [{run_id}]" in rendered(run_panel(run, 80))[0]
+
+
+def test_the_runs_table_and_the_progress_line_show_step_0s_loss_comparable_across_depths() -> None:
+    shallow, deep = a_run(3, 1), a_run(5, 1)
+    shallow["latest"].update(loss=10.73, loss_0=2.31)
+    deep["latest"].update(loss=14.78, loss_0=2.29)  # a deeper restart that trains better, though its sum is higher
+    table = "\n".join(rendered(runs_table([shallow, deep]), 160))
+    assert "LOSS (TTT 0)" in table and "2.3100" in table and "2.2900" in table and "14.78" not in table
+    assert "loss_0 2.2900" in progress_line(deep) and "val_loss 1.3456" in progress_line(deep)
+    own = {**a_run(1, 1), "latest": {"loss": 0.5}}  # a trainer that logs one loss: that one
+    assert "loss 0.5000" in progress_line(own) and "0.5000" in "\n".join(rendered(runs_table([own]), 160))

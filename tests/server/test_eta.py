@@ -63,3 +63,28 @@ def test_a_sample_over_many_steps_weighs_as_that_many_samples_of_one() -> None:
         one_by_one = update_step_rate(one_by_one, step, 10.0 + 0.3 * step, step + 1, 10.0 + 0.3 * (step + 1))
     at_once = update_step_rate(1.0, 0, 10.0, 25, 10.0 + 0.3 * 25)
     assert at_once == pytest.approx(one_by_one) and abs(at_once - 0.3) < 0.06
+
+
+def test_the_eta_counts_down_through_the_wrap_up_an_earlier_attempt_took_not_0_after_the_last_step(api) -> None:
+    from datetime import timedelta
+
+    from server.lifecycle import RunStatus as S
+    from server.models import Attempt, utcnow
+
+    run = api.submit(name="wrapped")
+    api.move(run["id"], S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
+    now = utcnow()
+    with api.session() as s:  # attempt 1: 100 steps of 1 s, then 210 s of final validation and evaluation
+        first = s.query(Attempt).filter_by(run_id=run["id"], number=1).one()
+        first.status, first.sec_per_step, first.total_steps, first.last_step = "succeeded", 1.0, 100, 100
+        first.started_at, first.first_step_at = now - timedelta(seconds=400), now - timedelta(seconds=389)
+        first.ended_at = first.started_at + timedelta(seconds=10 + 100 + 210)
+    assert api.client.post(f"/v1/runs/{run['id']}/restart", json={}).status_code == 202
+    api.move(run["id"], S.LAUNCHING, S.RUNNING)
+    with api.session() as s:  # attempt 2: its last step done 60 s ago, evaluating since
+        second = s.query(Attempt).filter_by(run_id=run["id"], number=2).one()
+        second.status, second.sec_per_step, second.total_steps, second.last_step = "running", 1.0, 100, 100
+        second.started_at, second.step_seen_at = now - timedelta(seconds=200), now - timedelta(seconds=60)
+    got = api.client.get(f"/v1/runs/{run['id']}").json()
+    assert got["progress"] == 1.0
+    assert 140 <= got["eta_seconds"] <= 151  # 210 s of wrap-up less the 60 s since the last step
