@@ -14,15 +14,37 @@ from tests.service import ROOT, Service, attempt_processes
 from worker import failure_cause
 
 JOB = Path(__file__).parents[1] / "faults" / "job_raises_in_rank1.py"
+UNRECORDED_JOB = Path(__file__).parents[1] / "faults" / "job_raises_unrecorded.py"
 CAUSE = "rank 1 raised FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/shard-00001.bin'"
+
+
+def failed_run(service: Service, name: str, job: Path) -> tuple[dict, dict]:
+    """(the run as submitted, as it ended: failed) of `job` on 2 ranks."""
+    run = service.submit({"name": name, "host": "local", "nproc_per_node": 2, "entrypoint": str(job), "args": []})
+    done = service.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=120)
+    assert done["status"] == "failed"
+    return run, done
+
+
+@pytest.mark.slow  # a real server and torchrun
+def test_logs_rank_shows_the_traceback_a_rank_without_record_printed(service: Service) -> None:
+    """A user's own script whose main is not @record'ed: torchrun's summary holds only torch's placeholder link; the
+    rank's own traceback is shown from its log, with where it came from and how to record it."""
+    failed_run(service, "unrecorded", UNRECORDED_JOB)
+    shown = subprocess.run([sys.executable, "-m", "longrun.cli", "logs", "unrecorded", "--rank", "1"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "LONGRUN_URL": service.url})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1] == ("(rank 1 recorded no error file; from node 0's log: the last traceback before torchrun's "
+                        "summary; its lines carry no rank)"), shown.stdout
+    assert lines[2] == "Traceback (most recent call last):" and "load_shard(rank)" in shown.stdout
+    assert lines[-2] == "ValueError: shard 1: 3 columns, expected 4", shown.stdout
+    assert "@record" in lines[-1] and "errors.html" not in shown.stdout
 
 
 @pytest.mark.slow  # a real server and torchrun
 def test_a_run_that_raises_in_rank_1_shows_the_exception_and_the_rank(service: Service) -> None:
-    run = service.submit({"name": "raises", "host": "local", "nproc_per_node": 2, "entrypoint": str(JOB),
-                          "args": []})
-    done = service.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=120)
-    assert done["status"] == "failed"
+    run, done = failed_run(service, "raises", JOB)
     assert done["message"] == f"attempt 1 exited with code 1 on local: {CAUSE}", done["message"]
     assert done["attempts"][0]["message"] == f"attempt 1 exited with code 1 on local: {CAUSE}"
     assert attempt_processes(done, 1) == []
