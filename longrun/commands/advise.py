@@ -23,8 +23,13 @@ Interconnect = Enum("Interconnect", {name: name for name in (*INTERCONNECTS, "bo
 
 
 def proposal_view(p: dict) -> Group:
-    """A run's proposal for people: the one-line answer, the economics, and the advisor's depths with terms."""
+    """A run's proposal for people: the one-line answer, the verifier priced, the economics, the frontier of
+    candidate TTTs, and the advisor's depths with terms."""
     parts: list = [Text(p["summary"])]
+    if p.get("verifier"):
+        parts.append(Text(f"verifier: {p['verifier']}"))
+    for term, basis in (p.get("terms_basis") or {}).items():
+        parts.append(Text(f"  {term}: {basis}"))
     if p.get("action") == "restart":
         econ = Table(show_header=False, box=None, pad_edge=False)
         for label, value in (
@@ -39,6 +44,15 @@ def proposal_view(p: dict) -> Group:
                 ("predicted tau after", _num(p.get("predicted_tau_after")))):
             econ.add_row(Text(label), Text(value))
         parts.append(econ)
+    if p.get("frontier"):
+        frontier = Table("TTT", "serve depth", "tokens/s", "gain", "training h", "GPU-h", "extra GPU-h",
+                         "break-even tokens", "net GPU-h", title=Text(f"candidates: {p.get('objective') or ''}"))
+        for row in p["frontier"]:
+            frontier.add_row(*(Text(x) for x in (
+                str(row["ttt"]), str(row["depth"]), f"{row['tokens_per_second']:.1f}", f"{row['gain']:+.1%}",
+                _num(row.get("training_hours")), _num(row.get("gpu_hours")), _num(row.get("extra_gpu_hours")),
+                _num(row.get("break_even_tokens")), _num(row.get("net_gpu_hours")))))
+        parts.append(frontier)
     advice = p.get("advice")
     if advice:
         table = Table("depth", "tau", "round ms", "verifier", "verifier AR", "draft", "draft AR", "tokens/s",
@@ -83,8 +97,15 @@ def advise(
         metavar="TTT=SECONDS", help="Predicted training time for a TTT depth (repeatable), e.g. 5=5400.")] = None,
     min_gain: Annotated[float, typer.Option(help="Least speed-up worth a retrain.")] = 0.02,
     engine: Annotated[str | None, typer.Option(help="The serving engine: sglang (draft sharded at --tp), vllm "
-                                               "(--draft-tp 1: replicated), or unset (the draft's all-reduces "
-                                               "not priced). With one --interconnect.")] = None,
+                                               "(by --engine-version: V1, the default, shards it at --tp; V0 "
+                                               "with --draft-tp 1 replicates it), or unset (the draft's "
+                                               "collectives not priced). With one --interconnect.")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="With --engine vllm: its version (0.11.0, v0, "
+                                                       "v1).")] = None,
+    verifier: Annotated[Path | None, typer.Option(help="The verifier's config.json or model directory: its "
+                                                  "layers, experts, attention and weight bits price each "
+                                                  "forward (default: a 70B-class dense bf16 model).")] = None,
+    ep: Annotated[int, typer.Option(help="With --verifier, an MoE one: expert parallelism, 1 or --tp.")] = 1,
     topk: Annotated[int, typer.Option(help="With --engine: 1 chain drafting, more a tree of top-k per step.")] = 1,
     draft_tp: Annotated[int | None, typer.Option(help="With --engine vllm: its draft_tensor_parallel_size.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output (the answer from a file is always JSON).")] = False,
@@ -136,13 +157,23 @@ def advise(
                 seconds[int(ttt)] = float(value)
             except ValueError:
                 raise ValueError(f"--retrain-seconds wants TTT=SECONDS, e.g. 5=5400; got {item!r}") from None
-        if engine is not None and link == "both":
-            raise ValueError("--engine prices one deployment: pick --interconnect pcie or nvlink")
+        if (engine is not None or verifier is not None) and link == "both":
+            raise ValueError("--engine and --verifier price one deployment: pick --interconnect pcie or nvlink")
         if link == "both":
             result = compare_interconnects(report, tp, trained_ttt, seconds or None, min_gain, **overrides)
         else:
-            cost = CostModel.for_interconnect(link, tp, **overrides)
-            drafting = Drafting(engine=engine, topk=topk, draft_tp=draft_tp) if engine is not None else None
+            if verifier is not None:
+                from server.advisor.tables import default_allreduce_us
+                from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
+
+                config = read_config(str(verifier))
+                shape = VerifierShape.from_config(config, name_of(str(verifier), config))
+                cost = CostModel.for_verifier(shape, Parallelism(tp, ep if shape.experts else 1),
+                                              overrides.get("allreduce_us") or default_allreduce_us(link, tp))
+            else:
+                cost = CostModel.for_interconnect(link, tp, **overrides)
+            drafting = Drafting(engine=engine, topk=topk, draft_tp=draft_tp,
+                                engine_version=engine_version) if engine is not None else None
             result = advise_depth(report, link, tp, cost, trained_ttt, seconds or None, min_gain, drafting=drafting)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None

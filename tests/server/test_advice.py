@@ -519,6 +519,21 @@ def test_cli_single_interconnect(tmp_path, capsys):
     assert out == expected.model_dump(mode="json")
 
 
+def test_cli_prices_the_verifier_of_a_config_json_and_vllms_placement_by_version(tmp_path, capsys):
+    evaluation = write(tmp_path, "eval.json", {"position_acceptance": [0.8 ** i for i in range(1, 9)]})
+    kimi = str(FIXTURES.parent / "verifiers" / "kimi-k2.5")
+    rc = main(["advise", "--evaluation", evaluation, "--interconnect", "nvlink", "--tp", "8", "--engine", "vllm",
+               "--draft-tp", "1", "--verifier", kimi, "--ep", "8"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "384 routed experts" in out["cost_model"]["priced_verifier"]
+    assert out["by_depth"][0]["terms"]["verifier_alltoalls"] == 120  # dispatch + combine in 60 MoE layers
+    assert out["drafting"]["sharded"] and "draft_tp=1 is not honoured" in out["drafting"]["placement"]
+    rc = main(["advise", "--evaluation", evaluation, "--interconnect", "nvlink", "--tp", "8", "--engine", "vllm",
+               "--draft-tp", "1", "--engine-version", "v0"])
+    assert rc == 0 and not json.loads(capsys.readouterr().out)["drafting"]["sharded"]
+
+
 def test_cli_both_and_own_table(tmp_path, capsys):
     evaluation = write(tmp_path, "eval.json", HAND_EVALUATION)
     assert main(["advise", "--evaluation", evaluation]) == 0
