@@ -422,3 +422,29 @@ def draft_params(shape: VerifierShape, draft_vocab: int) -> int:
     # an MLA verifier's draft is GQA: 8 KV heads of 128 (the trainer's draft_num_kv_heads / draft_head_dim)
     kv = 2 * shape.kv_heads * shape.head_dim if shape.attention == "gqa" else 2 * 8 * 128
     return 2 * h * h + 2 * h * kv + h * h + 3 * h * shape.intermediate + 3 * h * h + draft_vocab * h
+
+
+def read_probe(answer: Any, host: str, measured_at: str) -> dict[str, Any]:
+    """worker/verifier_probe.py's answer (untrusted), checked, as stored beside the host's all-reduce table
+    (`host.interconnect["verifier"]`); ValueError with the reason when it is not a measurement."""
+    if not isinstance(answer, dict):
+        raise ValueError("the verifier probe did not answer a JSON object")
+    if "error" in answer:
+        raise ValueError(f"the verifier probe could not measure: {str(answer['error'])[:1000]}")
+    path, config, tp = answer.get("path"), answer.get("config"), answer.get("tp")
+    if not isinstance(path, str) or not isinstance(config, dict) or not isinstance(tp, int) or tp < 1:
+        raise ValueError("the verifier probe's answer has no path, config and tp")
+    VerifierShape.from_config(config)  # a config the advisor can price
+    stored: dict[str, Any] = {"path": path[:4096], "config": config, "tp": tp, "host": host,
+                              "measured_at": measured_at, "gpu": str(answer.get("gpu") or "")[:128],
+                              "dtype": str(answer.get("dtype") or "")[:128]}
+    for key in ("dense_ms", "moe_ms"):
+        rows = answer.get(key)
+        if rows is None:
+            continue
+        if not isinstance(rows, list) or not 1 <= len(rows) <= 64 or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in rows):
+            raise ValueError(f"the verifier probe's {key} is not a list of up to 64 times > 0")
+        stored[key] = [float(v) for v in rows]
+    stored["layers_ms_ok"] = bool(stored.get("dense_ms") or stored.get("moe_ms"))
+    return stored

@@ -1,0 +1,41 @@
+"""probe-verifier's pieces that run without a GPU: the host script refuses clearly where it cannot measure, and a
+measurement (here one of the shape a probe answers) read back prices the verifier's forward as measured."""
+
+import json
+
+import pytest
+import torch
+
+from server.advisor import CostModel
+from server.advisor.tables import NVLINK_ALLREDUCE_US
+from server.advisor.verifier import Parallelism, VerifierShape, read_config, read_probe
+from tests.unit.test_verifier_cost import KIMI
+from worker import verifier_probe
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this box has a GPU: the probe would measure")
+def test_the_probe_refuses_with_no_gpu_on_the_host(capsys: pytest.CaptureFixture[str]) -> None:
+    assert verifier_probe.main(["--config", str(KIMI), "--tp", "8"]) == verifier_probe.CANNOT_MEASURE
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["error"].startswith("no GPU on ")
+    with pytest.raises(ValueError, match="could not measure: no GPU on"):
+        read_probe(answer, "serve-box", "2026-12-04T00:00:00Z")
+
+
+def test_a_stored_probe_prices_the_forward_as_measured_and_says_where() -> None:
+    config = read_config(str(KIMI))
+    answer = {"path": str(KIMI), "config": config, "tp": 8, "gpu": "NVIDIA H200", "dtype": "int4",
+              "dense_ms": [0.05 + 0.001 * n for n in range(16)], "moe_ms": [0.1 + 0.01 * n for n in range(16)]}
+    stored = read_probe(answer, "serve-box", "2026-12-04T00:00:00Z")
+    shape = VerifierShape.from_config(config, "kimi-k2.5")
+    cost = CostModel.for_verifier(shape, Parallelism(8), NVLINK_ALLREDUCE_US, measured=stored)
+    head = 163840 * 7168 * 2 / 8 / 3.5e12 * 1000  # the lm head's bf16 read, modelled
+    assert cost.verifier_ms(0) == pytest.approx(1 * 0.05 + 60 * 0.1 + head)
+    assert cost.verifier_ms(15) == pytest.approx(1 * 0.065 + 60 * 0.25 + head)
+    assert cost.basis["verifier_forward"].startswith("measured on serve-box by probe-verifier")
+    # beyond the 16 tokens timed: the last time plus the model's growth
+    assert cost.verifier_ms(20) > cost.verifier_ms(15)
+    with pytest.raises(ValueError, match="not a list"):
+        read_probe({**answer, "moe_ms": [1.0, "x"]}, "serve-box", "t")
+    with pytest.raises(ValueError, match="tp=2 layer"):
+        CostModel.for_verifier(shape, Parallelism(8), NVLINK_ALLREDUCE_US, measured={**stored, "tp": 2})
