@@ -11,7 +11,7 @@ from server.lifecycle import AttemptNode, NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
-from worker.ingest import say_reread, store_log, store_log_metrics, store_metrics
+from worker.ingest import say_log_skipped, say_reread, store_log, store_log_metrics, store_metrics
 from worker.protocol import GpuView, HostTimes, ProbeAnswer, ReadFrom
 
 # how far a host's record of a job's start may lie before the attempt was opened (the two clocks set against each
@@ -66,12 +66,20 @@ def store_probes(session: Session, run: Run, attempt: Attempt, probes: list[Node
             # the log written anew: its text is stored after what was stored of it, its records counted on
             log_base, log_position = node.log_base + node.log_offset, (node.log_records, False)
             node.log_base, node.log_offset = log_base, 0
+        # the host passed over what lies before the log's kept tail: the text starts that far on, at a line start
+        start = min(node.log_offset + a.log_skipped, a.log_offset)
+        if start > node.log_offset:
+            say_log_skipped(session, run, attempt, p.index, node.log_base + node.log_offset, node.log_base + start)
+            log_position = (log_position[0], False)
         if p.index == 0:
-            # the read ends mid-record only while the job runs or the read was cut short
+            # the read ends mid-record only while the job runs or the read was cut short; once the job is over, its
+            # records are read from the log's end only (`left`)
+            over = a.state not in (NodeState.RUNNING, NodeState.PENDING) and not a.remaining
             log_position = store_log_metrics(session, run, attempt, log_position, a.log,
-                                             a.state != NodeState.RUNNING and not a.more, read_at)
-        store_log(session, run.id, attempt.number, p.index, node.log_base + node.log_offset,
-                  node.log_base + a.log_offset, a.log)
+                                             a.state != NodeState.RUNNING and not a.more, read_at,
+                                             left=a.log_left if over else None)
+        store_log(session, run.id, attempt.number, p.index, node.log_base + start, node.log_base + a.log_offset,
+                  a.log)
         if a.gpus is not None:
             host = session.scalar(select(Host).where(Host.name == node.host))
             store_gpu_sample(session, run, attempt, p.index, a.gpus.view(), host, now)

@@ -42,11 +42,16 @@ SERIES_REFUSED = "series_refused"
 PATTERN_SLOW = "log_pattern_slow"
 FILE_TRUNCATED = "file_truncated"
 FILE_REWRITTEN = "file_rewritten"
+LOG_SKIPPED = "log_skipped"
+LOG_METRICS_PASSED = "log_metrics_passed"
+LAST_METRIC_LINE_INVALID = "last_metric_line_invalid"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
 # the tail of each node's log kept per attempt: older chunks are dropped as new ones come (GET .../logs says so)
 MAX_STORED_LOG_BYTES = 64 * 1024 * 1024
+# once the job is over, metrics are read from the log's last bytes only (its outcome waits on the reads)
+LOG_METRICS_AFTER_END_BYTES = 4 << 20
 # metrics events kept per run (the newest; status events are all kept): a week of probes would be 600,000
 MAX_METRICS_EVENTS = 10_000
 
@@ -67,20 +72,25 @@ def parse_metric_lines(text: str) -> MetricLines:
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line (or no text at all)
     for raw in lines:
-        obj: Any = {}
-        if len(raw.encode("utf-8", "surrogatepass")) > MAX_METRIC_LINE_BYTES:
-            out.skipped.append(f"a line of more than {MAX_METRIC_LINE_BYTES} bytes")
-        else:
-            try:
-                # strict=False: a raw control character (a \r, a tab) inside a string does not cost the line
-                obj = json.loads(raw, strict=False)
-            except (json.JSONDecodeError, RecursionError):
-                obj = {}
-            if isinstance(obj, dict) and len(obj) > MAX_KEYS_PER_LINE:
-                out.skipped.append(f"a line of more than {MAX_KEYS_PER_LINE} keys")
-                obj = {}
-        out.records.append(obj if isinstance(obj, dict) else {})
+        obj, why = _metric_object(raw)
+        if why is not None:
+            out.skipped.append(why)
+        out.records.append(obj or {})
     return out
+
+
+def _metric_object(raw: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A metric line's object, or None: not a JSON object, or (with why) too long or too wide to be taken."""
+    if len(raw.encode("utf-8", "surrogatepass")) > MAX_METRIC_LINE_BYTES:
+        return None, f"a line of more than {MAX_METRIC_LINE_BYTES} bytes"
+    try:
+        # strict=False: a raw control character (a \r, a tab) inside a string does not cost the line
+        obj = json.loads(raw, strict=False)
+    except (json.JSONDecodeError, RecursionError):
+        return None, None
+    if isinstance(obj, dict) and len(obj) > MAX_KEYS_PER_LINE:
+        return None, f"a line of more than {MAX_KEYS_PER_LINE} keys"
+    return (obj, None) if isinstance(obj, dict) else (None, None)
 
 
 def _as_number(value: Any) -> float | None:
@@ -127,10 +137,14 @@ def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> 
 
 
 def store_metrics(session: Session, run: Run, attempt: Attempt, text: str, now: datetime | None = None) -> int:
-    """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines read."""
+    """Store the metric lines in `text`, which follow line `attempt.metrics_lines`; returns lines read. The host
+    hands back a last line without its newline only once the job is over: one that is no metric line is said."""
     parsed = parse_metric_lines(text)
     if not parsed.records:
         return 0
+    unterminated = text.rpartition("\n")[2]
+    if unterminated.strip() and _metric_object(unterminated) == (None, None):
+        _say_last_line_invalid(session, run, attempt, attempt.metrics_lines + len(parsed.records), unterminated)
     if attempt.metrics_lines == 0:
         _drop_log_metrics(session, run, attempt)
     store_metric_records(session, run, attempt,
@@ -228,6 +242,30 @@ def _say_series_refused(session: Session, run: Run, attempt: Attempt, names: lis
                    "named go on"}))
 
 
+def _say_last_line_invalid(session: Session, run: Run, attempt: Attempt, line: int, raw: str) -> None:
+    """An event saying that the metrics file ended in a line without a newline that is not a JSON object."""
+    shown = raw[:200] + ("…" if len(raw) > 200 else "")
+    session.add(Event(run_id=run.id, kind=LAST_METRIC_LINE_INVALID, data={
+        "attempt": attempt.number, "line": line, "text": shown,
+        "message": f"attempt {attempt.number}: the last line of {METRICS_FILE} (its line {line}) has no newline and is "
+                   f"not a JSON object, so it is not stored (did the job end while writing it?): {shown!r}"}))
+
+
+def say_log_skipped(session: Session, run: Run, attempt: Attempt, node: int, start: int, end: int) -> None:
+    """An event saying that the host passed over a log's bytes from `start` to `end` (as stored: after what was
+    stored of a log written anew) to read only what is kept; the chunks before are dropped, so what is stored
+    of the log stays one stretch."""
+    session.execute(delete(LogChunk).where(LogChunk.run_id == run.id, LogChunk.attempt == attempt.number,
+                                           LogChunk.node == node, LogChunk.end <= end))
+    skipped = end - start
+    session.add(Event(run_id=run.id, kind=LOG_SKIPPED, data={
+        "attempt": attempt.number, "node": node, "from": start, "to": end, "skipped": skipped,
+        "message": f"attempt {attempt.number} node {node}: the job ended with more of its log unread than the "
+                   f"{MAX_STORED_LOG_BYTES >> 20} MiB kept of it; {skipped} bytes ({skipped / (1 << 20):.1f} MiB, from "
+                   f"byte {start} to {end}) were skipped, not read: no text or metric of them is stored (the whole "
+                   "log is on the host)"}))
+
+
 def _say_patterns_slow(session: Session, run: Run, attempt: Attempt, patterns: list[str]) -> None:
     """Once per attempt and pattern, an event saying that a `log_metrics` pattern ran out of its time on a read."""
     said = {tuple(e.data.get(k) for k in ("attempt", "pattern")) for e in session.scalars(
@@ -270,16 +308,25 @@ def _drop_old_metrics_events(session: Session, run_id: str) -> None:
 
 
 def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tuple[int, bool], text: str,
-                      complete: bool, now: datetime | None = None) -> tuple[int, bool]:
+                      complete: bool, now: datetime | None = None, left: int | None = None) -> tuple[int, bool]:
     """Metrics from what node 0 printed (worker/log_metrics.py), for jobs that write no metrics file.
 
     A record's identity is its index in the log, counted in `position` (records read so far, and whether the
     log offset stands mid-record; it moves with the log offset) and stored as line LOG_LINES_FROM + index,
-    apart from the metrics file's lines; `complete` says the log ends here. Returns the new position."""
+    apart from the metrics file's lines; `complete` says the log ends here. `left`, once the job is over: the
+    log's bytes after this read; then only the records in its last LOG_METRICS_AFTER_END_BYTES are read (reading
+    records runs at a few MiB/s: the outcome must not wait on a long log's), the others counted and said. Returns
+    the new position."""
     config = LogMetricsConfig.from_spec(attempt.typed_spec)
     if config is None or attempt.metrics_lines or not text:
         return position
     first, midline = position
+    passed = 0
+    if left is not None and left + len(text) > LOG_METRICS_AFTER_END_BYTES:
+        text, passed = _records_after(text, len(text) - max(0, LOG_METRICS_AFTER_END_BYTES - left))
+        if passed:
+            _say_log_metrics_passed(session, run, attempt)
+            first, midline = first + passed, False
     got = read_log(text, first, midline, complete, config)
     if got.slow_patterns:
         _say_patterns_slow(session, run, attempt, got.slow_patterns)
@@ -298,6 +345,27 @@ def store_log_metrics(session: Session, run: Run, attempt: Attempt, position: tu
     if records:
         store_metric_records(session, run, attempt, records, now)
     return first + got.consumed, got.midline
+
+
+def _records_after(text: str, at: int) -> tuple[str, int]:
+    """`text` from the start of the first record at or after character `at`, and how many records (each ended by
+    a \r or \n, as worker/log_metrics.py splits them) lie before it."""
+    ends = [i for i in (text.find("\n", max(0, at - 1)), text.find("\r", max(0, at - 1))) if i >= 0]
+    cut = min(ends) + 1 if ends else max(text.rfind("\n"), text.rfind("\r")) + 1
+    return text[cut:], text.count("\n", 0, cut) + text.count("\r", 0, cut)
+
+
+def _say_log_metrics_passed(session: Session, run: Run, attempt: Attempt) -> None:
+    """Once per attempt, an event saying that records of the log read after the job's end were not read for
+    metrics."""
+    if any(e.data.get("attempt") == attempt.number for e in session.scalars(
+            select(Event).where(Event.run_id == run.id, Event.kind == LOG_METRICS_PASSED))):
+        return
+    session.add(Event(run_id=run.id, kind=LOG_METRICS_PASSED, data={
+        "attempt": attempt.number, "limit": LOG_METRICS_AFTER_END_BYTES,
+        "message": f"attempt {attempt.number}: the job ended with more of its log unread than its last "
+                   f"{LOG_METRICS_AFTER_END_BYTES >> 20} MiB; metrics are read from those only, so that its outcome "
+                   "does not wait on reading the rest for them (its text is stored all the same)"}))
 
 
 def _drop_log_metrics(session: Session, run: Run, attempt: Attempt) -> None:

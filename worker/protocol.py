@@ -230,6 +230,11 @@ class ProbeAnswer:
     reread: list[dict[str, Any]] = field(default_factory=list)
     # a job the wrapper holds (not a batch job): when it started and ended
     times: HostTimes | None = None
+    # bytes of the log passed over before `log` (it starts that far after the offset read from, or after 0 when the
+    # log is read again): once the job is over, only the last bytes the server keeps are read
+    log_skipped: int = 0
+    # bytes of the log after this read's end, as the host saw its size
+    log_left: int = 0
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "ProbeAnswer":
@@ -241,7 +246,8 @@ class ProbeAnswer:
                    _pids(raw, "stopped", True), _pids(raw, "remaining", True), _typed(raw, "note", str, True),
                    QueueState.from_wire(raw.get("queue")), _failure(raw.get("failure")),
                    _identity(raw.get("metrics_identity")), _identity(raw.get("log_identity")),
-                   _reread(raw.get("reread")), HostTimes.from_wire(raw.get("times")))
+                   _reread(raw.get("reread")), HostTimes.from_wire(raw.get("times")),
+                   max(0, _typed(raw, "log_skipped", int, True) or 0), max(0, _typed(raw, "log_left", int, True) or 0))
 
 
 def _identity(raw: Any) -> dict[str, Any] | None:

@@ -206,7 +206,9 @@ class RunDriver:
                 return False
             if running or not drained:
                 stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
-                return False
+                # a job that is over with its files still being read: the next read follows at once, not a tick
+                # later, so that its outcome waits only on the reads (at most the log's kept tail: hostside/attempt.py)
+                return not running
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
                                    time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit,

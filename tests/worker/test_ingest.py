@@ -13,7 +13,7 @@ from worker.attempt_io import probe_nodes, store_probes
 from worker.host_agent import HostAgent
 from worker.ingest import store_metrics
 from worker.local_transport import LocalTransport
-from worker.protocol import LaunchRequest, ReadFrom
+from worker.protocol import LaunchRequest
 
 
 def test_replaying_the_same_lines_stores_nothing_twice(db: Database) -> None:
@@ -52,9 +52,12 @@ def test_garbage_lines_keep_their_place(db: Database) -> None:
 # what a real job wrote, read by the host agent in its largest reads and stored as the worker stores probes
 
 LOG_JOB = """
-import sys
+import os, sys, time
 for i in range(int(sys.argv[1])):
     print(f"step {i}/{sys.argv[1]} loss {1 + i % 7 * 0.125:.3f} " + "x" * (200 + i % 97))
+sys.stdout.flush()
+while not os.path.exists(sys.argv[2]):  # then it waits: its log is read while it runs
+    time.sleep(0.01)
 """
 METRICS_JOB = """
 import json, os, sys, time
@@ -102,11 +105,20 @@ def test_a_log_of_many_largest_reads_loses_no_line_at_their_boundaries(db: Datab
     agent = HostAgent(LocalTransport(), str(tmp_path / "ws"), sys.executable)
     d = agent.layout.attempt_dir("r", 1)
     n = 36_000  # about 9 MiB of log: two boundaries of the host's 4 MiB reads, each inside a line
+    go = tmp_path / "go"
     _add_attempt(db, {"entrypoint": "/opt/train.py", "host": "local"}, d)
-    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", LOG_JOB, str(n)], {}))
-    while agent.probe(d, ReadFrom(1 << 40, 1 << 40)).state == "running":
-        time.sleep(0.1)  # the job has ended before the first read: every read but the last is a full one
-    assert _drain(db, agent) >= 3
+    agent.launch(LaunchRequest(d, "t", [sys.executable, "-c", LOG_JOB, str(n), str(go)], {}))
+    deadline = time.time() + 60
+    while not (Path(d) / "output.log").exists() or (Path(d) / "output.log").stat().st_size < 9_000_000:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    # the whole log written before the first read: every read but the last is a full one (read while the job
+    # runs: once it is over, records are read from the log's last 4 MiB only, tests/worker/test_attempt_reads.py)
+    reads = 0
+    while reads < 3:
+        reads += _drain(db, agent, until_ended=False)
+    go.touch()
+    _drain(db, agent)
     assert _steps(db) == list(range(n))
 
 

@@ -10,7 +10,9 @@ from .files import (
     EXIT_FILE,
     FAILURE_BYTES,
     LOG_FILE,
+    LOG_KEPT_BYTES,
     METRICS_FILE,
+    READ_LIMIT,
     STARTED_FILE,
     read,
     read_from,
@@ -42,6 +44,13 @@ def _status(d):
     return {"state": "lost", "exit_code": None, "pid": pid}
 
 
+def _size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def probe(req):
     """Status, new metric lines and log text; once the job is over, what is left of the attempt is stopped."""
     d = req["dir"]
@@ -49,18 +58,25 @@ def probe(req):
     out = slurm_status(d) if slurm else _status(d)
     if out["state"] in ("lost", "exited"):
         out.update(sweep(d, None if slurm else out["pid"]))
-    limit = int(req.get("limit", 4 << 20))
-    # a metric line ends at a newline only: a raw \r inside one is part of it
-    metrics, m_off, m_more, m_id, m_change = read_from(
-        os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit, line_ends=b"\n",
+    # nothing of the job writes on: what its files end with is final (a job queued again by its scheduler, or
+    # processes that would not stop, may still write)
+    over = out["state"] not in ("running", "pending") and not out.get("remaining")
+    limit = int(req.get("limit", READ_LIMIT))
+    # a metric line ends at a newline only: a raw \r inside one is part of it; once the job is over, a last line
+    # it left without one is handed back too (the worker says so when it is not a metric line)
+    metrics, m_off, m_more, m_id, m_change, _ = read_from(
+        os.path.join(d, METRICS_FILE), int(req.get("metrics_offset", 0)), limit, line_ends=b"\n", final=over,
         identity=req.get("metrics_identity"))
     # tqdm redraws its bar after a carriage return, without a newline until the bar closes; once the job is over
-    # its last, unterminated log line is final: hand it back too
-    log, l_off, l_more, l_id, l_change = read_from(
+    # its last, unterminated log line is final: hand it back too. Only the log's last LOG_KEPT_BYTES are kept
+    # (worker/ingest.py): once the job is over, what lies before them is skipped, not read, so its outcome never
+    # waits on reading a log of any length; the answer says how much (`log_skipped`)
+    log, l_off, l_more, l_id, l_change, l_skipped = read_from(
         os.path.join(d, LOG_FILE), int(req.get("log_offset", 0)), limit, final=out["state"] != "running",
-        identity=req.get("log_identity"))
+        identity=req.get("log_identity"), keep=int(req.get("log_keep", LOG_KEPT_BYTES)) if over else None)
     out.update(metrics=metrics, metrics_offset=m_off, log=log, log_offset=l_off, more=m_more or l_more,
-               metrics_identity=m_id, log_identity=l_id)
+               metrics_identity=m_id, log_identity=l_id, log_skipped=l_skipped,
+               log_left=max(0, _size(os.path.join(d, LOG_FILE)) - l_off))
     # a file the job truncated or wrote anew is read again from its start: said, with the offset read to before
     out["reread"] = [{"file": name, "offset": int(req.get(key, 0)), "how": how}
                      for name, key, how in ((METRICS_FILE, "metrics_offset", m_change), (LOG_FILE, "log_offset", l_change))

@@ -29,6 +29,11 @@ LOW_SPACE = 1 << 20
 # a file's identity, kept with the offset read to: its inode and digests of its first bytes and of those just before
 # the offset (up to this many each); a file shorter than the offset, or whose bytes there differ, was written anew
 FINGERPRINT_BYTES = 4096
+# the most a probe reads of each file at once (its answer escapes it into JSON: worker/host_agent.py bounds that)
+READ_LIMIT = 4 << 20
+# what the server keeps of each node's log, its last bytes (worker/ingest.py MAX_STORED_LOG_BYTES; a test holds the two
+# in step): a read of a job that has ended skips what lies before them
+LOG_KEPT_BYTES = 64 << 20
 # the umask hostside was started with: the job gets it back (hostside's own files are private)
 CALLER_UMASK = 0o022
 
@@ -101,26 +106,31 @@ def write_exit_code(d, code):
         _remove_quietly(reserve)
 
 
-def read_from(path, offset, limit, line_ends=b"\n\r", final=False, identity=None):
+def read_from(path, offset, limit, line_ends=b"\n\r", final=False, identity=None, keep=None):
     """Text from byte offset on, at most `limit` bytes, ending just after one of `line_ends`; with `final` (the
-    file is complete) the last read also hands back an unterminated last line.
+    file is complete) the last read also hands back an unterminated last line. With `keep`, a file whose unread
+    part is longer is read from the start of the first line in its last `keep` bytes: what lies before would be
+    dropped once read (the server keeps a log's tail), and reading it would only hold the outcome back.
 
     A read cut short by the limit ends at a line end too, so no line is split between two reads; only a line
     longer than the limit goes through in pieces (cut at a character boundary) rather than block the stream.
 
     `identity` is what the last read answered: a file the job truncated below `offset` ("truncated"), or wrote
     anew whatever its length (other bytes where the last read's were: "rewritten", or "replaced" on another
-    inode), is read again from its start. Returns (text, new_offset, more, identity, change): `more` says the
-    limit cut the read short, `change` is None or how the file was written anew."""
+    inode), is read again from its start. Returns (text, new_offset, more, identity, change, skipped): `more` says
+    the limit cut the read short, `change` is None or how the file was written anew, `skipped` how many bytes from
+    the offset (0 after a change) were passed over to reach the last `keep`."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        return "", 0, False, None, "truncated" if offset > 0 else None
+        return "", 0, False, None, "truncated" if offset > 0 else None, 0
     with f:
         inode = os.fstat(f.fileno()).st_ino
         change = _change(f, inode, offset, identity)
         if change is not None:
             offset = 0
+        skipped = _skip(f, offset, keep, line_ends, limit) if keep is not None else 0
+        offset += skipped
         f.seek(offset)
         data = f.read(limit)
         more = len(data) == limit
@@ -134,7 +144,20 @@ def read_from(path, offset, limit, line_ends=b"\n\r", final=False, identity=None
                 data = b""
         end = offset + len(data)
         head, tail = _fingerprints(f, end)
-    return data.decode("utf-8", "replace"), end, more, {"inode": inode, "head": head, "tail": tail}, change
+    return data.decode("utf-8", "replace"), end, more, {"inode": inode, "head": head, "tail": tail}, change, skipped
+
+
+def _skip(f, offset, keep, line_ends, limit):
+    """How many bytes from `offset` to pass over so that what is left is within the file's last `keep` bytes and
+    starts a line: just after the first line end at or after that point's last byte before, within `limit` bytes
+    (else at the point itself, inside a line longer than that)."""
+    start = os.fstat(f.fileno()).st_size - keep
+    if start <= offset:
+        return 0
+    f.seek(start - 1)
+    window = f.read(limit)
+    ends = [i for i in (window.find(bytes([end])) for end in line_ends) if i >= 0]
+    return (start + min(ends) if ends else start) - offset
 
 
 def _fingerprints(f, offset):
