@@ -1,5 +1,3 @@
-import asyncio
-import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
@@ -8,12 +6,12 @@ from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from server import proposal, queries, runs, tracebacks, views
+from server import feeds, proposal, queries, runs, tracebacks, views
 from server.api.deps import DB, ReadSession, WriteSession, write_line
 from server.api.run_ref import RunRef, noted
 from server.errors import NotFound
-from server.lifecycle import TERMINAL, RunStatus
-from server.models import Event, Run
+from server.lifecycle import RunStatus
+from server.models import Run
 from server.schemas import (
     DryRunPublic,
     EvaluationPublic,
@@ -25,7 +23,6 @@ from server.schemas import (
     RunPage,
     RunPublic,
     TracebackPublic,
-    without_env_values,
 )
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -223,25 +220,10 @@ async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, H
 
     run_id, note = await run_in_threadpool(resolve)  # 404 before the stream starts
 
-    def fetch(after: int) -> tuple[list[Event], str]:
-        with db.reading() as s:
-            return queries.events_after(s, run_id, after)
-
     async def stream():
-        after = last_event_id or 0
-        while True:
-            events, state = await run_in_threadpool(fetch, after)
-            for e in events:
-                after = e.id
-                payload = {"time": e.time.isoformat(), **e.data}
-                if isinstance(payload.get("overrides"), dict):
-                    # events stored before env values were redacted at the source
-                    payload["overrides"] = without_env_values(payload["overrides"])
-                yield ServerSentEvent(json.dumps(payload), event=e.kind, id=str(e.id))
-            if not events:
-                if state in TERMINAL:
-                    return
-                await asyncio.sleep(0.5)
+        # every stream of this run reads from its one feed: one database read per interval, however many follow
+        async for e in feeds.run_feed(db, run_id).follow(last_event_id or 0):
+            yield ServerSentEvent(e.data, event=e.kind, id=str(e.id))
 
     # sse-starlette frames the events, sends a comment every `ping` seconds so proxies keep the stream open, and
     # ends the generator when the client goes away or the server shuts down
