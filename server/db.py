@@ -17,6 +17,9 @@ that committed late. So a transaction that adds events takes one lock, held unti
 event gets its id: events commit in id order, as they do on SQLite, where writers take turns.
 """
 
+import contextlib
+import logging
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -36,6 +39,8 @@ from server.config import API_THREADS, WORKER_THREADS
 from server.errors import Unavailable
 from server.models import Event, utcnow
 
+log = logging.getLogger("longrun.db")
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
 EVENTS_LOCK_KEY = 0x6C6F6E6576656E74
@@ -45,6 +50,10 @@ POOL_SIZE = API_THREADS + WORKER_THREADS + 8
 # how long a writer waits for its turn (in line in this process, then SQLite's busy timeout for other processes)
 # before the request answers 503
 WRITE_WAIT_SECONDS = 60.0
+# what of its write-ahead log a SQLite file keeps once checkpointed
+WAL_KEPT_BYTES = 1 << 20
+# how long the checkpoint that hands a full disk's log space back may wait for readers
+RELEASE_WAIT_SECONDS = 2.0
 
 
 def make_engine(url: str) -> Engine:
@@ -63,6 +72,9 @@ def make_engine(url: str) -> Engine:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_SECONDS * 1000)}")
+        # a write-ahead log that grew (a large transaction, one that failed for want of room) shrinks back to this
+        # once checkpointed, rather than keeping the disk space it took for ever
+        cur.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
@@ -161,8 +173,25 @@ class Database:
                     yield session
         except OperationalError as exc:
             self.write_failure = WriteFailure(utcnow(), _first_line(exc))
+            if self.is_sqlite and "full" in self.write_failure.error:
+                self.release_log_space()
             raise
         self.write_failure = None
+
+    def release_log_space(self) -> None:
+        """Hand back the disk space the write-ahead log holds: a write refused for want of room leaves the log as
+        large as it grew (the refused transaction's pages, never committed), and every later write, however
+        small, then finds the disk as full as before. A checkpoint folds what was committed into the database file
+        and truncates the log, so that writes resume as soon as the disk has room again. Best effort: with no room
+        even for that, or readers holding the log, the next refused write tries again."""
+        database = self.engine.url.database
+        if not database or database == ":memory:":
+            return
+        try:
+            with contextlib.closing(sqlite3.connect(database, timeout=RELEASE_WAIT_SECONDS)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("could not hand back the write-ahead log's space of %s: %s", database, exc)
 
     def migrate(self) -> None:
         upgrade(self.url)

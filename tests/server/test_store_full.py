@@ -46,6 +46,11 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
+def _refused_ticks(svc: Service) -> int:
+    """How many worker steps the database has refused so far (each is tried again the next tick)."""
+    return (svc.home / "server.log").read_text().count("the database failed, trying again next tick")
+
+
 def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: Path, small_disk: Path) -> None:
     svc = Service(tmp_path / "home", database_url=f"sqlite:///{small_disk / 'longrun.db'}")
     svc.home.mkdir()
@@ -65,8 +70,13 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         assert "cannot store this run's progress" in run["message"] and "full" in run["message"]
         refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1), params={"name_suffix": "true"})
         assert refused.status_code == 503 and "full" in refused.json()["detail"], refused.text
-        # the job ends meanwhile (150 steps of 0.05 s): many worker ticks fail to store it, none fails the run
-        time.sleep(12)
+        # the job ends meanwhile (150 steps of 0.05 s): the worker's ticks fail to store it, none fails the run
+        exit_file = next(iter(svc.workspace.glob(f".longrun/{run_id}/*/exit_code")), None)
+        deadline = time.time() + 120
+        while time.time() < deadline and (exit_file is None or _refused_ticks(svc) < 3):
+            time.sleep(0.2)
+            exit_file = exit_file or next(iter(svc.workspace.glob(f".longrun/{run_id}/*/exit_code")), None)
+        assert exit_file is not None and _refused_ticks(svc) >= 3, "the job ended and 3 ticks failed to store it"
         assert svc.run(run_id)["status"] == "running"
         filler.unlink()
         done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
