@@ -386,9 +386,9 @@ def _with_measured(cost: VerifierCost, shape: VerifierShape, probe: dict[str, An
     forward = tuple(shape.dense_layers * (dense[i] if shape.dense_layers else 0.0)
                     + shape.moe_layers * (moe[i] if shape.moe_layers else 0.0) + head_ms for i in range(int(count)))
     why = (f"measured on {probe.get('host')} by probe-verifier at {probe.get('measured_at')}: one layer of "
-           f"{shape.name}'s shape ({probe.get('dtype')}, random weights) on {probe.get('gpu')} at 1..{int(count)} "
-           f"tokens, x {shape.layers} layers; the lm head's read modelled; beyond {int(count)} tokens the model's "
-           "growth")
+           f"{shape.name}'s shape ({probe.get('dtype')}, random weights, torch kernels: an upper bound on an "
+           f"engine's fused ones) on {probe.get('gpu')} at 1..{int(count)} tokens, x {shape.layers} layers; the lm "
+           f"head's read modelled; beyond {int(count)} tokens the model's growth")
     return VerifierCost(**{**cost.__dict__, "measured_ms": forward, "basis": {"verifier_forward": why}})
 
 

@@ -39,3 +39,15 @@ def test_a_stored_probe_prices_the_forward_as_measured_and_says_where() -> None:
         read_probe({**answer, "moe_ms": [1.0, "x"]}, "serve-box", "t")
     with pytest.raises(ValueError, match="tp=2 layer"):
         CostModel.for_verifier(shape, Parallelism(8), NVLINK_ALLREDUCE_US, measured={**stored, "tp": 2})
+
+
+def test_the_h200_probe_of_kimi_k25_prices_a_16_token_forward_as_measured() -> None:
+    # captured on one H200 (worker/verifier_probe.py --tp 8 --ep 8): 1 dense + 60 MoE layers of the tp=8 share
+    captured = json.loads((KIMI.parents[1] / "verifier-probe" / "kimi-k2.5-tp8-ep8.json").read_text())
+    stored = read_probe(captured, "h200", "2026-12-04T02:35:00Z")
+    assert stored["dtype"] == "int4" and len(stored["moe_ms"]) == 16
+    shape = VerifierShape.from_config(stored["config"], "kimi-k2.5")
+    cost = CostModel.for_verifier(shape, Parallelism(8, ep=8), NVLINK_ALLREDUCE_US, measured=stored)
+    head = 163840 * 7168 * 2 / 8 / 3.5e12 * 1000
+    assert cost.verifier_ms(15) == pytest.approx(captured["dense_ms"][15] + 60 * captured["moe_ms"][15] + head)
+    assert cost.verifier_ms(15) > cost.verifier_ms(0)
