@@ -27,7 +27,11 @@ def check_workspace(host: Host) -> None:
     host.workspace_real = None
     if host.address != "local":
         return
-    real = os.path.realpath(host.workspace)
+    try:
+        real = os.path.realpath(host.workspace)
+    except OSError as exc:  # a component the server may not read (/proc/1/root for a user that is not root)
+        raise FieldError(("workspace",), f"workspace {host.workspace!r} cannot be resolved on this machine: "
+                         f"{exc.strerror or exc}; give a directory the server's user may read") from None
     if (why := workspace_refusal(host.workspace, real)) is not None:
         raise FieldError(("workspace",), why)
     host.workspace_real = real

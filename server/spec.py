@@ -8,9 +8,9 @@ worker import it from here; nothing outside this module reads a spec by its keys
 
 import posixpath
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from server.log_patterns import FORMATS as LOG_FORMATS
 from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
@@ -87,8 +87,41 @@ Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
 Env = Annotated[dict[str, str], AfterValidator(_env)]
 
 
+def _unencodable(value: Any) -> bool:
+    """Whether a string in `value` (JSON as parsed: any depth, keys too) is not text UTF-8 can encode: JSON's
+    escapes let a lone surrogate (`"\\ud800"`) through, which no answer, log or host environment can carry."""
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unencodable(v) for v in value)
+    return False
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every field: no lone surrogate (pydantic lets them through a `str` without constraints, an `env` value or
+        a restart's overrides); a field that is a model of its own says it of its own fields."""
+        if _stored(info) or not isinstance(value, str | dict | list):
+            return value
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(value, dict) and any(isinstance(a, type) and issubclass(a, Strict)
+                                           for a in (annotation, *get_args(annotation))):
+            return value
+        if _unencodable(value):
+            raise ValueError("must be text UTF-8 can encode: it holds a lone surrogate (such as \\ud800)")
+        return value
 
 
 # the validation context of a spec read back from the database (stored_spec): the rules between fields and the
@@ -253,6 +286,9 @@ class SlurmSpec(Strict):
         "`--constraint=h100`, `--exclusive`)")
 
 
+ENGINE_VERSION_RE = r"^v?\d{1,3}(\.\d{1,4}){0,2}([.+-][A-Za-z0-9.+-]{0,32})?$"
+
+
 class DeploySpec(Strict):
     """Where the draft will be served: the proposal (GET /v1/runs/{id}/proposal) prices depths on this host's
     measured all-reduce table (`longrun hosts probe-interconnect HOST`) the way this engine runs the draft, for
@@ -271,6 +307,22 @@ class DeploySpec(Strict):
     max_depth: int | None = Field(None, ge=1, le=64, description="the deepest speculation the deployment runs "
                                   "(SGLang's speculative_num_steps, vLLM's num_speculative_tokens): proposals stay "
                                   "within it")
+    engine_version: Annotated[str, Field(max_length=48, pattern=ENGINE_VERSION_RE)] | None = Field(
+        None, description="the engine's version (0.11.0; v0 / v1 for vLLM): where it places the draft. vLLM V1 (0.8 "
+        "on, the default) shards an EAGLE draft at the target's tp whatever draft_tp says; V0 honours draft_tp 1")
+    verifier: AbsPath | None = Field(None, description="the served verifier's config.json or model directory "
+                                     "(default: the trainer's verifier_path): its layers, experts, attention and "
+                                     "weight bits price each verifier forward")
+    ep: int | None = Field(None, ge=1, le=64, description="expert parallelism of an MoE verifier: 1 (experts "
+                           "sliced by tp, the default) or the tp (whole experts per GPU, all-to-all dispatch)")
+    context_tokens: int | None = Field(None, ge=0, le=1 << 24, description="the context whose KV cache each "
+                                       "decode step reads (default 4096)")
+    serve_tokens: float | None = Field(None, ge=0, le=1e18, description="tokens the draft will serve over its "
+                                       "life: a restart is proposed only where the serving GPU-hours it saves over "
+                                       "them exceed its extra training GPU-hours")
+    train_gpu_hour_price: float | None = Field(None, ge=0, le=1e6, description="with serve_gpu_hour_price and "
+                                               "serve_tokens: weigh training and serving GPU-hours at these prices")
+    serve_gpu_hour_price: float | None = Field(None, ge=0, le=1e6)
 
     @model_validator(mode="after")
     def _engine_fields(self, info: ValidationInfo) -> "DeploySpec":
@@ -280,6 +332,12 @@ class DeploySpec(Strict):
             raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size: give it with engine vllm")
         if (self.round_ms is not None) != (self.engine == "measured"):
             raise ValueError("round_ms goes with engine measured, and engine measured needs it")
+        if (self.train_gpu_hour_price is None) != (self.serve_gpu_hour_price is None):
+            raise ValueError("give train_gpu_hour_price and serve_gpu_hour_price together")
+        if self.train_gpu_hour_price is not None and self.serve_tokens is None:
+            raise ValueError("GPU-hour prices weigh the GPU-hours over serve_tokens: give serve_tokens with them")
+        if self.ep is not None and self.tp is not None and self.ep not in (1, self.tp):
+            raise ValueError(f"ep is 1 (experts sliced by tp) or the tp ({self.tp}), not {self.ep}")
         return self
 
 
@@ -287,9 +345,6 @@ class RunCreate(Strict):
     name: Identifier = Field("run", min_length=1, max_length=255)
     host: Identifier | None = None
     hosts: list[Identifier] | None = Field(None, min_length=1, max_length=64)
-ENGINE_VERSION_RE = r"^v?\d{1,3}(\.\d{1,4}){0,2}([.+-][A-Za-z0-9.+-]{0,32})?$"
-
-
     nproc_per_node: int = Field(1, gt=0, le=256)
     trainer: TrainerSpec | None = None
     entrypoint: AbsPath | None = None
@@ -307,22 +362,6 @@ ENGINE_VERSION_RE = r"^v?\d{1,3}(\.\d{1,4}){0,2}([.+-][A-Za-z0-9.+-]{0,32})?$"
     slurm: SlurmSpec | None = Field(None, description="runs on a host of kind `slurm`: nodes, partition, account, "
                                     "time limit, GPUs per node and more #SBATCH options of each attempt's batch job")
     deploy: DeploySpec | None = Field(None, description="where the draft will be served: after each validation "
-    engine_version: Annotated[str, Field(max_length=48, pattern=ENGINE_VERSION_RE)] | None = Field(
-        None, description="the engine's version (0.11.0; v0 / v1 for vLLM): where it places the draft. vLLM V1 (0.8 "
-        "on, the default) shards an EAGLE draft at the target's tp whatever draft_tp says; V0 honours draft_tp 1")
-    verifier: AbsPath | None = Field(None, description="the served verifier's config.json or model directory "
-                                     "(default: the trainer's verifier_path): its layers, experts, attention and "
-                                     "weight bits price each verifier forward")
-    ep: int | None = Field(None, ge=1, le=64, description="expert parallelism of an MoE verifier: 1 (experts "
-                           "sliced by tp, the default) or the tp (whole experts per GPU, all-to-all dispatch)")
-    context_tokens: int | None = Field(None, ge=0, le=1 << 24, description="the context whose KV cache each "
-                                       "decode step reads (default 4096)")
-    serve_tokens: float | None = Field(None, ge=0, le=1e18, description="tokens the draft will serve over its "
-                                       "life: a restart is proposed only where the serving GPU-hours it saves over "
-                                       "them exceed its extra training GPU-hours")
-    train_gpu_hour_price: float | None = Field(None, ge=0, le=1e6, description="with serve_gpu_hour_price and "
-                                               "serve_tokens: weigh training and serving GPU-hours at these prices")
-    serve_gpu_hour_price: float | None = Field(None, ge=0, le=1e6)
                                       "the service proposes a deeper TTT restart when it pays off there")
     on_proposal: Literal["restart"] | None = Field(
         None, description="`restart`: take a restart proposal by itself (clean, at the proposed TTT), at most once "
@@ -332,12 +371,6 @@ ENGINE_VERSION_RE = r"^v?\d{1,3}(\.\d{1,4}){0,2}([.+-][A-Za-z0-9.+-]{0,32})?$"
     def _one_target(self, info: ValidationInfo) -> "RunCreate":
         if _stored(info):
             return self
-        if (self.train_gpu_hour_price is None) != (self.serve_gpu_hour_price is None):
-            raise ValueError("give train_gpu_hour_price and serve_gpu_hour_price together")
-        if self.train_gpu_hour_price is not None and self.serve_tokens is None:
-            raise ValueError("GPU-hour prices weigh the GPU-hours over serve_tokens: give serve_tokens with them")
-        if self.ep is not None and self.tp is not None and self.ep not in (1, self.tp):
-            raise ValueError(f"ep is 1 (experts sliced by tp) or the tp ({self.tp}), not {self.ep}")
         if (self.host is None) == (self.hosts is None):
             raise ValueError("give exactly one of `host` or `hosts`")
         if (self.trainer is None) == (self.entrypoint is None):

@@ -1,9 +1,11 @@
 """What every request passes before a route: the Host header against an allow-list (DNS rebinding), a bound
-on the body's size (413 before the body is parsed), and for a state-changing request a check that no page of
-another origin sent it (cross-site request forgery); and what every answer carries: the security headers."""
+on the body's size (413 before the body is parsed), for a state-changing request a check that no page of
+another origin sent it (cross-site request forgery), and no NUL in its path or query (PostgreSQL refuses one in a
+text value); and what every answer carries: the security headers."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import HTTPException, status
 from starlette.responses import JSONResponse
@@ -72,6 +74,27 @@ class BodyLimit:
             return message
 
         await self.app(scope, bounded, send)
+
+
+class NoNul:
+    """Refuse (422, naming the parameter) a path or query parameter holding a NUL: no name, id or cursor holds one,
+    and PostgreSQL refuses one in a text value (a 500 from the first query that looked it up)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
+                              errors="replace")
+            loc = (["path"] if "\x00" in scope["path"] else
+                   next((["query", k] for k, v in query if "\x00" in k or "\x00" in v), None))
+            if loc is not None:
+                error = {"type": "value_error", "loc": [part.replace("\x00", "\\x00") for part in loc],
+                         "msg": "must not contain NUL bytes"}
+                await JSONResponse({"detail": [error]}, status_code=422)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
