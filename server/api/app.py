@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError, OperationalError
 
-from server.api.deps import require_token
+from server.api.deps import AuthThrottle, require_token
 from server.api.guards import BodyLimit, HostAllowList, NoNul, SameOriginWrites, SecurityHeaders
 from server.api.routes import hosts, metrics, runs
 from server.config import API_THREADS, Settings
@@ -80,6 +80,7 @@ def create_app(db: Database, settings: Settings, on_startup: Callable[[], None] 
                   description="Run long GPU training jobs on remote machines and keep them under control.")
     app.state.db, app.state.settings = db, settings
     app.state.write_line = asyncio.Lock()  # server/api/deps.py write_line
+    app.state.auth_throttle = AuthThrottle()  # server/api/deps.py require_token
     app.add_middleware(NoNul)
     app.add_middleware(SameOriginWrites)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -1,4 +1,5 @@
-"""Dependencies: the database sessions and bearer-token auth.
+"""Dependencies: the database sessions and bearer-token auth, with failed authentications throttled per client
+address (`AuthThrottle`).
 
 A request holds a database connection only while a thread runs its route, never while it waits for one: a read
 session is opened and closed on the event loop (it takes its connection at its first query, in the route's
@@ -8,8 +9,13 @@ cannot take every thread waiting for a connection or the write lock that a threa
 """
 
 import asyncio
+import logging
+import math
 import secrets
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -23,6 +29,68 @@ from server.db import WRITE_WAIT_SECONDS, Database
 from server.errors import Unavailable
 
 bearer = HTTPBearer(auto_error=False)
+log = logging.getLogger("longrun.api")
+
+# an address that fails to authenticate this many times within the window is answered 429 until the oldest of
+# those failures is older than the window (fail2ban's maxretry and findtime; nginx's limit_req answers with 429)
+AUTH_FAILURES, AUTH_WINDOW_SECONDS = 10, 60.0
+# addresses remembered at once (the least recent forgotten first), and the least time between two log lines
+AUTH_ADDRESSES, AUTH_LOG_EVERY_SECONDS = 10_000, 10.0
+
+
+class AuthThrottle:
+    """Failed authentications per client address: after `limit` of them within `window` seconds every request
+    from that address is refused (429, Retry-After) until the oldest of them has aged out, whatever token it
+    carries, so that a guess that happens to be right is not told apart from a wrong one while throttled; a
+    refused request adds no failure, so a throttle lasts at most `window`. Failures are logged at most once every
+    `log_every` seconds, a line counting the ones in between."""
+
+    def __init__(self, limit: int = AUTH_FAILURES, window: float = AUTH_WINDOW_SECONDS,
+                 clock: Callable[[], float] = time.monotonic, max_addresses: int = AUTH_ADDRESSES,
+                 log_every: float = AUTH_LOG_EVERY_SECONDS):
+        self.limit, self.window, self.clock = limit, window, clock
+        self.max_addresses, self.log_every = max_addresses, log_every
+        self._lock = threading.Lock()
+        # address -> the monotonic times of its last `limit` failures, least recently failing first
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._last_line = -math.inf
+        self._unlogged = {"failed": 0, "throttled": 0}
+        self._unlogged_from: set[str] = set()
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds until `address` may try again, or None when it is not throttled; counts a throttled request."""
+        with self._lock:
+            now, times = self.clock(), self._failures.get(address)
+            if times is None or len(times) < self.limit or times[0] + self.window <= now:
+                return None
+            self._note(address, "throttled", now)
+            return times[0] + self.window - now
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = self.clock()
+            times = self._failures.pop(address, None) or deque(maxlen=self.limit)
+            times.append(now)
+            self._failures[address] = times
+            while len(self._failures) > self.max_addresses:
+                self._failures.popitem(last=False)
+            self._note(address, "failed", now)
+
+    def _note(self, address: str, what: str, now: float) -> None:
+        self._unlogged[what] += 1
+        if len(self._unlogged_from) < 100:
+            self._unlogged_from.add(address)
+        if now - self._last_line < self.log_every:
+            return
+        throttled = sum(1 for t in self._failures.values()
+                        if len(t) >= self.limit and t[0] + self.window > now)
+        addresses = sorted(self._unlogged_from)
+        log.warning("%d failed authentication(s) and %d request(s) refused while throttled, from %s%s; "
+                    "%d address(es) throttled (%d failures in %.0fs: 429 until they age out)",
+                    self._unlogged["failed"], self._unlogged["throttled"], ", ".join(addresses[:5]),
+                    f" and {len(addresses) - 5} more" if len(addresses) > 5 else "", throttled, self.limit,
+                    self.window)
+        self._last_line, self._unlogged, self._unlogged_from = now, {"failed": 0, "throttled": 0}, set()
 
 
 # the dependencies that do no I/O are coroutines: FastAPI runs a plain function in its thread pool, a hop per call
@@ -59,11 +127,19 @@ async def writing(request: Request, db: Annotated[Database, Depends(get_db)]) ->
         yield session
 
 
-async def require_token(settings: Annotated[Settings, Depends(get_settings)],
-                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+async def require_token(request: Request, settings: Annotated[Settings, Depends(get_settings)],
+                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     if not settings.api_token:
         return
+    throttle: AuthThrottle = request.app.state.auth_throttle
+    address = request.client.host if request.client else "unknown"
+    if (wait := throttle.retry_after(address)) is not None:
+        seconds = max(1, math.ceil(wait))
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"too many failed authentications from {address} ({throttle.limit} within "
+                            f"{throttle.window:.0f}s): try again in {seconds}s", headers={"Retry-After": str(seconds)})
     if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
+        throttle.failed(address)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token (LONGRUN_API_TOKEN)",
                             headers={"WWW-Authenticate": "Bearer"})
 
