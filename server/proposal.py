@@ -34,6 +34,7 @@ from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_co
 from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
 from server.models import Event, Host, MetricPoint, Run, utcnow
+from server.retrain_time import retrain_seconds, with_ttt
 from server.schemas import DryRunPublic, without_env_values
 from server.spec import RunCreate, spec_dict
 from server.wakeup import wake_workers
@@ -113,21 +114,6 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
             break
         taus.append(float(value))
     return accs, taus
-
-
-def with_ttt(spec: RunCreate, ttt: int) -> RunCreate:
-    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"ttt_steps": ttt})})
-
-
-def retrain_seconds(measured: list[eta.Measured], spec: RunCreate, depths: int) -> dict[int, float]:
-    """The dry run's predicted duration for a fresh attempt at each TTT depth 1..depths (measured pace)."""
-    out = {}
-    if spec.trainer and measured:
-        for ttt in range(1, depths + 1):
-            seconds, _ = eta.predict_duration(measured, with_ttt(spec, ttt))
-            if seconds is not None:
-                out[ttt] = seconds
-    return out
 
 
 def _dry_run(measured: list[eta.Measured], spec: RunCreate) -> DryRunPublic:

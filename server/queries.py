@@ -9,11 +9,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from server import eta, hosts, pace, proposal, views
+from server import eta, hosts, pace, views
 from server.advisor import CostModel, Drafting, advise
 from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run
+from server.retrain_time import retrain_seconds
 from server.schemas import RunAdvicePublic
 
 # how many recent measured attempts a prediction without a measurement of its own looks through
@@ -367,7 +368,7 @@ def run_advice(session: Session, run_id: str, interconnect: str | None, tp: int 
     interconnect, tp = interconnect or "nvlink", tp or 8
     measured = measured_attempts(session, run)
     base = next(a.typed_spec for a in run.attempts if a.number == report.attempt)
-    seconds_by_ttt = proposal.retrain_seconds(measured, base, len(report.position_acceptance))
+    seconds_by_ttt = retrain_seconds(measured, base, len(report.position_acceptance))
     if drafting is not None:
         try:
             drafting.sharded(tp)
