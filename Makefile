@@ -13,7 +13,7 @@ LOWEST_VENV ?= .venv-lowest
 # (19m50s of tests, 23 CPU-minutes in 22 minutes), so three
 TEST_PROCESSES ?= 3
 
-.PHONY: setup test test-fast test-lowest lint demo system-deps clean gpu-check
+.PHONY: setup test test-fast test-lowest lint demo demo-quick system-deps clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,10 @@ gpu-check:
 
 demo: setup
 	$(BIN)/python examples/demo.py
+
+# the same loop on a smaller verifier (60 steps), 80 samples and one epoch: a minute or two on 2 cores
+demo-quick: setup
+	$(BIN)/python examples/demo.py --quick
 
 clean:
 	rm -rf .demo .pytest_cache $(LOWEST_VENV)

@@ -39,6 +39,12 @@ PCIE_BOX = ROOT / "tests" / "fixtures" / "pcie-model" / "allreduce-pcie-tp8.json
 DEPLOY = {"host": "pcie-box", "tp": 8, "engine": "sglang", "max_depth": 5}
 # Enough rounds that the figures at deep positions mean something (6 prompts x 48 tokens did not).
 EVAL_PROMPTS, EVAL_NEW_TOKENS = 32, 96
+# `make demo-quick` (--quick): the same loop (submit, live view and proposal, restart deeper, report) on a verifier
+# trained 60 steps instead of 300, 80 samples prepared as written (no --regenerate), one epoch and a short
+# evaluation: the figures mean little, the loop is all there (206 s on 2 busy cores, README's table)
+QUICK = {"verifier_steps": 60, "samples": 80, "epochs": 1, "eval_samples": 4, "eval_new_tokens": 32}
+FULL = {"verifier_steps": None, "samples": 400, "epochs": 3, "eval_samples": EVAL_PROMPTS,
+        "eval_new_tokens": EVAL_NEW_TOKENS}
 
 
 def say(text: str) -> None:
@@ -110,13 +116,18 @@ class Demo:
             time.sleep(every)
 
 
-def prepare_inputs(regenerate: bool) -> tuple[Path, Path]:
+def prepare_inputs(regenerate: bool, sizes: dict[str, Any]) -> tuple[Path, Path]:
     """The demo verifier (built once, then cached) and its hidden states, under .demo/."""
-    verifier, data = DEMO / "verifier", DEMO / ("data-regenerated" if regenerate else "data")
-    say("1. a verifier that needs no download: a small Llama trained on this machine's Python sources")
+    quick = sizes is QUICK
+    verifier = DEMO / ("verifier-quick" if quick else "verifier")
+    data = DEMO / ("data-quick" if quick else "data-regenerated" if regenerate else "data")
+    say("1. a verifier that needs no download: a small Llama trained on this machine's Python sources (once, then "
+        "cached; " + ("under a minute on 2 quiet cores, ~2 min on busy ones" if quick else "about 2 min on 2 quiet "
+                      "cores, up to 25 min on busy ones; `make demo-quick` trains a smaller one") + ")")
     t = time.time()
-    subprocess.run([sys.executable, "-m", "trainer.demo_verifier", "--output-dir", str(verifier), "--size", "tiny"],
-                   cwd=ROOT, check=True)
+    steps = ["--steps", str(sizes["verifier_steps"])] if sizes["verifier_steps"] else []
+    subprocess.run([sys.executable, "-m", "trainer.demo_verifier", "--output-dir", str(verifier), "--size", "tiny",
+                    *steps], cwd=ROOT, check=True)
     print(f"  ready in {time.time() - t:.0f}s: {verifier}")
     if not (data / "prepare.json").exists():
         say("2. prepare --regenerate: the verifier rewrites the second half of each training sample with its own "
@@ -125,7 +136,7 @@ def prepare_inputs(regenerate: bool) -> tuple[Path, Path]:
             "2. prepare: run the verifier once over the corpus as written, store hidden states and the draft vocabulary")
         subprocess.run([sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier),
                         "--corpus", str(verifier / "corpus" / "train.jsonl"), "--output-dir", str(data),
-                        "--max-seq-len", "128", "--max-samples", "400", "--draft-vocab-size", "1024",
+                        "--max-seq-len", "128", "--max-samples", str(sizes["samples"]), "--draft-vocab-size", "1024",
                         *(["--regenerate"] if regenerate else [])], cwd=ROOT, check=True)
     else:
         say(f"2. prepare: hidden states already in {data}")
@@ -229,7 +240,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-regenerate", action="store_true",
                         help="train on the corpus as written, to compare (docs/benchmarks.md)")
-    verifier, data = prepare_inputs(not parser.parse_args().no_regenerate)
+    parser.add_argument("--quick", action="store_true", help="the whole loop on a smaller verifier, fewer samples and "
+                        "one epoch, in a minute or two on 2 cores (`make demo-quick`); the figures mean little")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    started = time.time()
+    verifier, data = prepare_inputs(not (args.no_regenerate or args.quick), sizes)
     demo = Demo()
     say("3. start the service: embedded SQLite, the `local` host")
     demo.start_server()
@@ -238,10 +254,10 @@ def main() -> int:
         spec = {"name": "demo-eagle3-ttt3", "host": "local", "nproc_per_node": 2,
                 "trainer": {"verifier_path": str(verifier), "data_dir": str(data / "hidden_states"),
                             "vocab_mapping_dir": str(data / "vocab_mapping"), "output_dir": out,
-                            "epochs": 3, "lr": 3e-3, "max_seq_len": 128, "num_workers": 1, "ttt_steps": 3,
+                            "epochs": sizes["epochs"], "lr": 3e-3, "max_seq_len": 128, "num_workers": 1, "ttt_steps": 3,
                             "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05,
                             "eval_corpus": str(verifier / "corpus" / "heldout.txt"), "eval_max_depth": 6,
-                            "eval_samples": EVAL_PROMPTS, "eval_new_tokens": EVAL_NEW_TOKENS}}
+                            "eval_samples": sizes["eval_samples"], "eval_new_tokens": sizes["eval_new_tokens"]}}
         host = DEPLOY["host"]
         say(f"4. the deployment box: register {host} and store its all-reduce times at tp={DEPLOY['tp']}: POST "
             f"/v1/hosts, POST /v1/hosts/{host}/interconnect")
@@ -301,6 +317,7 @@ def main() -> int:
                   f"({advice['speedup_vs_no_speculation']:.2f}x over no speculation); tokens/s by depth {speeds}")
             print(f"          retrain deeper? {'yes' if advice['retrain']['pays_off'] else 'no'}: "
                   f"{advice['retrain']['reason']}")
+        print(f"\nthe demo took {time.time() - started:.0f}s" + (" (`make demo` runs the full-size one)" if args.quick else ""))
         return 0 if final["status"] == "succeeded" else 1
     finally:
         demo.stop_server()

@@ -23,12 +23,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from trainer.timefmt import duration
+
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
 STAMP_FILE = "verifier_build.json"
+# the training prints a progress line at least this often (seconds), and at each tenth of its steps
+REPORT_SECONDS = 15.0
 BUILD_FILES = (
     "config.json",
     "model.safetensors",
@@ -214,6 +218,9 @@ def _train(
         raise ValueError(f"training text has {tokens.numel()} tokens, fewer than one window of {span}")
     losses = []
     model.train()
+    print(f"verifier: training {preset.steps} steps of {preset.batch_size} x {preset.seq_len} tokens on {device.type}",
+          flush=True)
+    started = last_report = time.monotonic()
     for step in range(preset.steps):
         starts = torch.randint(0, tokens.numel() - span + 1, (preset.batch_size,), generator=generator)
         batch = torch.stack([tokens[s : s + span] for s in starts.tolist()]).to(device)
@@ -227,8 +234,14 @@ def _train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        if (step + 1) % max(1, preset.steps // 10) == 0:
-            print(f"verifier: step {step + 1}/{preset.steps} loss {losses[-1]:.3f}", flush=True)
+        done, now = step + 1, time.monotonic()
+        # a line each tenth of the steps, or each REPORT_SECONDS on a slow (busy) machine, with the time it has
+        # taken and the ETA at the pace so far: the first command a user runs is not silent for minutes
+        if done % max(1, preset.steps // 10) == 0 or now - last_report >= REPORT_SECONDS or done == preset.steps:
+            last_report, elapsed = now, now - started
+            eta = f", ETA {duration(elapsed / done * (preset.steps - done))}" if done < preset.steps else ""
+            print(f"verifier: step {done}/{preset.steps} ({100 * done / preset.steps:.0f}%) loss {losses[-1]:.3f}, "
+                  f"{duration(elapsed)} so far{eta}", flush=True)
     return losses
 
 

@@ -52,7 +52,7 @@ export async function api(path, { method = "GET", body, params } = {}) {
     }
     throw new ApiError(response.status, detail);
   }
-  return response.json();
+  return response.status === 204 ? null : response.json();  // a DELETE answers with no body
 }
 
 export const runPath = (runId, tail = "") => `/v1/runs/${encodeURIComponent(runId)}${tail}`;

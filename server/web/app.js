@@ -1,7 +1,8 @@
-// The page's entry: the token prompt, and the two views chosen by the URL's fragment (#/ and #/runs/<id>).
+// The page's entry: the token prompt, and the views chosen by the URL's fragment (#/, #/runs/<id>, #/hosts).
 
 import { forgetToken, onUnauthorized, setToken, token } from "./api.js";
 import { el, replace } from "./dom.js";
+import { showHosts } from "./hosts-page.js";
 import { showRun } from "./run-page.js";
 import { showRunsList } from "./runs-list.js";
 
@@ -16,6 +17,7 @@ function route() {
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const match = /^\/runs\/([^/]+)$/.exec(path || "/");
   if (match) showRun(root, decodeURIComponent(match[1]), current.signal);
+  else if (path === "/hosts") showHosts(root);
   else showRunsList(root, new URLSearchParams(query || ""), current.signal);
 }
 

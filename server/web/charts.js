@@ -55,17 +55,22 @@ function markerPlugin(chart) {
         ctx.fillStyle = "#334155";
         ctx.setLineDash([4, 4]);
         ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-        ctx.textAlign = "left";
         ctx.textBaseline = "top";
-        for (const marker of chart.markers) {
+        const right = u.bbox.left + u.bbox.width, pad = 4 * devicePixelRatio, row = 14 * devicePixelRatio;
+        chart.markers.forEach((marker, i) => {
           const x = Math.round(u.valToPos(marker.x, "x", true));
-          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          if (x < u.bbox.left || x > right) return;
           ctx.beginPath();
           ctx.moveTo(x, top);
           ctx.lineTo(x, top + height);
           ctx.stroke();
-          ctx.fillText(marker.label, x + 4, top + 2 * devicePixelRatio);
-        }
+          // the label on the line's right, or on its left where it would run past the plot; one row per marker,
+          // so that fresh attempts all marked at step 0 do not write over each other
+          const width = ctx.measureText(marker.label).width;
+          const fits = x + pad + width <= right;
+          ctx.textAlign = fits ? "left" : "right";
+          ctx.fillText(marker.label, fits ? x + pad : Math.max(x - pad, u.bbox.left + width), top + 2 * devicePixelRatio + i * row);
+        });
         ctx.restore();
       }],
     },

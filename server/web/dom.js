@@ -53,4 +53,7 @@ export function progressBar(ratio) {
 
 export const statusBadge = (status) => el("span", { class: `badge status-${status}` }, status);
 
+// TTT step 0's loss (loss_0), comparable across depths; `loss` for a trainer that logs no per-step losses
+export const comparableLoss = (latest) => latest?.loss_0 ?? latest?.loss;
+
 export const tttDepth = (run) => run.spec?.trainer?.ttt_steps ?? run.latest?.ttt_steps ?? null;

@@ -2,7 +2,7 @@
 
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
-import { duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
+import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
 import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL } from "./names.js";
 
 const LOG_POLL_MS = 2000;
@@ -90,40 +90,18 @@ class MetricStore {
     return added;
   }
 
-  // what to add to each attempt's own steps so that attempts follow each other on one axis: one that resumed a
-  // checkpoint (its first step past 1) continues its predecessor's numbering, one that started over comes
-  // after everything before it (as `longrun export --tensorboard` numbers them)
-  stepOffsets() {
-    const first = new Map(), last = new Map();
-    for (const attempts of this.byName.values()) {
-      for (const [attempt, points] of attempts) {
-        for (const p of points) {
-          if (p.step === null) continue;
-          first.set(attempt, Math.min(first.get(attempt) ?? Infinity, p.step));
-          last.set(attempt, Math.max(last.get(attempt) ?? -Infinity, p.step));
-        }
-      }
-    }
-    const offsets = new Map();
-    let offset = 0, lastGlobal = 0;
-    for (const attempt of [...first.keys()].sort((a, b) => a - b)) {
-      offset = first.get(attempt) > 1 ? offset : lastGlobal;
-      offsets.set(attempt, offset);
-      lastGlobal = Math.max(lastGlobal, offset + last.get(attempt));
-    }
-    return offsets;
-  }
-
   names(match) {
     return [...this.byName.keys()].filter(match).sort(byNumberInName);
   }
 
+  // over steps each attempt is drawn at its own steps: one that resumed a checkpoint goes on from its predecessor's
+  // step, one that started over (a fresh restart at another depth) is drawn from step 0 over the earlier ones, so
+  // that the two compare step for step
   lines(names, xMode, smoothing = 0) {
-    const offsets = xMode === "step" ? this.stepOffsets() : new Map();
     return names.flatMap((name) => [...this.byName.get(name)].sort((a, b) => a[0] - b[0]).map(([attempt, points]) => ({
       name, attempt,
       points: smoothed(points.filter((p) => xMode === "time" || p.step !== null)
-        .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step + (offsets.get(attempt) ?? 0), p.value]),
+        .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step, p.value]),
       name.startsWith("val_") ? 0 : smoothing),
     })));
   }
@@ -304,7 +282,7 @@ export function showRun(root, runId, signal) {
       ["Steps/s", number(stepRate, 3)],
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
-      ["Last loss (Σ over TTT steps)", number(run.latest?.loss)],
+      ["Last loss (TTT step 0)", el("span", { id: "last-loss" }, number(comparableLoss(run.latest)))],
       ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.sim_tau_16, 3))],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
@@ -323,7 +301,19 @@ export function showRun(root, runId, signal) {
         } catch (error) { say(error.message, true); }
       },
     }, "Cancel run");
-    replace(actions, cancel);
+    // DELETE /v1/runs/{id}: an ended run only (the server refuses a live one, 409); its host files stay
+    const remove = el("button", {
+      id: "delete", class: "danger", disabled: !TERMINAL.has(run.status),
+      title: TERMINAL.has(run.status) ? "forget the run, its metrics, logs and events" : "cancel it first: only an ended run can be deleted",
+      onclick: async () => {
+        if (!confirm(`Delete run ${run.name} (${run.id}) with its metrics, logs and events? Its files on the host stay.`)) return;
+        try {
+          await api(runPath(run.id), { method: "DELETE" });
+          location.hash = "#/";
+        } catch (error) { say(error.message, true); }
+      },
+    }, "Delete run");
+    replace(actions, el("div", { class: "buttons" }, cancel, remove));
   }
 
   // prefill: {ttt, clean} from the proposal; the form then opens with its dry run asked for at once

@@ -1,7 +1,8 @@
-// The runs list: name, hosts, state, attempt, progress, ETA, TTT depth and last loss; filtered by state.
+// The runs list: name, hosts, state, attempt, progress, ETA, TTT depth and last loss (TTT step 0's, loss_0, as the
+// run page charts it: the same quantity at every depth, where the summed `loss` grows with it); filtered by state.
 
 import { api } from "./api.js";
-import { duration, el, number, progressBar, replace, statusBadge, tttDepth } from "./dom.js";
+import { comparableLoss, duration, el, number, progressBar, replace, statusBadge, tttDepth } from "./dom.js";
 import { RUN_STATES } from "./names.js";
 
 const REFRESH_MS = 3000;
@@ -16,7 +17,7 @@ function row(run) {
     el("td", {}, progressBar(run.progress)),
     el("td", { class: "num" }, duration(run.eta_seconds)),
     el("td", { class: "num" }, tttDepth(run) ?? "—"),
-    el("td", { class: "num" }, number(run.latest?.loss)));
+    el("td", { class: "num", "data-loss": "" }, number(comparableLoss(run.latest))));
 }
 
 export function showRunsList(root, params, signal) {
@@ -30,7 +31,7 @@ export function showRunsList(root, params, signal) {
   replace(root,
     el("div", { class: "toolbar" }, el("h1", {}, "Runs"), el("label", {}, "State ", filter)),
     el("table", { class: "runs", id: "runs" },
-      el("thead", {}, el("tr", {}, ["Name", "Host", "State", "Attempt", "Progress", "ETA", "TTT", "Last loss"]
+      el("thead", {}, el("tr", {}, ["Name", "Host", "State", "Attempt", "Progress", "ETA", "TTT", "Last loss (TTT step 0)"]
         .map((h) => el("th", {}, h)))),
       body),
     status);
