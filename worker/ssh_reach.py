@@ -11,6 +11,7 @@ the registration's default, which yields to the file's `Port`.
 import base64
 import binascii
 import getpass
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,8 @@ from collections.abc import Callable
 import paramiko
 
 from worker.host_errors import AuthRefused, HostKeyRefused, HostUnreachable
+
+log = logging.getLogger("longrun.worker")
 
 
 def parse_public_key(line: str) -> paramiko.PKey:
@@ -57,6 +60,21 @@ def load_key(key_path: str | None) -> paramiko.PKey | None:
     except (OSError, paramiko.SSHException, ValueError) as exc:
         raise AuthRefused(f"cannot load the SSH key {key_path}: {exc}") from exc
 
+
+
+def no_ssh_server(target: str, exc: BaseException) -> HostUnreachable:
+    """The error of a connect to `target` that reached no SSH server that would talk to us, for the API to show.
+
+    Anyone who may register a host names its address and port, so what the socket said (refused, timed out, an
+    answer that is no SSH banner, a jump host's refused channel) would tell an open port from a closed one on any
+    machine the server reaches: those all read the same, and the socket's words go to the server's log alone. An
+    SSH server that answers but shares no algorithm or version with us is said as such, as a refused key is: it
+    says no more about the port than that an SSH server is there, and the fix is the user's."""
+    if isinstance(exc, paramiko.ssh_exception.IncompatiblePeer):
+        return HostUnreachable(f"cannot connect to {target}: an SSH server answered, but: {str(exc)[:200]}")
+    log.warning("cannot connect to %s: %s: %s", target, type(exc).__name__, exc)
+    return HostUnreachable(f"cannot connect to {target}: unreachable, or not an SSH server (no SSH server answered "
+                           "there; the server's log says what the connection met)")
 
 
 def read_ssh_config(path: str | None) -> paramiko.SSHConfig | None:

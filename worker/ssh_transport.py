@@ -32,6 +32,7 @@ from worker.ssh_reach import (
     describe_key,
     known_hosts_files,
     load_key,
+    no_ssh_server,
     open_jump_channel,
     parse_public_key,
     read_ssh_config,
@@ -178,8 +179,7 @@ class SSHTransport(Transport):
                             f"Add its public key to ~{self.username}/.ssh/authorized_keys on the host, "
                             "or register the host with the right username and key_path") from exc
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise HostUnreachable(f"cannot connect to {self.username}@{self.address}:{self.port}: "
-                                 f"{exc or type(exc).__name__}") from exc
+            raise no_ssh_server(f"{self.username}@{self.address}:{self.port}", exc) from exc
 
     def _connection(self) -> paramiko.SSHClient:
         asked = time.monotonic()
