@@ -61,11 +61,23 @@ SSH_FAILED = 255
 # a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
 MAX_ANSWER_BYTES = 64 << 20
 # run when the agent is not installed yet: install it from stdin (after the request line), then run it (run_path
-# runs a zipapp's __main__.py with the archive first on sys.path)
+# runs a zipapp's __main__.py with the archive first on sys.path). Given the workspace and its real path when the
+# host was registered (argv 3 and 4), it first checks that the directory it installs into still leads inside
+# that: a workspace swapped for a symlink to / since would have it write /.longrun/bin
 INSTALL_AND_RUN = (
-    "import io, os, runpy, sys\n"
+    "import io, json, os, runpy, sys\n"
     "path, verb = sys.argv[1], sys.argv[2]\n"
     "request, source = sys.stdin.buffer.readline(), sys.stdin.buffer.read()\n"
+    "if len(sys.argv) == 5:\n"
+    "    workspace, registered = sys.argv[3], sys.argv[4]\n"
+    "    for where in (workspace, os.path.dirname(path)):\n"
+    "        real = os.path.realpath(where)\n"
+    "        if real != registered and (where == workspace or not real.startswith(registered.rstrip('/') + '/')):\n"
+    "            sys.stdout.write(json.dumps({'error': 'refusing to install the host agent under %s: %s leads to %s "
+    "(its symlinks followed on the host), not inside the workspace %s as registered (%s); nothing was written. Put "
+    "the workspace back, or give it again (longrun hosts update HOST --workspace DIR)' % (os.path.dirname(path), "
+    "where, real, workspace, registered)}) + '\\n')\n"
+    "            sys.exit(2)\n"
     "umask = os.umask(0o077)\n"
     "os.makedirs(os.path.dirname(path), exist_ok=True)\n"
     "with open(path + '.%d' % os.getpid(), 'wb') as f:\n"
@@ -76,6 +88,9 @@ INSTALL_AND_RUN = (
     "runpy.run_path(path, run_name='__main__')\n"
 )
 
+# the request's field that names the workspace and its real path when the host was registered, checked by the agent
+# before it writes (worker/hostside/files.py workspace_moved)
+WORKSPACE_CHECK = "workspace_check"
 # how the host's python runs the agent: no site hooks (-S), and UTF-8 mode (-X utf8, Python >= 3.7), so that
 # paths, files and subprocess pipes are UTF-8 whatever the host's locale, LANG, LC_ALL or PYTHONUTF8 say (under
 # LC_ALL=C with PYTHONUTF8=0 a python's filesystem encoding is ASCII: a workspace named in other letters could not
@@ -103,11 +118,15 @@ HOST_PYTHON_FLOOR = (3, 8)
 
 class HostAgent:
     def __init__(self, transport: Transport, workspace: str, python: str = "python3",
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, registered_real: str | None = None):
+        """`registered_real`: the workspace's real path as its host resolved it when the host was registered (None:
+        not known yet). With it, every call is refused on the host before anything is written there when the
+        workspace no longer leads there (the agent's install, `launch` and `clean`: WORKSPACE_CHECK)."""
         self.transport = transport
         self.layout = HostLayout(workspace)
         self.python = python
         self.timeout = timeout
+        self.registered_real = registered_real
         self.script = f"{self.layout.bin_dir}/{HOSTSIDE_NAME}"
 
     def call(self, request: Request, timeout: float | None = None) -> Any:
@@ -116,9 +135,14 @@ class HostAgent:
         # -S: the agent needs only the standard library, and a venv's site hooks would double its start-up;
         # -X utf8 (AGENT_FLAGS): its paths, files and pipes are UTF-8 whatever the host's locale
         run = shlex.join([self.python, *AGENT_FLAGS, self.script, request.verb])
-        install = shlex.join([self.python, *AGENT_FLAGS, "-c", INSTALL_AND_RUN, self.script, request.verb])
+        registered = [self.layout.workspace, self.registered_real] if self.registered_real else []
+        install = shlex.join([self.python, *AGENT_FLAGS, "-c", INSTALL_AND_RUN, self.script, request.verb,
+                              *registered])
         command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
-        payload = json.dumps(request.to_wire()).encode() + b"\n" + HOSTSIDE_ZIPAPP
+        wire = request.to_wire()
+        if self.registered_real:
+            wire[WORKSPACE_CHECK] = {"path": self.layout.workspace, "real": self.registered_real}
+        payload = json.dumps(wire).encode() + b"\n" + HOSTSIDE_ZIPAPP
         result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
         answer = _answer_of(request.verb, result)
         try:

@@ -64,7 +64,7 @@ class HostContact:
 
     def agent(self, host: Host) -> HostAgent:
         return _NamedAgent(self, host.name, self.transports.get(host), host.workspace, host.python,
-                           timeout=self.command_timeout)
+                           timeout=self.command_timeout, registered_real=host.workspace_real)
 
     def answered(self, name: str) -> None:
         with self._lock:

@@ -138,7 +138,8 @@ class RunDriver:
         """Start the current attempt on every node; `views` are GPU snapshots just taken, by host name."""
         attempt = run.current
         for name in dict.fromkeys(run.hosts):
-            refuse_workspace(self.db, self.contact, hosts[name])  # before anything is written under it
+            # before anything is written under it; the agent checks again on the host that it still leads there
+            refuse_workspace(self.db, self.contact, hosts[name])
         if not attempt.nodes:
             # record where the attempt lives before anything starts, so a crash cannot orphan it
             placement = [(name, self.contact.layout(hosts[name]).attempt_dir(run.id, attempt.number, i))
@@ -247,6 +248,7 @@ class RunDriver:
         spec = run.typed_spec
         target, keep = spec.clean_dir, spec.trainer.init_from if spec.trainer else None
         for name in run.hosts:
+            refuse_workspace(self.db, self.contact, hosts[name])  # and the agent checks it again there
             stash = keep if keep and self.contact.layout(hosts[name]).holds_records_of(keep, run.id) else None
             self.contact.agent(hosts[name]).clean(target, keep_into=stash)
 

@@ -1,7 +1,9 @@
 """The workspace check: a host's workspace resolved on the host, its symlinks followed there, before anything is
 written under it (the host agent is installed there): one that leads to / or a system directory is refused. The
 connection warmer asks at its first contact, which registration waits for (a 422); a host not reached then is
-checked at its first launch, which fails the run naming the workspace."""
+checked at its first launch, which fails the run naming the workspace. The real path found then is what the host
+agent is told with every request: at each launch and clean (and before it installs itself) it resolves the
+workspace again on the host and refuses, writing nothing, when it leads elsewhere (swapped for a symlink since)."""
 
 from server.db import Database
 from server.layout import workspace_refusal
@@ -34,8 +36,11 @@ def resolve(db: Database, contact: HostContact, host: Host) -> str:
 
 
 def refuse_workspace(db: Database, contact: HostContact, host: Host) -> None:
-    """Raise CommandFailed (the run fails with it) when the host's workspace leads to / or a system directory."""
-    why = workspace_refusal(host.workspace, resolve(db, contact, host))
+    """Raise CommandFailed (the run fails with it) when the host's workspace leads to / or a system directory.
+    `host` learns its real path, so that the agent made for it next is told it: the agent checks on the host, at
+    every call that writes, that the workspace still leads there (worker/hostside/files.py workspace_moved)."""
+    host.workspace_real = resolve(db, contact, host)
+    why = workspace_refusal(host.workspace, host.workspace_real)
     if why is not None:
         raise CommandFailed(f"host {host.name}: {why} (longrun hosts update {host.name} --workspace DIR)", host.name)
 

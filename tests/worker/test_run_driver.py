@@ -152,7 +152,9 @@ def test_a_clean_restart_empties_the_output_keeping_the_draft_it_starts_from(rig
                                             "output_dir": "/ws/out", "init_from": stash})
     rig.step(run_id)
     clean = next(req for verb, req in host.calls if verb == "clean")
-    assert clean == {"workspace": "/ws", "records": "/ws/.longrun", "path": "/ws/out", "keep_into": stash}
+    # with the workspace's real path as resolved at registration, for the host to check it still leads there
+    assert clean == {"workspace": "/ws", "records": "/ws/.longrun", "path": "/ws/out", "keep_into": stash,
+                     "workspace_check": {"path": "/ws", "real": "/ws"}}
     assert host.files == {f"{stash}/model.safetensors"}
     assert rig.run(run_id).status == "running" and rig.run(run_id).clean_pending is False
 

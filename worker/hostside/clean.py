@@ -5,6 +5,8 @@ import errno
 import os
 import stat
 
+from .files import workspace_moved
+
 
 def _within(workspace, path):
     """The components of `path` below `workspace` (both as given, and the workspace also resolved), or None."""
@@ -58,7 +60,11 @@ def _remove_at(dir_fd, name):
 
 def clean(req):
     """Empty a directory strictly inside the workspace and outside longrun's records. Every step goes through a
-    directory fd opened with O_NOFOLLOW, so no symlink, there from the start or swapped in meanwhile, leads out."""
+    directory fd opened with O_NOFOLLOW, so no symlink, there from the start or swapped in meanwhile, leads out;
+    nor a workspace that no longer leads where it did when the host was registered."""
+    moved = workspace_moved(req)
+    if moved is not None:
+        return {"error": f"clean: {moved}"}
     workspace = os.path.realpath(req["workspace"])
     target = req["path"]
     if workspace == "/":

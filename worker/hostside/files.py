@@ -38,6 +38,23 @@ LOG_KEPT_BYTES = 64 << 20
 CALLER_UMASK = 0o022
 
 
+def workspace_moved(req, *paths):
+    """Why nothing may be written for `req`: its workspace no longer leads to its real path when the host was
+    registered (`workspace_check`, which worker/host_agent.py adds to every request once it knows it), or one of
+    `paths` leads outside it, their symlinks followed now; None when both hold, or nothing was registered."""
+    check = req.get("workspace_check")
+    if not isinstance(check, dict) or not isinstance(check.get("path"), str) or not isinstance(check.get("real"), str):
+        return None
+    workspace, registered = check["path"], check["real"]
+    for path in (workspace,) + paths:
+        real = os.path.realpath(path)
+        if real != registered and (path == workspace or not real.startswith(registered.rstrip("/") + "/")):
+            return (f"refusing to write under {path}: it leads to {real} (its symlinks followed on the host), not "
+                    f"inside the workspace {workspace} as registered ({registered}); nothing was written. Put the "
+                    "workspace back, or give it again (longrun hosts update HOST --workspace DIR)")
+    return None
+
+
 def write_atomic(path, text, replace=True):
     """Write `path` whole or not at all; with replace=False a file already there is kept (first writer wins)."""
     tmp = f"{path}.{os.getpid()}.tmp"  # per writer: two processes may write the same file at once

@@ -103,8 +103,12 @@ def _start_wrapper(d, env, cwd, layer):
 
 def launch(req):
     """Start the detached wrapper in the best containment the host offers and return once it holds the
-    attempt; a second call for the same dir is a no-op."""
+    attempt; a second call for the same dir is a no-op. Refused, with nothing written, when the workspace or the
+    attempt directory no longer leads inside the workspace as registered."""
     d = req["dir"]
+    moved = files.workspace_moved(req, d)
+    if moved is not None:
+        return {"error": f"launch: {moved}"}
     os.makedirs(d, mode=0o700, exist_ok=True)
     os.chmod(d, 0o700)
     if req.get("slurm"):
