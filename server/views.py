@@ -36,8 +36,12 @@ def attempt_public(a: Attempt) -> AttemptPublic:
 
 
 def needs_pace_history(run: Run) -> bool:
-    """Whether the run's ETA has to come from other runs' attempts: active, and none of its own measured."""
-    return run.status not in TERMINAL and run.current.sec_per_step is None and not pace.own_paces(run)
+    """Whether the run's ETA needs other runs' attempts: active, and none of its own measured, or none of its own
+    finished to say how long the wrap-up after the last step takes (pace.wrapup_seconds)."""
+    if run.status in TERMINAL:
+        return False
+    own = pace.own_paces(run)
+    return (run.current.sec_per_step is None and not own) or not any(m.wrapup_seconds for m in own)
 
 
 def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float | None, float | None]:

@@ -88,3 +88,28 @@ def test_the_eta_counts_down_through_the_wrap_up_an_earlier_attempt_took_not_0_a
     got = api.client.get(f"/v1/runs/{run['id']}").json()
     assert got["progress"] == 1.0
     assert 140 <= got["eta_seconds"] <= 151  # 210 s of wrap-up less the 60 s since the last step
+
+
+def test_a_first_attempts_eta_counts_the_wrap_up_a_similar_earlier_run_on_the_host_took(api) -> None:
+    from datetime import timedelta
+
+    from server.lifecycle import RunStatus as S
+    from server.models import Attempt, utcnow
+
+    now = utcnow()
+    earlier = api.submit(name="earlier")
+    api.move(earlier["id"], S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
+    current = api.submit(name="current")
+    api.move(current["id"], S.LAUNCHING, S.RUNNING)
+    with api.session() as s:  # the earlier run: 100 steps of 1 s, then 120 s of evaluation
+        a = s.query(Attempt).filter_by(run_id=earlier["id"]).one()
+        a.status, a.sec_per_step, a.total_steps, a.last_step = "succeeded", 1.0, 100, 100
+        a.started_at, a.first_step_at = now - timedelta(seconds=1000), now - timedelta(seconds=999)
+        a.ended_at = a.started_at + timedelta(seconds=100 + 120)
+        b = s.query(Attempt).filter_by(run_id=current["id"]).one()  # at its last step 20 s ago
+        b.status, b.sec_per_step, b.total_steps, b.last_step = "running", 1.0, 100, 100
+        b.started_at, b.step_seen_at = now - timedelta(seconds=130), now - timedelta(seconds=20)
+    got = api.client.get(f"/v1/runs/{current['id']}").json()
+    assert 95 <= got["eta_seconds"] <= 101
+    listed = {r["id"]: r for r in api.client.get("/v1/runs").json()["items"]}
+    assert 95 <= listed[current["id"]]["eta_seconds"] <= 101
