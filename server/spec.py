@@ -10,7 +10,15 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from server.log_patterns import FORMATS as LOG_FORMATS
 from server.log_patterns import MAX_PATTERNS as MAX_LOG_PATTERNS
