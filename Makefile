@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		echo "installing torch==$(TORCH_VERSION) from $${index:-pip's configured index}"; \
 		$(BIN)/pip install -q $${index:+--index-url "$$index"} "torch==$(TORCH_VERSION)"; }
 	$(BIN)/pip install -q -e ".[dev,trainer,postgres]"
-	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -18,8 +18,10 @@ from typing import Any
 
 import regex
 
-from server.log_patterns import FORMATS, compile_pattern
+from server import log_patterns
+from server.log_patterns import FORMATS, FoundTotal, compile_pattern
 from server.spec import LogMetricsSpec, RunCreate
+from worker.protocol import TotalsQuery
 
 # a longer record is not a progress line (and would be slow to scan)
 MAX_RECORD_CHARS = 16384
@@ -54,6 +56,10 @@ SPACED_PAIR_RE = re.compile(KEY + rf"\s+({NUMBER})(?![\w.:/])")
 # Rich's log handler: `[12:00:01] INFO     message   file.py:42`, continued on lines indented past the level
 RICH_HEADER_RE = re.compile(r"^(?:\[[^\]]{1,40}\]|\s+)\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S")
 RICH_CONTINUATION_RE = re.compile(r"^\s{8,}\S")
+# a line that says the run's total and nothing of a step: SpecForge's scripts/train_eagle3.py prints
+# `rank 0: Auto-calculated total_steps: 1200 (num_epochs=2 * steps_per_epoch=600)` (or `Using provided total_steps:
+# 500`) before its first step
+TOTAL_PHRASE_RE = re.compile(r"(?<![\w./-])total_steps\s*(?:=|:\s)\s*(\d{1,10})(?![\w.])")
 
 
 @dataclass(frozen=True)
@@ -251,8 +257,11 @@ def parse_line(text: str, formats: frozenset[str]) -> dict[str, Any]:
             pairs.setdefault("total_steps", phrase[2])
     out: dict[str, Any] = {}
     _take(pairs, out)
-    # numbers with neither a step nor a loss are a configuration dump, not progress
-    return out if "step" in out or any(_is_loss(k) for k in out) else {}
+    # numbers with neither a step nor a loss are a configuration dump, not progress; a total said on its own is
+    if "step" in out or any(_is_loss(k) for k in out):
+        return out
+    total = TOTAL_PHRASE_RE.search(text)
+    return {"total_steps": count} if total and (count := _count(total[1])) else {}
 
 
 def parse_record(text: str, config: LogMetricsConfig,
@@ -315,3 +324,19 @@ def read_log(text: str, first_index: int, midline: bool, complete: bool, config:
                 values.setdefault("total_steps", config.total_steps)
             records.append(LogRecord(first_index + i, values, seconds))
     return LogRead(records, consumed, ends_midline, [config.patterns[i].pattern for i in budget.out_of_time()])
+
+
+def totals_query(spec: RunCreate) -> TotalsQuery | None:
+    """What node 0's launch asks its host to read for the run's total steps (LaunchRequest.totals): for an
+    entrypoint run of speculators' or SpecForge's `train` whose spec and arguments state none."""
+    if spec.trainer is not None or spec.stated_total_steps:
+        return None
+    query = log_patterns.totals_query(spec.entrypoint, list(spec.args), spec.cwd)
+    return TotalsQuery(**query) if query else None
+
+
+def found_total(spec: RunCreate, facts: Any) -> FoundTotal | None:
+    """The run's total steps from what its host read for `totals_query(spec)` (LaunchAnswer.totals), with how it
+    was found (`note`: an estimate says so and from what); None where the host could not read it."""
+    query = totals_query(spec)
+    return log_patterns.total_from_facts(query.trainer, facts, spec.ranks) if query else None

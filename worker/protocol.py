@@ -137,12 +137,15 @@ class LaunchAnswer:
     # a batch job may wait in its scheduler's queue (pending) before it runs
     state: NodeState = NodeState.RUNNING
     queue: QueueState | None = None
+    # asked with `totals`: what the host read for the trainer's total steps (worker/hostside/totals.py), untrusted:
+    # server/log_patterns.py total_from_facts reads it
+    totals: dict[str, Any] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> "LaunchAnswer":
         return cls(_typed(raw, "pid", int), _typed(raw, "already", bool), _typed(raw, "containment", str, True),
                    NodeState(_typed(raw, "state", str, True) or NodeState.RUNNING),
-                   QueueState.from_wire(raw.get("queue")))
+                   QueueState.from_wire(raw.get("queue")), _typed(raw, "totals", dict, True))
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,19 @@ class SlurmBatch:
 
     script: str
     job_name: str
+
+
+@dataclass(frozen=True)
+class TotalsQuery:
+    """What the host reads for a foreign trainer's total steps (worker/hostside/totals.py): its config's keys
+    (`config`, relative to `cwd`) under its command line's `flags` and `overrides`, and its data's size. Built from
+    the run's command line by server/log_patterns.py totals_query, for speculators' and SpecForge's `train`."""
+
+    trainer: str
+    cwd: str | None
+    config: str | None
+    flags: dict[str, Any] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -168,6 +184,8 @@ class LaunchRequest(Request):
     node_address: str | None = None
     # submit this batch job to Slurm instead of starting `argv` (the script starts torchrun on the allocated nodes)
     slurm: SlurmBatch | None = None
+    # read the facts of the trainer's total steps too (node 0 of an entrypoint run that totals_query names)
+    totals: TotalsQuery | None = None
 
 
 @dataclass(frozen=True)
