@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from server.log_patterns import setting_from_arguments
 from server.spec import RunCreate
 
 # the smoothing weight of the newest step-time sample
@@ -45,7 +46,9 @@ def ttt_of(spec: RunCreate) -> int | None:
 
 
 def _trainer_setting(spec: RunCreate, name: str) -> int | None:
-    return getattr(spec.trainer, name) if spec.trainer else None
+    """The bundled trainer's setting, or an entrypoint run's as its arguments name it (a restart of
+    `speculators train --epochs 3` with `--epochs 6` is priced at twice the steps)."""
+    return getattr(spec.trainer, name) if spec.trainer else setting_from_arguments(spec.args, name)
 
 
 @dataclass(frozen=True)

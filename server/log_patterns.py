@@ -67,6 +67,17 @@ def _arguments(args: list[str]) -> dict[str, int]:
     return found
 
 
+# (not the sequence length: speculators packs to its total_seq_len, so a longer one makes fewer, longer steps)
+SETTING_NAMES = {"epochs": EPOCH_NAMES, "max_steps": STEP_NAMES}
+
+
+def setting_from_arguments(args: list[str] | None, name: str) -> int | None:
+    """A foreign trainer's `epochs` or `max_steps` as its arguments name it (speculators' `--epochs`, SpecForge's
+    `training.num_epochs=`), else None."""
+    found = _arguments(list(args or []))
+    return next((found[n] for n in SETTING_NAMES.get(name, ()) if found.get(n)), None)
+
+
 def total_from_arguments(args: list[str] | None, ranks: int = 1) -> int | None:
     """The run's total steps where a foreign trainer's arguments give them, else None."""
     found = _arguments(list(args or []))

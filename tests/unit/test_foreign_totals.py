@@ -332,3 +332,15 @@ def test_yaml_reader_reads_scalars_as_safe_load_and_names_what_it_cannot() -> No
         assert values[f"training.{key}"] == loaded[key] and type(values[f"training.{key}"]) is type(loaded[key])
     assert set(unreadable) == {"training.list", "training.block", "training.flow"}
     assert math.isclose(values["training.lr"], 1e-4)
+
+
+def test_a_restart_with_more_epochs_on_the_command_line_is_priced_at_more_steps(tmp_path: Path) -> None:
+    from server.eta import Measured, predict_duration
+
+    ran = spec(SPECULATORS, ["train", "--epochs", "3", "--data-path", "d"], tmp_path)
+    seconds, how = predict_duration([Measured(ran, sec_per_step=0.5, total_steps=600)],
+                                    spec(SPECULATORS, ["train", "--epochs", "6", "--data-path", "d"], tmp_path))
+    assert seconds == 1200 * 0.5 and "steps scaled for 6 epochs instead of 3" in how
+    seconds, _ = predict_duration([Measured(spec(SPECFORGE, ["train", "-c", "r.yaml"], tmp_path), 0.5, 600)],
+                                  spec(SPECFORGE, ["train", "-c", "r.yaml", "training.max_steps=100"], tmp_path))
+    assert seconds == 100 * 0.5
