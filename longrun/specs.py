@@ -1,7 +1,9 @@
 """Run specs as files: YAML or JSON (docs/api.md's fields either way), or `-` for standard input."""
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +46,51 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+# trainer paths the job reads, and those it writes (on the host: under its workspace when relative)
+INPUT_PATHS = ("verifier_path", "data_dir", "vocab_mapping_dir", "eval_corpus", "init_from")
+HOST_PATHS = ("output_dir", "tracking_dir")
+LOCAL_HOST = "local"
+
+
+def resolve_paths(spec: dict[str, Any], spec_file: str, workspace_of: Callable[[str], str]) -> list[str]:
+    """Make the spec's relative paths absolute, in place, and say what each became. A path the job writes
+    (trainer.output_dir, trainer.tracking_dir, a command run's output_dir) is on the host: a relative one lies under
+    the host's workspace, so a clean restart may empty it. A path the trainer reads lies beside the spec file when the
+    host is `local` (this machine, where the file is), else under the host's workspace too. `~`, and `..` under a
+    workspace, are not resolved here: the server refuses what is not absolute, naming the field."""
+    hosts = spec.get("hosts") or ([spec["host"]] if isinstance(spec.get("host"), str) else [])
+    host = hosts[0] if hosts and isinstance(hosts[0], str) else None
+    base = Path(spec_file).resolve().parent if spec_file != "-" else Path.cwd()
+    workspace: list[str] = []
+
+    def host_dir() -> str | None:
+        if host is None:
+            return None
+        if not workspace:
+            workspace.append(workspace_of(host))
+        return workspace[0]
+
+    said = []
+
+    def resolve(section: dict[str, Any], key: str, where: str, beside_file: bool) -> None:
+        value = section.get(key)
+        if not isinstance(value, str) or not value or value.startswith(("/", "~")):
+            return
+        if not beside_file and ".." in Path(value).parts:
+            return  # not out of the workspace
+        root = str(base) if beside_file else host_dir()
+        if root is None:
+            return
+        section[key] = os.path.normpath(Path(root) / value)
+        said.append(f"{where}{key}: {value} -> {section[key]}")
+
+    trainer = spec.get("trainer")
+    if isinstance(trainer, dict):
+        for key in INPUT_PATHS:
+            resolve(trainer, key, "trainer.", beside_file=host == LOCAL_HOST)
+        for key in HOST_PATHS:
+            resolve(trainer, key, "trainer.", beside_file=False)
+    resolve(spec, "output_dir", "", beside_file=False)
+    return said

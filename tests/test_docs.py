@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longrun.specs import read_spec
+from longrun.specs import read_spec, resolve_paths
 from server.schemas import RunCreate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +37,7 @@ def test_every_example_and_doc_the_readme_names_exists():
                                         if p.suffix in (".yaml", ".yml", ".json")))
 def test_example_specs_are_valid_run_specs(path):
     spec = read_spec(str(ROOT / "examples" / path))
+    resolve_paths(spec, str(ROOT / "examples" / path), lambda host: "/home/u/.longrun/workspace")  # as submit does
     RunCreate.model_validate(spec)
 
 

@@ -25,7 +25,7 @@ from longrun.commands.common import (
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, outcome_code
 from longrun.safe_text import clean, safe
-from longrun.specs import parse_assignments, read_spec
+from longrun.specs import parse_assignments, read_spec, resolve_paths
 from longrun.views import attempts_table, duration, progress_line, run_panel, runs_table
 
 app = typer.Typer()
@@ -136,6 +136,8 @@ def submit(
     begin(as_json)
     spec = read_spec(spec_file)
     with connect(ctx) as client:
+        for line in resolve_paths(spec, spec_file, lambda host: client.host(host)["workspace"]):
+            stderr().print(Text(f"resolved {line}"), soft_wrap=True)
         run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix)
         if as_json:
             print_json(run, lines=watch)
