@@ -10,6 +10,9 @@ Per store, on a fresh database:
              no process of the run remains);
   poll       `--pollers` clients each calling GET /v1/runs/{id} once a second for `--seconds`, while a job writes
              `--rate` metric lines/s of 19 fields (530 lines/s: about 10,000 points/s) and the workers ingest;
+  clients    `--clients` clients at once, each `--rounds` times 5 reads and a write (a repeated submit or a
+             cancel), while a job writes a metric line every 10 ms: write and read p50/p99, writes failed (5xx or
+             no answer within 60 s);
   size       `--points` metric points stored through the worker's ingest path (worker.ingest.store_metrics),
              and the database's size after them.
 Prints one JSON line per measurement. PostgreSQL is a throw-away cluster from Debian's binaries (tests/postgres.py).
@@ -141,6 +144,70 @@ def bench_size(database_url: str, points: int, size_of) -> dict:  # noqa: ANN001
             "database_mb": round(size_of() / 2**20, 1), "bytes_per_point": round(grown / stored, 1)}
 
 
+def bench_clients(svc: Service, clients: int, rounds: int, timeout: float = 60.0) -> dict:
+    """`clients` threads at once, each `rounds` times: what watchers, the page and the CLI send (a run, the list,
+    metrics, logs, a restart dry run) and one write (a submit under a repeated Idempotency-Key, or a cancel of a run
+    already over), while a job writes a metric line every 10 ms. A write that times out (`timeout`) or answers 5xx
+    failed; the others are the answers asked for (201/200, 409)."""
+    import threading
+
+    import httpx
+
+    from tests.service import toy_spec
+
+    running = svc.submit(toy_spec(steps=100_000, sleep=0.01, nproc=1, name="ingesting"))["id"]
+    key = "bench-clients"
+    ended = svc.submit(toy_spec(steps=1, sleep=0, nproc=1, name="ended"), headers={"Idempotency-Key": key})["id"]
+    svc.wait_status(ended, "succeeded", timeout=300)
+    svc.wait(running, lambda r: (r["latest"].get("step") or 0) > 10, timeout=300, what="steps stored")
+    reads: list[float] = []
+    writes: list[float] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients)
+
+    def timed(into: list[float], send) -> None:  # noqa: ANN001
+        t = time.perf_counter()
+        try:
+            r = send()
+            ok = r.status_code < 500
+            what = f"{r.status_code} {r.text[:100]}"
+        except httpx.HTTPError as exc:
+            ok, what = False, f"{type(exc).__name__}"
+        with lock:
+            into.append(time.perf_counter() - t)
+            if not ok:
+                failed.append(what)
+
+    def client(index: int) -> None:
+        with httpx.Client(base_url=svc.url, timeout=timeout) as c:
+            start.wait()
+            for _ in range(rounds):
+                timed(reads, lambda: c.get(f"/v1/runs/{running}"))
+                timed(reads, lambda: c.get("/v1/runs", params={"limit": 20}))
+                timed(reads, lambda: c.get(f"/v1/runs/{running}/metrics", params={"names": "loss", "limit": 500}))
+                timed(reads, lambda: c.get(f"/v1/runs/{running}/logs", params={"tail": 5}))
+                timed(reads, lambda: c.post(f"/v1/runs/{ended}/restart", params={"dry_run": "true"},
+                                            json={"overrides": {}}))
+                if index % 2:
+                    timed(writes, lambda: c.post("/v1/runs", json=toy_spec(steps=1, sleep=0, nproc=1, name="ended"),
+                                                 headers={"Idempotency-Key": key}))
+                else:
+                    timed(writes, lambda: c.post(f"/v1/runs/{ended}/cancel"))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    svc.client.post(f"/v1/runs/{running}/cancel")
+    return {"bench": "clients", "clients": clients, "requests": len(reads) + len(writes), "wall_s": round(wall, 1),
+            "writes": len(writes), "failed": len(failed), "failures": sorted(set(failed))[:5],
+            "write": _ms(writes), "read": _ms(reads)}
+
+
 def run_store(store: str, args: argparse.Namespace, tmp: Path) -> None:
     cluster = None
     if store == "postgres":
@@ -172,18 +239,21 @@ def run_store(store: str, args: argparse.Namespace, tmp: Path) -> None:
     workers = []
     with ExitStack() as hosts:  # the SSH hosts go last, once the workers that reach them have stopped
         try:
-            svc.start(worker=False)
+            svc.start(worker=not args.workers)  # --workers 0: `longrun serve` with its embedded worker
             workers = [start_worker(svc, f"worker{n}") for n in range(args.workers)]
             names = ["local", *ssh_hosts(svc, args.ssh_hosts, hosts)]
-            for result in (bench_lifecycle(svc, args.runs, tmp / "report.py", names),
-                           bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py")):
-                print(json.dumps({"store": store, "workers": args.workers, **result}), flush=True)
+            phases = {"lifecycle": lambda: bench_lifecycle(svc, args.runs, tmp / "report.py", names),
+                      "poll": lambda: bench_poll(svc, args.pollers, args.seconds, args.rate, tmp / "firehose.py"),
+                      "clients": lambda: bench_clients(svc, args.clients, args.rounds)}
+            for phase in args.phases:
+                print(json.dumps({"store": store, "workers": args.workers, **phases[phase]()}), flush=True)
         finally:
             stop_processes(workers)
             svc.stop()
             kill_leftovers(svc.workspace)
     try:
-        print(json.dumps({"store": store, **bench_size(url, args.points, size_of)}), flush=True)
+        if "size" in args.phases:
+            print(json.dumps({"store": store, **bench_size(url, args.points, size_of)}), flush=True)
     finally:
         if cluster:
             cluster.stop()
@@ -193,13 +263,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--stores", nargs="+", choices=["sqlite", "postgres"], default=["sqlite", "postgres"])
     p.add_argument("--runs", type=int, default=20, help="sleep-and-report runs submitted at once")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="`longrun worker` processes; 0: the server's own worker")
     p.add_argument("--ssh-hosts", type=int, default=0,
                    help="SSH hosts besides `local`, each an sshd in a network namespace (root, iproute2, openssh-server)")
     p.add_argument("--pollers", type=int, default=100)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--rate", type=float, default=530, help="metric lines/s of 19 fields the firehose job writes")
     p.add_argument("--points", type=int, default=1_000_000)
+    p.add_argument("--clients", type=int, default=100, help="clients at once in the clients phase")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of 5 reads and a write each client sends")
+    p.add_argument("--phases", nargs="+", choices=["lifecycle", "poll", "clients", "size"],
+                   default=["lifecycle", "poll", "clients", "size"])
     args = p.parse_args()
     for store in args.stores:
         with tempfile.TemporaryDirectory() as tmp:

@@ -22,12 +22,13 @@ import logging
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -40,13 +41,14 @@ from server.errors import Unavailable
 from server.models import Event, utcnow
 
 log = logging.getLogger("longrun.db")
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
 EVENTS_LOCK_KEY = 0x6C6F6E6576656E74
-# a connection for each thread that may hold one at once: the API's, the worker's, and its loop, notifier,
-# wake-up listener and lease claimer
-POOL_SIZE = API_THREADS + WORKER_THREADS + 8
+# a connection for each thread that may hold one at once: the API's, its writer, the worker's, and its loop,
+# notifier, wake-up listener and lease claimer
+POOL_SIZE = API_THREADS + 1 + WORKER_THREADS + 8
 # how long a writer waits for its turn (in line in this process, then SQLite's busy timeout for other processes)
 # before the request answers 503
 WRITE_WAIT_SECONDS = 60.0
@@ -142,6 +144,8 @@ class Database:
         # this process's view of the store's health (GET /healthz, run answers)
         self.write_failure: WriteFailure | None = None
         self.engine = make_engine(url)
+        self._api_writer: ThreadPoolExecutor | None = None
+        self._writer_lock = threading.Lock()
         self.is_sqlite = url.startswith("sqlite")
         self._turns = WriteTurns() if self.is_sqlite else None
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
@@ -178,6 +182,21 @@ class Database:
             raise
         self.write_failure = None
 
+    def write_soon(self, work: Callable[[Session], T]) -> Future[T]:
+        """`work` in a write transaction on this database's writer thread, the API's writes one after another in
+        the order they came. A request that writes then never waits for a thread of the pool the reads share (on a
+        loaded server each of a write's hops to the pool waited behind every queued read, while the write line was
+        held: at 100 clients the writes' p99 was 5 s, 60 s on a slower box), and the write line is a queue."""
+        with self._writer_lock:
+            if self._api_writer is None:
+                self._api_writer = ThreadPoolExecutor(1, thread_name_prefix="api-writer")
+
+        def run() -> T:
+            with self.writing() as session:
+                return work(session)
+
+        return self._api_writer.submit(run)
+
     def release_log_space(self) -> None:
         """Hand back the disk space the write-ahead log holds: a write refused for want of room leaves the log as
         large as it grew (the refused transaction's pages, never committed), and every later write, however
@@ -197,6 +216,9 @@ class Database:
         upgrade(self.url)
 
     def dispose(self) -> None:
+        if self._api_writer is not None:
+            self._api_writer.shutdown(wait=True)
+            self._api_writer = None
         self.engine.dispose()
 
 

@@ -1,15 +1,18 @@
-from typing import Annotated, Literal
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Literal, TypeVar
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Header, Query, Response, status
 from pydantic import Field
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from server import feeds, proposal, queries, runs, tracebacks, views
-from server.api.deps import DB, ReadSession, WriteSession, write_line
-from server.api.run_ref import RunRef, noted
-from server.errors import NotFound
+from server.api.deps import DB, ReadSession
+from server.api.run_ref import NOTE_HEADER, RUN_ID_PATH, RunRef, noted
+from server.db import WRITE_WAIT_SECONDS, Database
+from server.errors import NotFound, Unavailable
 from server.lifecycle import RunStatus
 from server.models import Run
 from server.schemas import (
@@ -26,6 +29,7 @@ from server.schemas import (
 )
 
 router = APIRouter(prefix="/runs", tags=["runs"])
+T = TypeVar("T")
 
 NOT_FOUND = {404: {"description": "no such run"}}
 
@@ -48,16 +52,42 @@ def _public(session: Session, run: Run) -> RunPublic:
                               "Idempotency-Key created"},
                         409: {"description": "a live run has this name (`status` is its state), or the "
                               "Idempotency-Key was used for another request"}})
-def submit_run(body: RunCreate, session: WriteSession, response: Response,
-               idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-               name_suffix: Annotated[bool, Query(description="when a live run has the name: name this one NAME-2 "
-                                                  "(the first NAME-N no run has) instead of a 409")] = False) -> RunPublic:
+async def submit_run(body: RunCreate, db: DB, idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+                     name_suffix: Annotated[bool, Query(description="when a live run has the name: name this one "
+                                                        "NAME-2 (the first NAME-N no run has) instead of a 409")]
+                     = False) -> RunPublic:
     """Queue a run. Its name is unique among live runs: a name a live run has is a 409 naming that run, unless
     `name_suffix`; an ended run's name may be given again (a name then resolves to its live run, else its newest)."""
-    run, created = runs.submit_run(session, body, idempotency_key, name_suffix)
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return _public(session, run)
+    def submit(session: Session) -> tuple[str, bool]:
+        run, created = runs.submit_run(session, body, idempotency_key, name_suffix)
+        return _public(session, run).model_dump_json(), created
+
+    text, created = await _write(db, submit)
+    return Response(text, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                    media_type="application/json")
+
+
+async def _write(db: Database, work: Callable[[Session], T]) -> T:
+    """`work` in a write transaction on the database's writer thread, in line with the API's other writes (a 503
+    when its turn has not come within WRITE_WAIT_SECONDS; then it never runs)."""
+    future = db.write_soon(work)
+    try:
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), WRITE_WAIT_SECONDS)
+    except TimeoutError:
+        if future.cancel():
+            raise Unavailable(f"the database is busy: no turn to write within {WRITE_WAIT_SECONDS:.0f}s; "
+                              "try again") from None
+        return await asyncio.wrap_future(future)  # begun meanwhile: its answer is the one
+
+
+def _write_on_run(run_ref: str, response: Response, command: Callable[[Session, str], T]) -> Callable[[Session], T]:
+    """A write of the run `run_ref` names, resolved inside the write transaction (no hop of its own)."""
+    def work(session: Session) -> T:
+        found, note = queries.resolve_run_ref(session, run_ref)
+        noted(response, note)
+        return command(session, found)
+
+    return work
 
 
 @router.get("")
@@ -85,22 +115,34 @@ async def get_run(run_id: str, db: DB) -> Response:
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses={**NOT_FOUND, **CONFLICT})
-def delete_run(run_id: RunRef, session: WriteSession) -> Response:
+async def delete_run(run_id: Annotated[str, RUN_ID_PATH], db: DB, response: Response) -> Response:
     """Forget an ended run with its attempts, metrics, logs and events (409 while it has not ended); the files
     its attempts left on the host stay."""
-    runs.delete_run(session, run_id)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+    await _write(db, _write_on_run(run_id, response, runs.delete_run))
+    return _answer(None, status.HTTP_204_NO_CONTENT, response)
 
 
-@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED, responses={**NOT_FOUND, **CONFLICT})
-def cancel_run(run_id: RunRef, session: WriteSession) -> RunPublic:
-    return _public(session, runs.request_cancel(session, run_id))
+@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+             responses={**NOT_FOUND, **CONFLICT})
+async def cancel_run(run_id: Annotated[str, RUN_ID_PATH], db: DB, response: Response) -> Response:
+    text = await _write(db, _write_on_run(run_id, response, lambda s, found: _public(
+        s, runs.request_cancel(s, found)).model_dump_json()))
+    return _answer(text, status.HTTP_202_ACCEPTED, response)
+
+
+def _answer(text: str | None, code: int, noted_on: Response) -> Response:
+    """An answer already serialised (JSON, or none), with the note set on the route's response."""
+    answer = Response(text, status_code=code, media_type="application/json" if text is not None else None)
+    note = noted_on.headers.get(NOTE_HEADER)
+    if note:
+        answer.headers[NOTE_HEADER] = note
+    return answer
 
 
 @router.post("/{run_id}/restart", status_code=status.HTTP_202_ACCEPTED,
              responses={200: {"model": DryRunPublic, "description": "dry run: the prediction, nothing changed"},
                         **NOT_FOUND, **CONFLICT})
-async def restart_run(run_id: RunRef, request: Request, db: DB, response: Response,
+async def restart_run(run_id: RunRef, db: DB, response: Response,
                       body: RestartRequest | None = None, dry_run: bool = False) -> RunPublic | DryRunPublic:
     req = body or RestartRequest()
     if dry_run:
@@ -111,13 +153,7 @@ async def restart_run(run_id: RunRef, request: Request, db: DB, response: Respon
 
         response.status_code = status.HTTP_200_OK
         return await run_in_threadpool(predict)
-
-    def restart() -> RunPublic:
-        with db.writing() as session:
-            return _public(session, runs.request_restart(session, run_id, req))
-
-    async with write_line(request.app):
-        return await run_in_threadpool(restart)
+    return await _write(db, lambda session: _public(session, runs.request_restart(session, run_id, req)))
 
 
 class MetricsPage(MetricsPublic):
