@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from longrun.safe_text import safe
+from trainer import series
 
 # the GPU series of server/series.py (tests/test_shared_names.py pins this copy)
 GPU_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_(?P<kind>util|mem)_(?P<gpu>\d+)$")
@@ -42,7 +43,7 @@ def duration(seconds: float | None) -> str:
 
 def step_series(latest: dict[str, Any], prefix: str) -> list[tuple[int, float]]:
     """(k, value) of `<prefix>_<k>` metrics, by k: the per-TTT-step figures."""
-    pattern = re.compile(rf"^{prefix}_(\d+)$")
+    pattern = series.indexed_pattern(prefix)
     found = [(int(m.group(1)), v) for k, v in latest.items() if (m := pattern.match(k)) and isinstance(v, int | float)]
     return sorted(found)
 
@@ -69,15 +70,15 @@ def step_rate(run: dict[str, Any]) -> float | None:
 
 def ttt_depth(run: dict[str, Any]) -> int | None:
     trainer = (run.get("spec") or {}).get("trainer") or {}
-    return trainer.get("ttt_steps") or (run.get("latest") or {}).get("ttt_steps")
+    return trainer.get("ttt_steps") or (run.get("latest") or {}).get(series.TTT_STEPS)
 
 
-def comparable_loss(latest: dict[str, Any], key: str = "loss") -> tuple[str, float] | None:
+def comparable_loss(latest: dict[str, Any], key: str = series.LOSS) -> tuple[str, float] | None:
     """(name, value) of the loss that compares across TTT depths: `loss_0` (TTT step 0's, what the page charts), not
     `loss`, which sums w^k * loss_k over the steps and so grows with the depth (14.78 at TTT=5 against 10.73 at
     TTT=3 for the same draft); `loss` itself for a trainer that logs no per-step losses. `key` val_loss for the
     validation's."""
-    for name in (f"{key}_0", key):
+    for name in (series.indexed(key, 0), key):
         if isinstance(latest.get(name), int | float):
             return name, latest[name]
     return None
@@ -85,7 +86,7 @@ def comparable_loss(latest: dict[str, Any], key: str = "loss") -> tuple[str, flo
 
 def loss_figures(latest: dict[str, Any]) -> list[str]:
     """The training and validation losses a line shows, each the comparable one."""
-    found = [comparable_loss(latest, key) for key in ("loss", "val_loss")]
+    found = [comparable_loss(latest, key) for key in (series.LOSS, series.VAL_LOSS)]
     return [f"{name} {value:.4f}" for name, value in filter(None, found)]
 
 
@@ -96,10 +97,10 @@ def progress_line(run: dict[str, Any]) -> str:
     p = run.get("progress")
     parts = [f"{run['status']} (attempt {run['attempt']})", f"ETA {duration(run.get('eta_seconds'))}",
              f"{p * 100:.1f}%" if p is not None else "?%"]
-    if "step" in latest:
-        parts.append(f"step {int(latest['step'])}/{int(latest.get('total_steps', 0)) or '?'}")
+    if series.STEP in latest:
+        parts.append(f"step {int(latest[series.STEP])}/{int(latest.get(series.TOTAL_STEPS, 0)) or '?'}")
     parts += loss_figures(latest)
-    accs = [f"{v:.2f}" for _, v in step_series(latest, "acc")]
+    accs = [f"{v:.2f}" for _, v in step_series(latest, series.ACC)]
     if accs:
         parts.append("acc " + "/".join(accs if len(accs) <= 6 else [*accs[:4], "..", accs[-1]])
                      + (f" ({len(accs)} steps)" if len(accs) > 6 else ""))
@@ -148,7 +149,8 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
     rows: list[RenderableType] = [head]
 
     p = run.get("progress")
-    step = f"step {int(latest['step'])}/{int(latest.get('total_steps', 0)) or '?'}" if "step" in latest else ""
+    step = (f"step {int(latest[series.STEP])}/{int(latest.get(series.TOTAL_STEPS, 0)) or '?'}"
+            if series.STEP in latest else "")
     label = f"{p * 100:5.1f}%  {step}" if p is not None else step
     bar = Table.grid(padding=(0, 1))
     bar.add_column(width=max(inner - 26, 10))
@@ -157,14 +159,14 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
     rows.append(bar)
 
     figures = loss_figures(latest)
-    figures += [f"epoch {latest['epoch']:.2f}"] if "epoch" in latest else []
-    figures += [f"{latest['tokens_per_s']:.0f} tok/s"] if "tokens_per_s" in latest else []
+    figures += [f"epoch {latest[series.EPOCH]:.2f}"] if series.EPOCH in latest else []
+    figures += [f"{latest[series.TOKENS_PER_S]:.0f} tok/s"] if series.TOKENS_PER_S in latest else []
     if figures:
         rows.append(Text("  ".join(figures), no_wrap=True, overflow="ellipsis"))
-    for prefix, label_text in (("acc", "acc_k"), ("val_acc", "val_acc")):
-        series = step_series(latest, prefix)
-        if series:
-            cells = [Text.assemble((f"{k:>2} ", "dim"), f"{v:.2f}") for k, v in series]
+    for prefix, label_text in ((series.ACC, f"{series.ACC}_k"), (series.VAL_ACC, series.VAL_ACC)):
+        by_step = step_series(latest, prefix)
+        if by_step:
+            cells = [Text.assemble((f"{k:>2} ", "dim"), f"{v:.2f}") for k, v in by_step]
             rows.append(_wrapped_grid(cells, ACC_CELL, inner, label_text))
     gpus = gpu_readings(latest)
     if gpus:

@@ -16,8 +16,8 @@ nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import re
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -38,10 +38,11 @@ from server.retrain_time import retrain_seconds, with_ttt
 from server.schemas import DryRunPublic, without_env_values
 from server.spec import RunCreate, spec_dict
 from server.wakeup import wake_workers
+from trainer import series
 
 log = logging.getLogger("longrun.proposal")
 
-SIM_ACC = re.compile(r"sim_acc_(\d{1,2})$")
+SIM_ACC = series.indexed_pattern(series.SIM_ACC)
 MAX_SIM_DEPTH = 64
 # how server/runs.py request_restart words a restart asked for by hand (its status event's message)
 HAND_RESTART_MESSAGE = "restart requested"
@@ -109,7 +110,7 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
         accs.append(min(1.0, max(0.0, float(found[len(accs) + 1]))))
     taus = []
     for d in range(1, len(accs) + 1):
-        value = latest.get(f"sim_tau_{d}")
+        value = latest.get(series.indexed(series.SIM_TAU, d))
         if not isinstance(value, int | float):
             break
         taus.append(float(value))
@@ -152,7 +153,7 @@ def verifier_of(session: Session, spec: RunCreate) -> tuple[VerifierShape | None
         return None, None, "no verifier path (deploy.verifier, or the trainer's verifier_path)"
     host = session.scalar(select(Host).where(Host.name == deploy.host))
     probe = ((host.interconnect or {}).get("verifier") if host else None) or None
-    if probe and probe.get("path") == path and isinstance(probe.get("config"), dict):
+    if probe and _same_config(probe.get("path"), path) and isinstance(probe.get("config"), dict):
         config, where = probe["config"], f"read on {deploy.host} by probe-verifier"
     else:
         probe = None
@@ -160,14 +161,21 @@ def verifier_of(session: Session, spec: RunCreate) -> tuple[VerifierShape | None
             config, where = read_config(path), "read by the server"
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return None, None, (f"{path}: {why} where the server can read it; `longrun probe-verifier "
-                                f"{deploy.host} --verifier {path}` reads it on the deploy host")
+            return None, None, (f"{path}: {why} where the server can read it; `longrun hosts probe-verifier "
+                                f"{deploy.host} --config {path} --tp {deploy.tp or 'N'}` reads it on the deploy host")
     try:
         shape = VerifierShape.from_config(config, name_of(path, config))
     except ValueError as exc:
         return None, None, f"{path}: {exc}"
     timed = probe if probe and probe.get("layers_ms_ok") else None
     return shape, timed, f"{path} ({where})"
+
+
+def _same_config(a: Any, b: str) -> bool:
+    """Whether two paths name one model: a config.json or the directory holding it."""
+    def directory(p: str) -> str:
+        return p[:-len("/config.json")] if p.endswith("/config.json") else p.rstrip("/")
+    return isinstance(a, str) and directory(a) == directory(b)
 
 
 def _cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> CostModel:
@@ -182,8 +190,12 @@ def _cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> Cos
         return CostModel.for_verifier(shape, parallel, table, measured=timed,
                                       context_tokens=deploy.context_tokens if deploy.context_tokens is not None
                                       else DEFAULT_KV_CONTEXT_TOKENS)
-    except ValueError:  # a stored timing of another tp: model it
-        return CostModel.for_verifier(shape, parallel, table)
+    except ValueError as exc:  # a stored timing of another tp or ep: model it, saying so
+        model = CostModel.for_verifier(shape, parallel, table)
+        again = (f"`longrun hosts probe-verifier {deploy.host} --config {timed['path'] if timed else 'PATH'} --tp {tp}"
+                 f"{f' --ep {parallel.ep}' if parallel.ep > 1 else ''}` times it")
+        return dataclasses.replace(model, basis={
+            **model.basis, "verifier_forward": f"{model.basis['verifier_forward']} ({exc}: {again})"})
 
 
 def _objective(spec: RunCreate, remaining: float | None) -> Objective:
@@ -202,7 +214,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     if deploy and deploy.max_depth:
         accs, taus = accs[:deploy.max_depth], taus[:deploy.max_depth]
     step = session.scalar(select(MetricPoint.step).where(
-        MetricPoint.run_id == run.id, MetricPoint.attempt == run.attempt, MetricPoint.name == "sim_acc_1")
+        MetricPoint.run_id == run.id, MetricPoint.attempt == run.attempt, MetricPoint.name == series.indexed(series.SIM_ACC, 1))
         .order_by(MetricPoint.id.desc()).limit(1)) if accs else None
     base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy and deploy.model_dump(mode="json", exclude_none=True)}
     if not deploy:

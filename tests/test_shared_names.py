@@ -1,7 +1,10 @@
 """The names the server defines and others must spell alike: run and attempt statuses (server/lifecycle.py) and the
 GPU series (server/series.py). The OpenAPI schema lists the statuses; the client, the CLI's views, the page and the
-trainer's tracker tags keep their own copies (none of them may import the server), pinned here to the server's."""
+trainer's tracker tags keep their own copies (none of them may import the server), pinned here to the server's.
+The bundled trainer's series are named in trainer/series.py, which the server, the worker and the views import; the
+page's copy (names.js TRAINER_SERIES) is pinned here, and its charts must read them from it."""
 
+import json
 import re
 from pathlib import Path
 
@@ -11,7 +14,7 @@ from longrun import client, views
 from server.lifecycle import TERMINAL, AttemptStatus, RunStatus
 from server.series import GPU_SERIES, SERVER_SERIES, GpuSeries, gpu_series
 from tests.inprocess import App
-from trainer import trackers
+from trainer import series, trackers
 
 WEB = Path(__file__).resolve().parent.parent / "server" / "web"
 GPU_NAMES = [gpu_series(kind, gpu, node) for kind in GpuSeries for gpu in (0, 7, 12) for node in (0, 1, 10)]
@@ -72,3 +75,35 @@ def test_every_copy_of_the_gpu_series_names_what_the_worker_stores() -> None:
     for name in NOT_GPU_NAMES:
         assert not any(p.match(name) for p in (GPU_SERIES, views.GPU_KEY, trackers.GPU_METRIC, *page.values())), name
     assert SERVER_SERIES.match("attempt") and not SERVER_SERIES.match("loss")
+
+
+def test_the_page_has_the_trainers_series_names_as_trainer_series_prints_them() -> None:
+    names = (WEB / "names.js").read_text()
+    assert json.loads(js_constant(names, "TRAINER_SERIES")) == series.NAMES
+    assert series.page_constant() in names.splitlines()
+
+
+# where page code spells a series name itself: a comparison or prefix test with a string, a string's length, a
+# regular expression literal, a property read off `latest`
+LITERAL_USES = (r'===\s*"([^"]*)"', r'"([^"]*)"\s*===', r'startsWith\("([^"]*)"\)', r'"([^"]*)"\.length',
+                r'(?<![\w)\]])/\^?([a-z_]+)_?\\d\+\$?/', r'latest\??\.([a-z][a-z0-9_]*)', r'\bname: "([^"]*)"')
+TRAINER_NAME = re.compile(rf"^(?:{series.VAL})?(?:{'|'.join(map(re.escape, series.NAMES.values()))})(?:_\d*)?$")
+
+
+def literal_series(source: str) -> list[str]:
+    code = "\n".join(line.split("//", 1)[0] for line in source.splitlines())
+    return [found for pattern in LITERAL_USES for found in re.findall(pattern, code) if TRAINER_NAME.match(found)]
+
+
+def test_the_pattern_finds_a_series_the_page_spells_itself() -> None:
+    before = ('match: (n) => n === "loss_0" || n === "val_loss", fallback: { match: (n) => /^acc_\\d+$/.test(n) }\n'
+              'if (name.startsWith("val_")) x = name.slice("sim_acc_".length) + run.latest?.sim_tau_16;\n'
+              '({ name: "sim_acc", attempt }); // "loss" === n in a comment\n'
+              'el("span", { id: "loss" }, "Loss of TTT step 0 (loss_0)"); n === "tokens"; /^gpu_util_\\d+$/')
+    assert literal_series(before) == ["loss_0", "val_loss", "val_", "sim_acc_", "acc_", "sim_tau_16", "sim_acc"]
+
+
+def test_the_run_pages_charts_read_the_trainers_series_from_names_js() -> None:
+    page = (WEB / "run-page.js").read_text()
+    assert re.search(r"import \{[^}]*\bTRAINER_SERIES\b[^}]*\} from \"\./names\.js\"", page)
+    assert literal_series(page) == []

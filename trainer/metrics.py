@@ -12,6 +12,7 @@ from typing import TextIO
 
 import torch
 
+from trainer import series
 from trainer.timefmt import duration
 from trainer.trackers import Trackers
 from trainer.ttt import summarize_stats
@@ -51,7 +52,7 @@ class MetricsReporter:
     def train_step(self, record: dict) -> None:
         """Write a training line; print a progress line every `print_every` steps and at the last."""
         self.write(record)
-        step, total = record["step"], record["total_steps"]
+        step, total = record[series.STEP], record[series.TOTAL_STEPS]
         if self._first is None:
             self._first = (step - 1, time.time())
         if self.enabled and (step == 1 or step % self.print_every == 0 or step == total):
@@ -62,11 +63,11 @@ class MetricsReporter:
     def validation(self, record: dict) -> None:
         self.write(record)
         if self.enabled:
-            accs = " ".join(f"{record[k]:.3f}" for k in sorted((k for k in record if k.startswith("val_acc_")), key=_step_index))
-            taus = sorted((k for k in record if k.startswith("sim_tau_")), key=_step_index)
+            accs = " ".join(f"{record[k]:.3f}" for k in _indexed(record, series.VAL_ACC))
+            taus = _indexed(record, series.SIM_TAU)
             sim = f" sim tau@{_step_index(taus[-1])} {record[taus[-1]]:.2f}" if taus else ""
-            print(f"[val] step {record['step']} epoch {record['epoch']:.2f} loss {record['val_loss']:.4f} acc {accs}{sim}",
-                  flush=True)
+            print(f"[val] step {record[series.STEP]} epoch {record[series.EPOCH]:.2f} loss "
+                  f"{record[series.VAL_LOSS]:.4f} acc {accs}{sim}", flush=True)
 
     def close(self) -> None:
         if self._file is not None:
@@ -81,12 +82,18 @@ def _step_index(name: str) -> int:
     return int(name.rsplit("_", 1)[1])
 
 
+def _indexed(record: dict, base: str) -> list[str]:
+    """The record's `base`_k names, by k."""
+    pattern = series.indexed_pattern(base)
+    return sorted((k for k in record if pattern.match(k)), key=_step_index)
+
+
 def progress_line(record: dict, eta: float) -> str:
-    step, total = record["step"], record["total_steps"]
-    accs = "/".join(f"{record[f'acc_{k}']:.2f}" for k in range(record["ttt_steps"]))
+    step, total = record[series.STEP], record[series.TOTAL_STEPS]
+    accs = "/".join(f"{record[series.indexed(series.ACC, k)]:.2f}" for k in range(record[series.TTT_STEPS]))
     return (
-        f"[train] step {step}/{total} epoch {record['epoch']:.2f} loss {record['loss']:.4f} acc {accs} "
-        f"lr {record['lr']:.2e} gnorm {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s "
+        f"[train] step {step}/{total} epoch {record[series.EPOCH]:.2f} loss {record[series.LOSS]:.4f} acc {accs} "
+        f"lr {record[series.LR]:.2e} gnorm {record[series.GRAD_NORM]:.3f} {record[series.TOKENS_PER_S]:.0f} tok/s "
         f"ETA {duration(eta)}"
     )
 
@@ -164,15 +171,15 @@ class TrainingMetrics:
         stats_sum = values[4:].view(pending.stats_shape).clone()
         stats_sum[:, 0] /= self.world_size
         self.reporter.train_step({
-            "step": pending.step,
-            "total_steps": self.total_steps,
-            "epoch": pending.epoch,
-            "loss": values[0].item() / self.world_size,
+            series.STEP: pending.step,
+            series.TOTAL_STEPS: self.total_steps,
+            series.EPOCH: pending.epoch,
+            series.LOSS: values[0].item() / self.world_size,
             **summarize_stats(stats_sum),
-            "grad_norm": values[1].item() / self.world_size,
-            "lr": pending.lr,
-            "tokens_per_s": self.throughput.add(values[2].item()),
-            "ttt_steps": self.ttt_steps,
+            series.GRAD_NORM: values[1].item() / self.world_size,
+            series.LR: pending.lr,
+            series.TOKENS_PER_S: self.throughput.add(values[2].item()),
+            series.TTT_STEPS: self.ttt_steps,
         })
         return values[3].item() > 0
 

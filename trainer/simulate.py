@@ -23,6 +23,7 @@ a rejection. On data the verifier generated itself (`trainer.regenerate`) the fi
 import torch
 from torch import Tensor
 
+from trainer import series
 from trainer.model import EagleDraft
 from trainer.ttt import ChainObserver, VerifierTargets, trained_positions
 
@@ -79,7 +80,7 @@ def simulated_metrics(counts: Tensor) -> dict[str, float]:
     conditional = torch.where(reached > 0, accepted / reached.clamp(min=1), torch.zeros_like(reached))
     taus = 1 + conditional.cumprod(0).cumsum(0)
     for k, value in enumerate(conditional.tolist(), start=1):
-        out[f"sim_acc_{k}"] = value
+        out[series.indexed(series.SIM_ACC, k)] = value
     for d, value in enumerate(taus.tolist(), start=1):
-        out[f"sim_tau_{d}"] = value
+        out[series.indexed(series.SIM_TAU, d)] = value
     return out

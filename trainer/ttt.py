@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainer import series
 from trainer.fused_loss import soft_cross_entropy
 from trainer.model import EagleDraft, TTTCache
 from trainer.verifier_model import VerifierHead
@@ -233,7 +234,7 @@ def summarize_stats(stats: Tensor, prefix: str = "") -> dict[str, float]:
     ranks, the loss column already averaged by the caller."""
     out = {}
     for k, (loss, positions, correct, before, after) in enumerate(stats.tolist()):
-        out[f"{prefix}loss_{k}"] = loss
-        out[f"{prefix}acc_{k}"] = correct / positions if positions else 0.0
-        out[f"{prefix}cond_acc_{k}"] = after / before if before else 0.0
+        out[series.indexed(prefix + series.LOSS, k)] = loss
+        out[series.indexed(prefix + series.ACC, k)] = correct / positions if positions else 0.0
+        out[series.indexed(prefix + series.COND_ACC, k)] = after / before if before else 0.0
     return out

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import torch
 
+from trainer import series
 from trainer.data import BatchLoader, batch_to
 from trainer.simulate import COUNT_FIELDS, SimulatedChain, simulated_metrics
 from trainer.step import packing
@@ -53,7 +54,7 @@ class Validator:
             return None
         stats = totals[1 : 1 + width].view(steps, len(STAT_FIELDS))
         stats[:, 0] /= batches
-        out = {"val_loss": totals[0].item() / batches, **summarize_stats(stats, prefix="val_")}
+        out = {series.VAL_LOSS: totals[0].item() / batches, **summarize_stats(stats, prefix=series.VAL)}
         if depth:
             out.update(simulated_metrics(totals[1 + width : -1].view(depth, len(COUNT_FIELDS))))
         return out

@@ -22,6 +22,7 @@ from server.eta import fold_step_time, update_step_rate
 from server.layout import METRICS_FILE
 from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from server.series import SERVER_SERIES
+from trainer import series
 from worker.log_metrics import PATTERN_SECONDS_PER_READ, LogMetricsConfig, read_log
 
 # progress fields, not series
@@ -225,7 +226,7 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
                       data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
     _drop_old_metrics_events(session, run.id)
-    if current and any(name.startswith("sim_acc_") for _, obj, _ in records for name in obj):
+    if current and any(name.startswith(series.SIM_ACC + "_") for _, obj, _ in records for name in obj):
         proposal.after_validation_safely(session, run)
     if refused:
         _say_series_refused(session, run, attempt, refused)

@@ -3,23 +3,27 @@
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
 import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
-import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL } from "./names.js";
+import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
 
 const LOG_POLL_MS = 2000;
 const RUN_POLL_MS = 5000;
 // the log is kept as one text node per read; older reads fall off past this many
 const LOG_KEEP_READS = 500;
 const byNumberInName = (a, b) => a.localeCompare(b, "en", { numeric: true });
+const VAL_LOSS = S.val + S.loss;
+const ACC_K = indexedPattern(S.acc);
+const SIM_ACC_K = indexedPattern(S.sim_acc);
 
 // loss_0 (step 0's loss) is the same quantity at every TTT depth, where `loss` sums Σ w^k·loss_k over the steps
 // and so grows with the depth: a restart at TTT=5 would look like a regression. Runs without it (your own
 // trainer) chart `loss`.
 const CHARTS = [
   { id: "loss", title: "Loss of TTT step 0 (loss_0: comparable across depths)", y: "loss",
-    match: (n) => n === "loss_0" || n === "val_loss_0", fallback: { title: "Loss", match: (n) => n === "loss" || n === "val_loss" },
+    match: (n) => n === indexed(S.loss, 0) || n === indexed(VAL_LOSS, 0),
+    fallback: { title: "Loss", match: (n) => n === S.loss || n === VAL_LOSS },
     smooth: true },
-  { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => /^acc_\d+$/.test(n), group: true, smooth: true },
-  { id: "throughput", title: "Tokens/s", y: "tokens/s", match: (n) => n === "tokens_per_s" },
+  { id: "acc", title: "Accuracy by TTT step (acc_k)", y: "accuracy", match: (n) => ACC_K.test(n), group: true, smooth: true },
+  { id: "throughput", title: "Tokens/s", y: "tokens/s", match: (n) => n === S.tokens_per_s },
   { id: "gpu-util", title: "GPU utilisation", y: "%", match: (n) => GPU_UTIL_SERIES.test(n), gpu: true },
   { id: "gpu-mem", title: "GPU memory", y: "MiB", match: (n) => GPU_MEM_SERIES.test(n), gpu: true },
 ];
@@ -102,7 +106,7 @@ class MetricStore {
       name, attempt,
       points: smoothed(points.filter((p) => xMode === "time" || p.step !== null)
         .map((p) => [xMode === "time" ? Date.parse(p.time) / 1000 : p.step, p.value]),
-      name.startsWith("val_") ? 0 : smoothing),
+      name.startsWith(S.val) ? 0 : smoothing),
     })));
   }
 }
@@ -230,15 +234,15 @@ export function showRun(root, runId, signal) {
     simChart ??= new LineChart(simBox, { title: "Simulated acceptance by position (sim_acc_k, last validation)",
       xLabel: "position k", yLabel: "P(accepted | earlier accepted)" });
     const byAttempt = new Map();
-    for (const name of store.names((n) => /^sim_acc_\d+$/.test(n))) {
+    for (const name of store.names((n) => SIM_ACC_K.test(n))) {
       for (const [attempt, points] of store.byName.get(name)) {
         const newest = points.reduce((a, b) => ((b.step ?? -1) >= (a.step ?? -1) ? b : a));
         if (!byAttempt.has(attempt)) byAttempt.set(attempt, []);
-        byAttempt.get(attempt).push([Number(name.slice("sim_acc_".length)), newest.value]);
+        byAttempt.get(attempt).push([Number(SIM_ACC_K.exec(name)[1]), newest.value]);
       }
     }
     simChart.update([...byAttempt].sort((a, b) => a[0] - b[0])
-      .map(([attempt, points]) => ({ name: "sim_acc", attempt, points: points.sort((a, b) => a[0] - b[0]) })));
+      .map(([attempt, points]) => ({ name: S.sim_acc, attempt, points: points.sort((a, b) => a[0] - b[0]) })));
   }
 
   // a host whose snapshot says it has no usable GPU gets no GPU charts (they would say "no points yet" forever)
@@ -283,7 +287,7 @@ export function showRun(root, runId, signal) {
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
       ["Last loss (TTT step 0)", el("span", { id: "last-loss" }, number(comparableLoss(run.latest)))],
-      ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.sim_tau_16, 3))],
+      ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.[indexed(S.sim_tau, 16)], 3))],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
     replace(summary, facts.map(([label, value]) => el("div", { class: "fact" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))));
