@@ -27,10 +27,8 @@ from server.lifecycle import (
 )
 from server.models import Event, Host, LogChunk, MetricPoint, Run, utcnow
 from server.queries import get_run
-from server.schemas import DryRunPublic, RestartRequest
+from server.schemas import DryRunPublic, RestartOverrides, RestartRequest
 from server.spec import (
-    RESTART_TOP_LEVEL,
-    TRAINER_FIELDS,
     RunCreate,
     is_inside,
     normalized_path,
@@ -173,24 +171,19 @@ def delete_run(session: Session, run_id: str) -> None:
     session.delete(run)
 
 
-def apply_overrides(current: RunCreate, overrides: dict[str, Any]) -> RunCreate:
-    """The current spec with `overrides` applied; unknown keys or bad values are field errors naming the key."""
-    top, trainer = {}, {}
-    for key, value in overrides.items():
-        if key in RESTART_TOP_LEVEL:
-            top[key] = value
-        elif key in TRAINER_FIELDS and current.trainer is not None:
-            trainer[key] = value
-        elif key in TRAINER_FIELDS:
-            raise FieldError(("overrides", key), f"{key!r} is a trainer field, but this run has no `trainer`")
-        else:
-            allowed = sorted(RESTART_TOP_LEVEL | (TRAINER_FIELDS if current.trainer else set()))
-            raise FieldError(("overrides", key), f"unknown override {key!r}; allowed: {', '.join(allowed)}")
-    body = {**spec_dict(current), **top}
+def apply_overrides(current: RunCreate, overrides: RestartOverrides) -> RunCreate:
+    """The current spec with `overrides` (each checked as its field already) applied and the whole checked again
+    (the rules between fields); a trainer field for a run without `trainer`, or a rule the result breaks, is a
+    field error naming the override."""
+    trainer = overrides.trainer()
+    if trainer and current.trainer is None:
+        key = min(trainer)
+        raise FieldError(("overrides", key), f"{key!r} is a trainer field, but this run has no `trainer`")
+    fields = {**dict(current), **overrides.top_level()}
     if current.trainer is not None:
-        body["trainer"] = {**current.trainer.model_dump(mode="json", exclude_none=True), **trainer}
+        fields["trainer"] = {**dict(current.trainer), **trainer}
     try:
-        return RunCreate.model_validate(body)
+        return RunCreate.model_validate(fields)
     except ValidationError as exc:
         # an override names a trainer field without its `trainer.` prefix, so its errors do too
         raise FieldError.from_validation(exc, under=("overrides",), strip=("trainer",)) from None
@@ -231,7 +224,7 @@ def request_restart(session: Session, run_id: str, req: RestartRequest) -> Run:
     plan = resume.start_plan(run, spec, req.clean, req.resume)  # before the new attempt joins the run
     try:
         attempt = restart_run(session, run, spec, req.clean, f"restart requested: attempt {run.attempt + 1}"
-                              f" ({plan.why})", overrides=without_env_values(req.overrides))
+                              f" ({plan.why})", overrides=without_env_values(req.overrides.given()))
     except TransitionError as exc:
         raise Conflict(f"run {run_id} is {exc.current}; wait until it settles, then restart", exc.current) from None
     predicted, basis = eta.predict_duration(measured, spec, done_steps=plan.from_step or 0)

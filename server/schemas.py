@@ -5,12 +5,30 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from server.advisor import Advice
 from server.lifecycle import AttemptStatus, RunStatus
 from server.series import SERVER_SERIES_DOC
-from server.spec import AbsPath, Identifier, SafeStr, Strict, normalized_path
+from server.spec import (
+    RESTART_TOP_LEVEL,
+    TRAINER_FIELDS,
+    AbsPath,
+    Identifier,
+    SafeStr,
+    Strict,
+    normalized_path,
+)
 from server.spec import RunCreate as RunCreate
 from server.spec import SlurmSpec as SlurmSpec
 from server.spec import TrainerSpec as TrainerSpec
@@ -132,9 +150,94 @@ class InterconnectPublic(BaseModel):
     topology: dict[str, Any] | None = Field(None, description="gpus, links [{a, b, path}], interconnect, note")
 
 
+class VerifierProbeCreate(Strict):
+    config: AbsPath = Field(description="the verifier's config.json, or its model directory, on the host")
+    tp: int = Field(ge=1, le=64, description="the engine's tensor parallelism: one rank's share of each layer is timed")
+    ep: int = Field(1, ge=1, le=64, description="an MoE verifier's expert parallelism: 1 (every expert sliced by tp) "
+                    "or the tp (whole experts over the ranks)")
+
+    @model_validator(mode="after")
+    def _ep_is_1_or_tp(self) -> "VerifierProbeCreate":
+        if self.ep not in (1, self.tp):
+            raise ValueError(f"ep is 1 (experts sliced by tp) or the tp ({self.tp}), not {self.ep}")
+        return self
+
+
+class VerifierProbePublic(BaseModel):
+    """The verifier's layer times measured on a host (the last probe that measured), stored beside its all-reduce
+    table, and the state of the newest probe."""
+
+    host: str
+    status: Literal["not_measured", "pending", "measured", "failed"] = Field(
+        description="pending: a probe is under way; failed: the newest probe did not measure (`message` says why; "
+        "an older measurement, if any, is still shown)")
+    requested: dict[str, Any] | None = Field(None, description="config, tp and ep of the probe under way")
+    message: str | None = None
+    path: str | None = Field(None, description="the config the probe read on the host (what deploy.verifier or the "
+                             "trainer's verifier_path must name for the proposal to use these times)")
+    tp: int | None = None
+    ep: int | None = None
+    gpu: str | None = None
+    dtype: str | None = Field(None, description="the weights' dtype timed (bf16 where this torch had no kernel for "
+                              "the checkpoint's: then an upper bound)")
+    measured_at: str | None = None
+    dense_ms: list[float] = Field(default_factory=list, description="one dense layer's share at 1..16 tokens, ms")
+    moe_ms: list[float] = Field(default_factory=list, description="one MoE layer's share at 1..16 tokens, ms")
+
+
+
+def _optional(info: FieldInfo) -> tuple[Any, Any]:
+    """A spec field as an override: the same type and bounds, or null; left out unless given."""
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return annotation | None, Field(None, description=info.description)
+
+
+class _Overrides(Strict):
+    """What a restart changes: the fields given replace the run's; one given as null clears it."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_what_is_allowed(cls, value: Any, handler: Any) -> Any:
+        """An unknown key is refused naming it and what may be overridden (pydantic's own says only "Extra inputs
+        are not permitted")."""
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if not any(e["type"] == "extra_forbidden" for e in exc.errors()):
+                raise
+            errors = [InitErrorDetails(type=PydanticCustomError(
+                "extra_forbidden", "unknown override {key}; allowed: {allowed}",
+                {"key": repr(str(e["loc"][0])[:64]), "allowed": ALLOWED_OVERRIDES}), loc=e["loc"], input=e["input"])
+                if e["type"] == "extra_forbidden" else e for e in exc.errors()]
+            raise ValidationError.from_exception_data(exc.title, errors) from None
+
+    def given(self) -> dict[str, Any]:
+        """The overrides as the request gave them (JSON), e.g. for the restart's event."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def top_level(self) -> dict[str, Any]:
+        """The run spec's own fields given."""
+        return {k: getattr(self, k) for k in self.model_fields_set & RESTART_TOP_LEVEL}
+
+    def trainer(self) -> dict[str, Any]:
+        """The trainer's fields given (a trainer run's `trainer`)."""
+        return {k: getattr(self, k) for k in self.model_fields_set & TRAINER_FIELDS}
+
+
+assert not RESTART_TOP_LEVEL & TRAINER_FIELDS  # an override names its field without saying where it is
+ALLOWED_OVERRIDES = (f"{', '.join(sorted(RESTART_TOP_LEVEL))}; and for a trainer run the trainer's fields: "
+                     f"{', '.join(sorted(TRAINER_FIELDS))}")
+# every field RestartOverrides takes is one of RunCreate's (RESTART_TOP_LEVEL) or TrainerSpec's, of the same type
+RestartOverrides = create_model(
+    "RestartOverrides", __base__=_Overrides, __module__=__name__,
+    **{name: _optional(info) for name, info in RunCreate.model_fields.items() if name in RESTART_TOP_LEVEL},
+    **{name: _optional(info) for name, info in TrainerSpec.model_fields.items()},
+)
+
 
 class RestartRequest(Strict):
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: RestartOverrides = Field(default_factory=RestartOverrides, description="fields of the run spec to "
+                                        "change, the trainer's by their own names (`ttt_steps`); unknown ones are a 422")
     clean: bool = Field(False, description="empty the output directory first: a trainer run starts at step 0 "
                         "(fresh)")
     resume: bool = Field(False, description="trainer runs: resume the output directory's checkpoint even when it "
