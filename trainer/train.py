@@ -26,9 +26,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from trainer import series
 from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
+from trainer.config import DataConfig, ModelConfig, TrainConfig, ValidationConfig, default
 from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data, parse_layer_ids
+from trainer.formats import TrainingData as StoredData
 from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
@@ -53,76 +56,83 @@ def startup_clock() -> StartupClock:
     return clock or StartupClock(since_process_start=False)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flag per field of TrainConfig (trainer/config.py), whose defaults it takes."""
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier-path", required=True, help="Hugging Face directory of the verifier (config + safetensors)")
     p.add_argument("--data-dir", required=True, help="per-sample files: trainer.prepare's, speculators' or SpecForge's")
-    p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default="auto", help="layout of --data-dir")
-    p.add_argument("--layer-ids", type=parse_layer_ids, nargs="+", default=None,
+    p.add_argument("--data-format", choices=("auto", *DATA_FORMATS), default=default("data_format"), help="layout of --data-dir")
+    p.add_argument("--layer-ids", type=parse_layer_ids, nargs="+", default=default("layer_ids"),
                    help="the verifier layers whose inputs the stored features are, e.g. 2,16,29 (speculators >= 0.5 "
                         "data records none: the ids given to vLLM, no +1); speculators' 4 ids (2 30 58 61: the last "
                         "is the verifier's last layer, the target) are taken too")
     p.add_argument("--vocab-mapping-dir", required=True,
                    help="vocab_mapping.safetensors, speculators' d2t.npy + t2d.npy or SpecForge's vocab_mapping.pt")
     p.add_argument("--output-dir", required=True)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--num-workers", type=int, default=2, help="threads per rank that read batches ahead (0: read in line)")
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--ttt-step-decay", type=float, default=0.8,
+    p.add_argument("--epochs", type=int, default=default("epochs"))
+    p.add_argument("--lr", type=float, default=default("lr"))
+    p.add_argument("--max-seq-len", type=int, default=default("max_seq_len"))
+    p.add_argument("--num-workers", type=int, default=default("num_workers"), help="threads per rank that read batches ahead (0: read in line)")
+    p.add_argument("--ttt-steps", type=int, default=default("ttt_steps"))
+    p.add_argument("--ttt-step-decay", type=float, default=default("ttt_step_decay"),
                    help="the loss of TTT step k is weighted w^k (EAGLE-3 and SpecForge use 0.8; speculators 1.0, "
                         "every step equal)")
-    p.add_argument("--noise-std", type=float, default=0.05, help="uniform noise in [-s, s] on the captured features")
-    p.add_argument("--scheduler", choices=SCHEDULERS, default="cosine")
-    p.add_argument("--warmup-ratio", type=float, default=0.01)
-    p.add_argument("--val-ratio", type=float, default=0.05)
-    p.add_argument("--sim-depth", type=int, default=16,
+    p.add_argument("--noise-std", type=float, default=default("noise_std"), help="uniform noise in [-s, s] on the captured features")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default=default("scheduler"))
+    p.add_argument("--warmup-ratio", type=float, default=default("warmup_ratio"))
+    p.add_argument("--val-ratio", type=float, default=default("val_ratio"))
+    p.add_argument("--sim-depth", type=int, default=default("sim_depth"),
                    help="each validation also simulates chain drafting to this depth on the validation data "
                         "(sim_acc_k, sim_tau_d: trainer/simulate.py); 0: off")
-    p.add_argument("--sim-samples", type=int, default=256,
+    p.add_argument("--sim-samples", type=int, default=default("sim_samples"),
                    help="validation sequences (packed rows) the simulation reads, over all ranks; 0: all")
-    p.add_argument("--batch-size", type=int, default=1,
+    p.add_argument("--batch-size", type=int, default=default("batch_size"),
                    help="sequences per rank in one forward and backward (the micro-batch)")
     batch = p.add_mutually_exclusive_group()
-    batch.add_argument("--global-batch-size", type=int, default=None,
+    batch.add_argument("--global-batch-size", type=int, default=default("global_batch_size"),
                        help="sequences per optimizer step over all ranks, a multiple of --batch-size x ranks: the "
                             "gradients of that many micro-batches are accumulated (default: no accumulation)")
-    batch.add_argument("--global-batch-tokens", type=int, default=None,
+    batch.add_argument("--global-batch-tokens", type=int, default=default("global_batch_tokens"),
                        help="the same in tokens, counting rows of --max-seq-len tokens (as --pack-samples fills them)")
     p.add_argument("--pack-samples", action="store_true",
                    help="concatenate samples into rows of up to --max-seq-len tokens; attention, RoPE positions and "
                         "targets stay within each sample")
-    p.add_argument("--grad-clip", type=float, default=0.5)
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps too (0: epoch ends only)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--grad-clip", type=float, default=default("grad_clip"))
+    p.add_argument("--save-every", type=int, default=default("save_every"), help="checkpoint every N steps too (0: epoch ends only)")
+    p.add_argument("--seed", type=int, default=default("seed"))
+    p.add_argument("--max-steps", type=int, default=default("max_steps"), help="stop after this many optimizer steps")
     p.add_argument("--no-resume", action="store_true", help="refuse to start when the output dir has checkpoints")
-    p.add_argument("--init-from", default=None, help="draft weights to start from (a checkpoint or output dir)")
+    p.add_argument("--init-from", default=default("init_from"), help="draft weights to start from (a checkpoint or output dir)")
     p.add_argument("--init-lm-head-from-verifier", action="store_true",
                    help="start the draft's lm_head from the verifier's lm_head rows of the draft vocabulary")
-    p.add_argument("--report-to", default=None, metavar="|".join(TRACKERS),
+    p.add_argument("--report-to", default=default("report_to"), metavar="|".join(TRACKERS),
                    help="experiment trackers, comma-separated; one tracker run per longrun run across attempts")
-    p.add_argument("--tracking-dir", default=None,
+    p.add_argument("--tracking-dir", default=default("tracking_dir"),
                    help="where trackers write (default: the longrun run's records/<run>/tracking, else <output-dir>/tracking)")
     # draft shape, EAGLE 3.1 and export formats (trainer/model.py)
-    p.add_argument("--draft-num-heads", type=int, default=None,
+    p.add_argument("--draft-num-heads", type=int, default=default("draft_num_heads"),
                    help="attention heads of the draft (default: the verifier's; 56 for DeepSeek-V3 / Kimi-K2)")
-    p.add_argument("--draft-num-kv-heads", type=int, default=None,
+    p.add_argument("--draft-num-kv-heads", type=int, default=default("draft_num_kv_heads"),
                    help="KV heads of the draft (default: the verifier's; 8 for DeepSeek-V3 / Kimi-K2)")
-    p.add_argument("--draft-head-dim", type=int, default=None,
+    p.add_argument("--draft-head-dim", type=int, default=default("draft_head_dim"),
                    help="head dimension of the draft (default: the verifier's; 128 for DeepSeek-V3 / Kimi-K2)")
     p.add_argument("--fc-norm", action="store_true", help="EAGLE 3.1: an RMSNorm per captured feature before fc")
     p.add_argument("--norm-output", action="store_true",
                    help="EAGLE 3.1: each TTT step reads the previous step's hidden state after the final norm")
-    p.add_argument("--export-format", default="engine", type=lambda v: tuple(v.split(",")),
+    p.add_argument("--export-format", default=default("export_format"), type=lambda v: tuple(v.split(",")),
                    help="comma-separated: engine (config.json + model.safetensors in the output dir, always "
                         "written), speculators (speculators' own format in <output-dir>/speculators/)")
-    p.add_argument("--eval-corpus", default=None,
+    p.add_argument("--eval-corpus", default=default("eval_corpus"),
                    help="held-out text: at the end, measure acceptance by depth (trainer.evaluate) and report it")
-    p.add_argument("--eval-max-depth", type=int, default=8)
-    p.add_argument("--eval-samples", type=int, default=8)
-    p.add_argument("--eval-new-tokens", type=int, default=64)
+    p.add_argument("--eval-max-depth", type=int, default=default("eval_max_depth"))
+    p.add_argument("--eval-samples", type=int, default=default("eval_samples"))
+    p.add_argument("--eval-new-tokens", type=int, default=default("eval_new_tokens"))
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """The command line's settings, checked, as a TrainConfig (the one place a Namespace becomes one)."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.layer_ids:  # `--layer-ids 2,30,58` or `--layer-ids 2 30 58 61`
         args.layer_ids = [i for ids in args.layer_ids for i in ids]
@@ -138,7 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parse_report_to(args.report_to or "")
     except ValueError as exc:
         p.error(str(exc))
-    return args
+    return TrainConfig.from_flags(vars(args))
 
 
 @dataclass
@@ -223,24 +233,31 @@ def load_weights_with_same_vocab(draft: EagleDraft, path: Path) -> None:
         raise ValueError(f"{path} was trained with a different draft vocabulary than --vocab-mapping-dir")
 
 
-def build_draft(args: argparse.Namespace, dtype: torch.dtype, init_from: str | None) -> tuple[EagleDraft, VerifierHead]:
-    """A new draft (or `init_from`'s weights) shaped after the verifier, and the head that computes targets."""
-    d2t, t2d = load_vocab_mapping(args.vocab_mapping_dir)
-    verifier = read_verifier_config(args.verifier_path)
-    config = DraftConfig.from_verifier(verifier, d2t.numel(), args.ttt_steps, args.draft_num_heads,
-                                       args.draft_num_kv_heads, args.draft_head_dim, args.fc_norm, args.norm_output)
-    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids,
-                              verifier.get("hidden_size"))
-    config.aux_hidden_state_layer_ids = data.layer_ids
+def open_data(data: DataConfig, verifier: dict) -> StoredData:
+    """`--data-dir` in its `--data-format`, opened once for the run, for `verifier` (its config.json): the draft's
+    layer ids and the samples come from it."""
+    opened = open_training_data(data.data_dir, data.data_format, verifier["num_hidden_layers"], data.layer_ids,
+                                verifier.get("hidden_size"))
     if int(os.environ.get("RANK", "0")) == 0:
-        for note in data.notes:  # what was made of the layer ids given (speculators' 4-id form)
+        for note in opened.notes:  # what was made of the layer ids given (speculators' 4-id form)
             print(note, flush=True)
-    head, embed_weight = load_verifier_head(args.verifier_path, d2t, t2d)
+    return opened
+
+
+def build_draft(model: ModelConfig, verifier: dict, data: StoredData, ttt_steps: int, dtype: torch.dtype,
+                init_from: str | None, seed: int) -> tuple[EagleDraft, VerifierHead]:
+    """A new draft (or `init_from`'s weights) shaped after the verifier (`verifier`: its config.json) and
+    capturing `data`'s layers, and the head that computes targets."""
+    d2t, t2d = load_vocab_mapping(model.vocab_mapping_dir)
+    config = DraftConfig.from_verifier(verifier, d2t.numel(), ttt_steps, model.draft_num_heads,
+                                       model.draft_num_kv_heads, model.draft_head_dim, model.fc_norm, model.norm_output)
+    config.aux_hidden_state_layer_ids = data.layer_ids
+    head, embed_weight = load_verifier_head(model.verifier_path, d2t, t2d)
     head.input_is_normed = data.last_hidden_state_normed
-    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    torch.manual_seed(seed)  # identical initial weights on every rank
     draft = EagleDraft(config, embed_weight.to(dtype))
     draft.set_vocab_mapping(d2t, t2d)
-    if args.init_lm_head_from_verifier:
+    if model.init_lm_head_from_verifier:
         init_lm_head_from_verifier(draft, head)
     if init_from:
         path = init_weights_path(init_from)
@@ -256,16 +273,13 @@ def init_lm_head_from_verifier(draft: EagleDraft, head: VerifierHead) -> None:
     draft.lm_head.weight.copy_(head.draft_rows.to(draft.lm_head.weight.dtype))
 
 
-def open_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset | None]:
-    """(training set, validation set or None) over `--data-dir` in its `--data-format`, split by `--val-ratio`."""
-    verifier = read_verifier_config(args.verifier_path)
-    data = open_training_data(args.data_dir, args.data_format, verifier["num_hidden_layers"], args.layer_ids,
-                              verifier.get("hidden_size"))
-    train_files, val_files = split_files(data.files, args.val_ratio, args.seed)
+def open_datasets(config: DataConfig, data: StoredData, seed: int) -> tuple[Dataset, Dataset | None]:
+    """(training set, validation set or None) over the opened `data`, split by `--val-ratio`."""
+    train_files, val_files = split_files(data.files, config.val_ratio, seed)
     if not train_files:
-        raise SystemExit(f"no training samples in {args.data_dir}; run `python -m trainer.prepare` first")
-    val_set = data.dataset(val_files, args.max_seq_len) if val_files else None
-    return data.dataset(train_files, args.max_seq_len), val_set
+        raise SystemExit(f"no training samples in {config.data_dir}; run `python -m trainer.prepare` first")
+    val_set = data.dataset(val_files, config.max_seq_len) if val_files else None
+    return data.dataset(train_files, config.max_seq_len), val_set
 
 
 @dataclass
@@ -287,33 +301,34 @@ class TrainingData:
         return sum(math.ceil(self.micro_batches(e) / self.micro_batches_per_step) for e in range(epochs))
 
 
-def micro_batches_per_step(args: argparse.Namespace, world_size: int) -> int:
+def micro_batches_per_step(data: DataConfig, world_size: int) -> int:
     """How many micro-batches of --batch-size each rank accumulates into one optimizer step."""
-    per_micro_step = args.batch_size * world_size
-    if args.global_batch_size is not None:
-        if args.global_batch_size % per_micro_step:
-            raise SystemExit(f"--global-batch-size {args.global_batch_size} is not a multiple of --batch-size x ranks "
+    per_micro_step = data.batch_size * world_size
+    if data.global_batch_size is not None:
+        if data.global_batch_size % per_micro_step:
+            raise SystemExit(f"--global-batch-size {data.global_batch_size} is not a multiple of --batch-size x ranks "
                              f"= {per_micro_step}: choose a multiple, or change --batch-size")
-        return args.global_batch_size // per_micro_step
-    if args.global_batch_tokens is not None:
-        return max(1, round(args.global_batch_tokens / (per_micro_step * args.max_seq_len)))
+        return data.global_batch_size // per_micro_step
+    if data.global_batch_tokens is not None:
+        return max(1, round(data.global_batch_tokens / (per_micro_step * data.max_seq_len)))
     return 1
 
 
-def training_data(args: argparse.Namespace, ctx: Distributed, target_hidden_size: int) -> TrainingData:
-    """This rank's loaders over `open_datasets` (the one call to swap for another data layout)."""
-    train_set, val_set = open_datasets(args)
+def training_data(config: DataConfig, data: StoredData, seed: int, ctx: Distributed,
+                  target_hidden_size: int) -> TrainingData:
+    """This rank's loaders over `open_datasets` of the opened `data` (the one call to swap for another layout)."""
+    train_set, val_set = open_datasets(config, data, seed)
     width = train_set[0]["hidden_states"].shape[-1]
     if width != 3 * target_hidden_size:
         raise SystemExit(
-            f"{args.data_dir} holds features {width} wide but the verifier needs 3 x {target_hidden_size}: "
+            f"{config.data_dir} holds features {width} wide but the verifier needs 3 x {target_hidden_size}: "
             "was the data prepared with this --verifier-path?"
         )
-    shard = dict(seed=args.seed, rank=ctx.rank, world_size=ctx.world_size, pack=args.pack_samples)
-    train = make_loader(train_set, args.batch_size, args.num_workers, True, **shard)
-    val = make_loader(val_set, args.batch_size, 0, False, **shard) if val_set is not None else None
+    shard = dict(seed=seed, rank=ctx.rank, world_size=ctx.world_size, pack=config.pack_samples)
+    train = make_loader(train_set, config.batch_size, config.num_workers, True, **shard)
+    val = make_loader(val_set, config.batch_size, 0, False, **shard) if val_set is not None else None
     return TrainingData(train, val, len(train_set), len(val_set) if val_set is not None else 0,
-                        micro_batches_per_step(args, ctx.world_size))
+                        micro_batches_per_step(config, ctx.world_size))
 
 
 def optimizer_steps(batches: Iterable[dict], micro_batches: int) -> Iterator[list[dict]]:
@@ -328,25 +343,26 @@ def optimizer_steps(batches: Iterable[dict], micro_batches: int) -> Iterator[lis
         yield group
 
 
-def report_acceptance(args: argparse.Namespace, reporter: MetricsReporter, step: int, total_steps: int,
-                      device: torch.device) -> None:
-    """Speculative decoding with the exported draft on held-out text; one metrics line carries the report."""
+def report_acceptance(evaluation: ValidationConfig, verifier_path: str, draft_dir: Path, reporter: MetricsReporter,
+                      step: int, total_steps: int, device: torch.device) -> None:
+    """Speculative decoding with the exported draft (in `draft_dir`) on held-out text; one metrics line carries
+    the report."""
     from trainer.evaluate import evaluate_draft
 
-    report = evaluate_draft(args.verifier_path, args.output_dir, Path(args.eval_corpus), args.eval_max_depth,
-                            args.eval_samples, args.eval_new_tokens, device=str(device))
-    taus = {f"eval_accepted_{row['depth']}": row["mean_accepted"] for row in report["by_depth"]}
-    reporter.write({"step": step, "total_steps": total_steps, **taus, "evaluation": report})
+    report = evaluate_draft(verifier_path, draft_dir, Path(evaluation.eval_corpus), evaluation.eval_max_depth,
+                            evaluation.eval_samples, evaluation.eval_new_tokens, device=str(device))
+    taus = {series.indexed(series.EVAL_ACCEPTED, row["depth"]): row["mean_accepted"] for row in report["by_depth"]}
+    reporter.write({series.STEP: step, series.TOTAL_STEPS: total_steps, **taus, "evaluation": report})
     print("acceptance by depth: " + " ".join(f"{row['depth']}:{row['mean_accepted']:.2f}" for row in report["by_depth"]),
           flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    config = parse_args(argv)
     stop = StopRequest()
     ctx = Distributed.from_environment()
     try:
-        return run(args, ctx, stop)
+        return run(config, ctx, stop)
     except Exception:
         if stop.requested:  # e.g. a collective broken by a rank that stopped
             return EXIT_TERMINATED
@@ -367,55 +383,59 @@ def checkpoint_to_resume(output_dir: Path, no_resume: bool, ctx: Distributed) ->
     return latest
 
 
-def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
+def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
     clock: StartupClock | None = startup_clock()
-    output_dir = Path(args.output_dir)
-    resume_from = checkpoint_to_resume(output_dir, args.no_resume, ctx)
+    ttt, optim, saving, validation = config.ttt, config.optim, config.checkpoints, config.validation
+    output_dir = Path(saving.output_dir)
+    resume_from = checkpoint_to_resume(output_dir, saving.no_resume, ctx)
     dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     log = print if ctx.rank == 0 else (lambda *a, **k: None)
+    verifier = read_verifier_config(config.model.verifier_path)
+    stored = open_data(config.data, verifier)  # the one reading of --data-dir's layout: the model's and the loaders'
 
     clock.mark("setup")
-    draft, head = build_draft(args, dtype, init_from=args.init_from if resume_from is None else None)
+    init_from = config.model.init_from if resume_from is None else None
+    draft, head = build_draft(config.model, verifier, stored, ttt.ttt_steps, dtype, init_from, config.seed)
     draft.to(ctx.device)
     head = head.to(ctx.device, dtype)
     clock.mark("model")
-    objective = TTTObjective(draft, args.ttt_steps, args.ttt_step_decay)
+    objective = TTTObjective(draft, ttt.ttt_steps, ttt.ttt_step_decay)
     model = objective if ctx.world_size == 1 else DistributedDataParallel(
         objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
     )
-    data = training_data(args, ctx, draft.config.target_hidden_size)
+    data = training_data(config.data, stored, config.seed, ctx, draft.config.target_hidden_size)
     clock.mark("data")
-    total_steps = data.steps(args.epochs)
-    if args.max_steps is not None:
-        total_steps = min(total_steps, args.max_steps)
+    total_steps = data.steps(optim.epochs)
+    if optim.max_steps is not None:
+        total_steps = min(total_steps, optim.max_steps)
 
-    optimizer = build_optimizer(draft.parameters(), args.lr)
-    scheduler = build_scheduler(optimizer, args.scheduler, total_steps, args.warmup_ratio)
+    optimizer = build_optimizer(draft.parameters(), optim.lr)
+    scheduler = build_scheduler(optimizer, optim.scheduler, total_steps, optim.warmup_ratio)
     # The feature noise has its own generator: data loaders draw from the global one as they start.
-    noise = torch.Generator(ctx.device).manual_seed(args.seed + 1000 * (ctx.rank + 1))
-    train_step = TrainingStep(model, objective, head, optimizer, scheduler, args.noise_std, noise, args.grad_clip)
+    noise = torch.Generator(ctx.device).manual_seed(config.seed + 1000 * (ctx.rank + 1))
+    train_step = TrainingStep(model, objective, head, optimizer, scheduler, ttt.noise_std, noise, optim.grad_clip)
     checkpointer = Checkpointer(
         output_dir, draft, optimizer, scheduler, {"noise": noise},
-        {"total_steps": total_steps, "ttt_steps": args.ttt_steps, "args": vars(args)},
-        args.save_every, ctx.rank, ctx.world_size, ctx.barrier,
-        export_formats=args.export_format, verifier_path=str(Path(args.verifier_path).resolve()),
+        {"total_steps": total_steps, "ttt_steps": ttt.ttt_steps, "args": config.flags()},
+        saving.save_every, ctx.rank, ctx.world_size, ctx.barrier,
+        export_formats=saving.export_format, verifier_path=str(Path(config.model.verifier_path).resolve()),
     )
     position = Position()
     if resume_from is not None:
         position, saved = checkpointer.restore(resume_from)
-        if saved.get("ttt_steps") != args.ttt_steps:
-            log(f"note: {resume_from.name} was trained with {saved.get('ttt_steps')} TTT steps, continuing with {args.ttt_steps}")
+        if saved.get("ttt_steps") != ttt.ttt_steps:
+            log(f"note: {resume_from.name} was trained with {saved.get('ttt_steps')} TTT steps, continuing with {ttt.ttt_steps}")
         log(f"resuming from {resume_from} at step {position.step} (epoch {position.epoch}, batch {position.batch})")
-    log(describe_run(draft, args, data, ctx, total_steps), flush=True)
+    log(describe_run(draft, config.data, ttt.ttt_steps, data, ctx, total_steps), flush=True)
 
-    trackers = open_trackers(args.report_to, output_dir, args.tracking_dir) if ctx.rank == 0 else None
+    trackers = open_trackers(saving.report_to, output_dir, saving.tracking_dir) if ctx.rank == 0 else None
     reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0, trackers=trackers)
-    metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, args.ttt_steps)
-    validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype, args.sim_depth,
-                          math.ceil(args.sim_samples / ctx.world_size) if args.sim_samples else None)
+    metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, ttt.ttt_steps)
+    validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype, validation.sim_depth,
+                          math.ceil(validation.sim_samples / ctx.world_size) if validation.sim_samples else None)
     profiler = StepProfiler(ctx.rank)
     # each batch's trained rows found on the CPU, so that a step never waits for the GPU before it is queued
-    plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=args.ttt_steps,
+    plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=ttt.ttt_steps,
                              pin=ctx.device.type == "cuda")
 
     def stopped() -> int:
@@ -424,7 +444,7 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
         return EXIT_TERMINATED
 
     try:
-        while position.step < total_steps and position.epoch < args.epochs:
+        while position.step < total_steps and position.epoch < optim.epochs:
             data.train.batch_sampler.set_epoch(position.epoch, position.batch)
             epoch_batches = data.micro_batches(position.epoch)
             for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype, plan),
@@ -453,32 +473,33 @@ def run(args: argparse.Namespace, ctx: Distributed, stop: StopRequest) -> int:
                 return stopped()
             val_metrics = validator()
             if val_metrics is not None:
-                reporter.validation({"step": position.step, "total_steps": total_steps,
-                                     "epoch": position.epoch + position.batch / epoch_batches, **val_metrics})
+                reporter.validation({series.STEP: position.step, series.TOTAL_STEPS: total_steps,
+                                     series.EPOCH: position.epoch + position.batch / epoch_batches, **val_metrics})
             if position.batch >= epoch_batches:
                 position.epoch, position.batch = position.epoch + 1, 0
             checkpointer.save(position)
             metrics.pause()
         log(f"done: {position.step} steps; draft exported to {output_dir}", flush=True)
-        if args.eval_corpus and ctx.rank == 0:
-            report_acceptance(args, reporter, position.step, total_steps, ctx.device)
+        if validation.eval_corpus and ctx.rank == 0:
+            report_acceptance(validation, config.model.verifier_path, output_dir, reporter, position.step, total_steps,
+                              ctx.device)
         return 0
     finally:
         profiler.close()
         reporter.close()
 
 
-def describe_run(draft: EagleDraft, args: argparse.Namespace, data: TrainingData, ctx: Distributed,
+def describe_run(draft: EagleDraft, batching: DataConfig, ttt_steps: int, data: TrainingData, ctx: Distributed,
                  total_steps: int) -> str:
     config = draft.config
     n_params = sum(p.numel() for p in draft.parameters() if p.requires_grad)
-    sequences = args.batch_size * ctx.world_size * data.micro_batches_per_step
-    batch = f"{sequences} {'packed rows' if args.pack_samples else 'sequences'} per step"
+    sequences = batching.batch_size * ctx.world_size * data.micro_batches_per_step
+    batch = f"{sequences} {'packed rows' if batching.pack_samples else 'sequences'} per step"
     if data.micro_batches_per_step > 1:
-        batch += f" ({data.micro_batches_per_step} micro-batches of {args.batch_size} per rank)"
+        batch += f" ({data.micro_batches_per_step} micro-batches of {batching.batch_size} per rank)"
     return (
         f"draft: {n_params / 1e6:.1f}M trainable parameters, hidden {config.hidden_size}, draft vocab "
-        f"{config.draft_vocab_size}/{config.vocab_size}, TTT steps {args.ttt_steps}; {data.train_samples} train / "
+        f"{config.draft_vocab_size}/{config.vocab_size}, TTT steps {ttt_steps}; {data.train_samples} train / "
         f"{data.val_samples} val samples, {batch}, {ctx.world_size} rank(s) on {ctx.device.type}, {total_steps} steps"
     )
 

@@ -226,12 +226,12 @@ def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_comma
     section = readme[readme.index("## Bring your own data and model"):]
     start = section.index("```json") + len("```json")
     spec = RunCreate.model_validate(json.loads(section[start : section.index("```", start)]))
-    args = parse_args(trainer_flags(spec.trainer))
-    assert args.data_format == "speculators"
+    args = parse_args(trainer_flags(spec.trainer)).flags()
+    assert args["data_format"] == "speculators"
     seed = parse_args(["--verifier-path", "V", "--data-dir", "D", "--vocab-mapping-dir", "M", "--output-dir", "O",
-                       *SEED_FLAGS])
+                       *SEED_FLAGS]).flags()
     for name in ("epochs", "lr", "max_seq_len", "num_workers", "noise_std", "scheduler", "warmup_ratio", "val_ratio"):
-        assert getattr(args, name) == getattr(seed, name), name
+        assert args[name] == seed[name], name
 
 
 @pytest.mark.parametrize("layout", ["speculators", "speculators_arrow_fp8"])

@@ -2,20 +2,21 @@
 verifier. Each is checked against the plain reference (one sample per row, one micro-batch) on a real tiny
 draft: same loss, same gradients, to float tolerance."""
 
-import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trainer.config import DataConfig
 from trainer.data import HiddenStatesDataset, PackedBatchSampler, make_loader
 from trainer.model import DraftConfig, EagleDraft
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import TrainingStep, packing
-from trainer.train import build_draft, micro_batches_per_step, optimizer_steps, parse_args
+from trainer.train import build_draft, micro_batches_per_step, open_data, optimizer_steps, parse_args
 from trainer.ttt import STAT_FIELDS, TTTObjective, verifier_targets
-from trainer.verifier_model import VerifierHead
+from trainer.verifier_model import VerifierHead, read_verifier_config
 
 HIDDEN, VOCAB, DRAFT_VOCAB, TTT_STEPS = 32, 96, 40, 3
 LENGTHS = (7, 12, 5, 9, 11, 6)
@@ -169,8 +170,7 @@ def test_mean_of_micro_batch_losses_would_not_be_the_whole_batch_step(samples):
 
 def test_global_batch_in_sequences_or_tokens_sets_the_micro_batches_per_step():
     def args(**flags):
-        return argparse.Namespace(**{"batch_size": 2, "max_seq_len": 1024, "global_batch_size": None,
-                                     "global_batch_tokens": None, **flags})
+        return replace(DataConfig("/d", batch_size=2, max_seq_len=1024), **flags)
 
     assert micro_batches_per_step(args(), world_size=4) == 1
     assert micro_batches_per_step(args(global_batch_size=32), world_size=4) == 4
@@ -211,9 +211,14 @@ def test_lm_head_starts_from_the_verifier_rows_of_the_draft_vocabulary(tmp_path:
     target_ids = torch.arange(mapping["d2t"].numel()) + mapping["d2t"]  # d2t holds offsets: target = i + d2t[i]
     verifier_rows = verifier.lm_head.weight.detach()[target_ids]
 
-    draft, _ = build_draft(parse_args([*flags, "--init-lm-head-from-verifier"]), torch.float32, None)
+    def draft_of(config):
+        verifier = read_verifier_config(config.model.verifier_path)
+        return build_draft(config.model, verifier, open_data(config.data, verifier), config.ttt.ttt_steps,
+                           torch.float32, None, config.seed)
+
+    draft, _ = draft_of(parse_args([*flags, "--init-lm-head-from-verifier"]))
     assert torch.equal(draft.lm_head.weight.detach(), verifier_rows)
-    fresh, _ = build_draft(parse_args(flags), torch.float32, None)
+    fresh, _ = draft_of(parse_args(flags))
     assert not torch.allclose(fresh.lm_head.weight.detach(), verifier_rows)
     with pytest.raises(SystemExit):
         parse_args([*flags, "--init-lm-head-from-verifier", "--init-from", str(tmp_path / "out")])
@@ -232,6 +237,7 @@ def test_a_run_spec_passes_the_new_options_to_the_trainer():
 
     spec = TrainerSpec(verifier_path="/v", data_dir="/d", vocab_mapping_dir="/m", output_dir="/o",
                        global_batch_tokens=65536, pack_samples=True, init_lm_head_from_verifier=True)
-    args = parse_args(trainer_flags(spec))
-    assert (args.global_batch_tokens, args.pack_samples, args.init_lm_head_from_verifier) == (65536, True, True)
-    assert args.global_batch_size is None
+    config = parse_args(trainer_flags(spec))
+    assert (config.data.global_batch_tokens, config.data.pack_samples,
+            config.model.init_lm_head_from_verifier) == (65536, True, True)
+    assert config.data.global_batch_size is None
