@@ -213,6 +213,9 @@ class AttemptNode:
     # long it ran by the host's clock, once it has ended: the attempt's start and end are taken from them
     started: float | None = None
     ran: float | None = None
+    # node 0 of an entrypoint run: how its total steps were found from what the host read (server/log_patterns.py
+    # FoundTotal.note: an estimate says so, and from what), said in the run's answer
+    total_note: str | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "AttemptNode":
@@ -222,7 +225,7 @@ class AttemptNode:
                    log_records=raw.get("log_records", 0), log_midline=raw.get("log_midline", False),
                    queue=raw.get("queue"), metrics_identity=raw.get("metrics_identity"),
                    log_identity=raw.get("log_identity"), log_base=raw.get("log_base", 0),
-                   started=raw.get("started"), ran=raw.get("ran"))
+                   started=raw.get("started"), ran=raw.get("ran"), total_note=raw.get("total_note"))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": str(self.state)}
@@ -256,6 +259,24 @@ def nodes_launched(attempt: Attempt, pids: list[int], gpus: list[list[int] | Non
         node.pid, node.gpus, node.queue = pid, assigned, queue
         node.state = NodeState.PENDING if queue is not None else NodeState.RUNNING
     set_nodes(attempt, nodes)
+
+
+def total_found(session: Session, run: Run, attempt: Attempt, steps: int | None, note: str) -> None:
+    """What node 0's host read for a foreign trainer's total steps: the total, unless one is known already (a total
+    the trainer prints later still wins), with how it was found; or, `steps` None, why it could not be read."""
+    if steps is not None and attempt.total_steps is None:
+        attempt.total_steps = steps
+        nodes = nodes_of(attempt)
+        if nodes:
+            nodes[0].total_note = note
+            set_nodes(attempt, nodes)
+    session.add(Event(run_id=run.id, kind="total_found" if steps is not None else "total_unknown",
+                      data={"attempt": attempt.number, "steps": steps, "note": note[:1000]}))
+
+
+def total_note(attempt: Attempt) -> str | None:
+    nodes = nodes_of(attempt)
+    return nodes[0].total_note if nodes else None
 
 
 def expected_start(attempt: Attempt) -> datetime | None:

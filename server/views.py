@@ -5,7 +5,7 @@ from pydantic import ValidationError
 from server import eta, hosts, pace
 from server.db import WriteFailure
 from server.errors import Conflict
-from server.lifecycle import TERMINAL, RunStatus, expected_start
+from server.lifecycle import TERMINAL, RunStatus, expected_start, total_note
 from server.log_patterns import NO_TOTAL_NOTE
 from server.models import Attempt, Host, Run, utcnow
 from server.schemas import (
@@ -15,6 +15,7 @@ from server.schemas import (
     HostPublic,
     InterconnectPublic,
     RunPublic,
+    VerifierProbePublic,
     without_env_values,
 )
 from server.spec import RunCreate
@@ -67,8 +68,11 @@ def progress_and_eta(run: Run, history: list[pace.PastAttempt]) -> tuple[float |
     return progress, seconds
 
 
-def progress_note(spec: RunCreate, total_steps: int | None, active: bool) -> str | None:
-    """What a run's answer says about its progress: for an entrypoint run whose total is unknown, how to give one."""
+def progress_note(spec: RunCreate, total_steps: int | None, active: bool, found: str | None = None) -> str | None:
+    """What a run's answer says about its progress: for an entrypoint run, how its total was found from what its
+    host read (`found`), or, while it is unknown, how to give one."""
+    if found and total_steps:
+        return found
     if spec.trainer is not None or total_steps or not active or spec.stated_total_steps:
         return None
     return NO_TOTAL_NOTE
@@ -91,7 +95,8 @@ def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFa
     return RunPublic(id=run.id, name=run.name, status=run.status, message=run_message(run, write_failure),
                      attempt=run.attempt,
                      hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
-                     progress_note=progress_note(run.typed_spec, run.current.total_steps, run.status not in TERMINAL),
+                     progress_note=progress_note(run.typed_spec, run.current.total_steps, run.status not in TERMINAL,
+                                                   total_note(run.current)),
                      host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,
                      attempts=[attempt_public(a) for a in run.attempts])
@@ -124,6 +129,14 @@ def interconnect_public(host: Host) -> InterconnectPublic:
     wanted = host.interconnect_wanted_tp
     return InterconnectPublic(host=host.name, status=hosts.interconnect_status(host), requested_tp=wanted or None,
                               message=host.interconnect_error, **measured)
+
+
+def verifier_probe_public(host: Host) -> VerifierProbePublic:
+    measured = (host.interconnect or {}).get("verifier") or {}
+    shown = {k: measured.get(k) for k in ("path", "tp", "ep", "gpu", "dtype", "measured_at")}
+    return VerifierProbePublic(host=host.name, status=hosts.verifier_status(host), requested=host.verifier_wanted,
+                               message=host.verifier_error, dense_ms=measured.get("dense_ms") or [],
+                               moe_ms=measured.get("moe_ms") or [], **shown)
 
 
 def gpu_snapshot_public(host: Host) -> GpuSnapshotPublic:

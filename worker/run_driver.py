@@ -9,6 +9,9 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from server.config import Settings
 from server.db import Database, is_store_failure
@@ -36,9 +39,11 @@ from server.lifecycle import (
     start_launching,
     step_failed,
     step_succeeded,
+    total_found,
     wait_for_gpus,
 )
 from server.models import Attempt, Host, Run
+from server.spec import RunCreate
 from worker import failure_cause
 from worker.attempt_io import probe_nodes, store_probes
 from worker.attempt_stopper import AttemptStopper
@@ -47,6 +52,7 @@ from worker.gpu_placement import WaitForGpus, placement_env, visible_devices
 from worker.host_contact import HostContact, mark_unreachable, store_snapshot
 from worker.host_errors import HostError, HostUnreachable
 from worker.jobs import job_argv
+from worker.log_metrics import found_total, totals_query
 from worker.protocol import GpuView, LaunchRequest
 from worker.run_rows import attempt_numbered, fresh_run, read_run
 from worker.slurm import queue_message, slurm_batch
@@ -164,18 +170,31 @@ class RunDriver:
             # a batch job is submitted once; until it starts, each launching step asks again (the same job answers)
             batch = slurm_batch(spec, host.python, run.id, attempt.number) if host.kind == "slurm" else None
             answers.append(self.contact.agent(host).launch(LaunchRequest(
-                node.dir, attempt.token, argv, env, spec.cwd, node_address=address, slurm=batch)))
+                node.dir, attempt.token, argv, env, spec.cwd, node_address=address, slurm=batch,
+                totals=totals_query(spec) if i == 0 and batch is None else None)))
         waiting = [a.queue if a.state == NodeState.PENDING and a.queue else None for a in answers]
         with fresh_run(self.db, run.id) as (s, fresh):
             nodes_launched(attempt_numbered(fresh, attempt.number), [a.pid for a in answers],
                            [visible_devices(env) for env in envs], [asdict(q) if q else None for q in waiting])
             if not is_unchanged(fresh, RunStatus.LAUNCHING, attempt.number):
                 return  # cancelled or restarted meanwhile: that handler stops what we started
+            if answers[0].totals is not None:
+                self._total_found(s, fresh, spec, answers[0].totals)
             queued = next((q for q in waiting if q is not None), None)
             if queued is not None:
                 job_queued(fresh, queue_message(queued))
                 return
             launched(s, fresh, self.clock.now())
+
+    @staticmethod
+    def _total_found(session: Session, run: Run, spec: RunCreate, facts: dict[str, Any]) -> None:
+        """A foreign trainer's total steps from what node 0's host read at launch (worker/hostside/totals.py)."""
+        found = found_total(spec, facts)
+        if found is not None:
+            total_found(session, run, run.current, found.steps, found.note)
+        else:
+            why = facts.get("unreadable") if isinstance(facts.get("unreadable"), str) else "not enough was read"
+            total_found(session, run, run.current, None, f"no total steps from the host: {why[:500]}")
 
     def _gpu_env(self, attempt: Attempt, host: Host, view: GpuView | None = None) -> dict[str, str]:
         """The job's environment with its GPUs placed (worker/gpu_placement.py); raises WaitForGpus.

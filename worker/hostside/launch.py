@@ -37,6 +37,7 @@ from .files import (
 )
 from .procfs import cgroup_of
 from .slurm import slurm_launch
+from .totals import totals
 
 
 def _interface_with(address):
@@ -145,7 +146,11 @@ def launch(req):
     else:
         return {"error": f"could not start the job's wrapper in {d}"}
     write_atomic(os.path.join(d, "pid"), str(proc.pid))
-    return {"pid": proc.pid, "already": False, "containment": read_containment(d)["layer"]}
+    answer = {"pid": proc.pid, "already": False, "containment": read_containment(d)["layer"]}
+    if req.get("totals"):
+        # what a foreign trainer's total steps follow from, read here where its config and data are
+        answer["totals"] = totals(req["totals"], default_cwd=req.get("cwd") or d)
+    return answer
 
 
 def _wait_contained(d, proc, seconds=10.0):
