@@ -383,6 +383,19 @@ class Client:
                 return table
             time.sleep(interval)
 
+    def probe_verifier(self, name: str, config: str, tp: int, ep: int = 1, timeout: float = 1200.0,
+                       interval: float = 1.0) -> dict[str, Any]:
+        """Time one decoder layer of the verifier whose config.json (or model directory) is `config` on the host, one
+        rank's share at tp (experts over ep ranks), and wait for the times; the answer's `status` is `measured` or
+        `failed` (`message` says why), or still `pending` after `timeout`."""
+        self._call("POST", f"/v1/hosts/{name}/verifier", json={"config": config, "tp": tp, "ep": ep})
+        deadline = time.monotonic() + timeout
+        while True:
+            probe = self._call("GET", f"/v1/hosts/{name}/verifier")
+            if probe["status"] != "pending" or time.monotonic() >= deadline:
+                return probe
+            time.sleep(interval)
+
     def interconnect(self, name: str) -> dict[str, Any]:
         """The host's measured all-reduce table and the state of its newest probe."""
         return self._call("GET", f"/v1/hosts/{name}/interconnect")

@@ -1,5 +1,5 @@
-"""Host commands and queries: registration, lookup, asking the worker for a fresh GPU snapshot or an
-interconnect probe, and the measured all-reduce table the advisor uses for a deployment host."""
+"""Host commands and queries: registration, lookup, asking the worker for a fresh GPU snapshot, an
+interconnect probe or a verifier probe, and the measured all-reduce table the advisor uses for a deployment host."""
 
 import os
 import sys
@@ -181,12 +181,43 @@ def request_interconnect_probe(session: Session, name: str, tp: int | None) -> H
     return host
 
 
-def interconnect_status(host: Host) -> str:
-    if host.interconnect_wanted_tp is not None:
+def _probe_status(wanted: Any, error: str | None, measured: bool) -> str:
+    """A probe's state: pending while asked for, failed when the newest did not measure, else whether one has."""
+    if wanted is not None:
         return "pending"
-    if host.interconnect_error:
+    if error:
         return "failed"
-    return "measured" if host.interconnect else "not_measured"
+    return "measured" if measured else "not_measured"
+
+
+def interconnect_status(host: Host) -> str:
+    # host.interconnect may hold only the verifier probe's layer times (no table yet)
+    return _probe_status(host.interconnect_wanted_tp, host.interconnect_error,
+                         "allreduce" in (host.interconnect or {}))
+
+
+def request_verifier_probe(session: Session, name: str, config: str, tp: int, ep: int) -> Host:
+    """Flag the host for the worker's verifier probe (worker/verifier_probe.py: one decoder layer of the verifier
+    whose config.json is `config` there, one rank's share at tp, experts over ep ranks, timed at 1..16 tokens on its
+    GPU 0); refused when the host's last GPU snapshot shows no GPU, or while a probe of another is under way."""
+    host = get_host(session, name)
+    snapshot = host.gpu_snapshot or {}
+    if host.gpu_snapshot is not None and not (snapshot.get("available") and snapshot.get("gpus")):
+        why = snapshot.get("message") or "nvidia-smi lists none"
+        raise Conflict(f"no GPU on {name} (nvidia-smi at {host.gpu_snapshot_at:%Y-%m-%d %H:%M} UTC: {why}): the "
+                       "verifier probe times a layer on the deploy host's GPU; probe a host with one")
+    wanted = {"config": config, "tp": tp, "ep": ep}
+    if host.verifier_wanted is not None and host.verifier_wanted != wanted:
+        under_way = host.verifier_wanted
+        raise Conflict(f"a verifier probe of {name} ({under_way.get('config')} at tp={under_way.get('tp')}, "
+                       f"ep={under_way.get('ep')}) is under way: wait for it, then ask again")
+    host.verifier_wanted, host.verifier_error = wanted, None
+    wake_workers(session)
+    return host
+
+
+def verifier_status(host: Host) -> str:
+    return _probe_status(host.verifier_wanted, host.verifier_error, bool((host.interconnect or {}).get("verifier")))
 
 
 def measured_allreduce(session: Session, name: str, tp: int | None) -> tuple[int, str | None, Table, str]:
@@ -196,7 +227,7 @@ def measured_allreduce(session: Session, name: str, tp: int | None) -> tuple[int
     as a measurement, so that is a Conflict saying what to probe. tp=1 needs no all-reduce."""
     host = get_host(session, name)
     measured = host.interconnect
-    if not measured:
+    if not measured or "allreduce" not in measured:
         why = f" (the last probe failed: {host.interconnect_error})" if host.interconnect_error else ""
         raise Conflict(f"{name} has no measured all-reduce table{why}: run `longrun hosts probe-interconnect "
                        f"{name}`, or leave out deploy_host for the built-in defaults")

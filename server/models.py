@@ -77,6 +77,11 @@ class Host(Base):
     interconnect_wanted_tp: Mapped[int | None] = mapped_column(Integer)
     # why the last probe did not measure; cleared by the next request
     interconnect_error: Mapped[str | None] = mapped_column(Text)
+    # set by POST /v1/hosts/{name}/verifier ({config, tp, ep}); the worker times the verifier's layers, stores them
+    # as interconnect["verifier"] and clears it
+    verifier_wanted: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # why the last verifier probe did not measure; cleared by the next request
+    verifier_error: Mapped[str | None] = mapped_column(Text)
 
 
 class TypedSpec:

@@ -1,9 +1,12 @@
 """Measuring a host's interconnect: `nvidia-smi topo -m` and the NCCL all-reduce sweep (worker/allreduce_sweep.py)
-run there through hostside's `interconnect` verb, read here, stored with the host.
+run there through hostside's `interconnect` verb, read here, stored with the host; and beside that table the
+deployment's verifier, one decoder layer of its shape timed there (worker/verifier_probe.py, the `verifier` verb).
 
-Both outputs are untrusted input: the topology parser keeps what it recognises and says what it could not
-read; the sweep's JSON is checked field by field, and anything else fails the probe with the reason.
-POST /v1/hosts/{name}/interconnect marks the host (hosts.interconnect_wanted_tp); InterconnectResponder answers.
+Every output is untrusted input: the topology parser keeps what it recognises and says what it could not
+read; the sweep's and the verifier probe's JSON are checked field by field (the latter by server/advisor/verifier.py
+read_probe), and anything else fails the probe with the reason. POST /v1/hosts/{name}/interconnect marks the host
+(hosts.interconnect_wanted_tp), POST /v1/hosts/{name}/verifier too (hosts.verifier_wanted); InterconnectResponder
+answers both, one host's probes one after the other (both write host.interconnect).
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
+from server.advisor.verifier import read_probe
 from server.db import Database
 from server.layout import HostLayout
 from server.models import Host
 from worker.clock import Clock
 from worker.host_contact import HostContact
 from worker.host_errors import HostError
-from worker.protocol import CommandOutput, InterconnectRequest
+from worker.protocol import CommandOutput, InterconnectRequest, VerifierProbeRequest
 
 SWEEP_SOURCE = (Path(__file__).parent / "allreduce_sweep.py").read_text()
 SWEEP_NAME = f"allreduce-sweep-{hashlib.sha256(SWEEP_SOURCE.encode()).hexdigest()[:12]}.py"
@@ -32,6 +36,11 @@ SWEEP_TIMEOUT = 600.0
 # a sane sweep has a few dozen sizes; more is not a table of ours
 MAX_ROWS = 256
 MAX_GPUS = 1024
+VERIFIER_PROBE_SOURCE = (Path(__file__).parent / "verifier_probe.py").read_text()
+VERIFIER_PROBE_NAME = f"verifier-probe-{hashlib.sha256(VERIFIER_PROBE_SOURCE.encode()).hexdigest()[:12]}.py"
+# 16 token counts x a dense and an MoE layer, each built and captured as a CUDA graph (a Kimi-K2.5 MoE layer's
+# int4 weights are made on the GPU for each)
+VERIFIER_PROBE_TIMEOUT = 900.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _GPU = re.compile(r"^GPU(\d+)$")
@@ -79,8 +88,8 @@ def parse_topology(text: str) -> dict[str, Any]:
             "interconnect": None if not kinds else "pcie" if "pcie" in kinds else "nvlink", "note": note}
 
 
-def read_sweep(output: CommandOutput, tp: int | str) -> dict[str, Any]:
-    """The sweep's measurement, checked; ProbeFailed with the reason when it is not one."""
+def _json_answer(output: CommandOutput, what: str) -> dict[str, Any]:
+    """A probe script's last stdout line as a JSON object; ProbeFailed with its exit status and output's tail else."""
     lines = output.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else None
@@ -88,7 +97,13 @@ def read_sweep(output: CommandOutput, tp: int | str) -> dict[str, Any]:
         answer = None
     if not isinstance(answer, dict):
         tail = (output.stderr or output.stdout).strip()[-1500:]
-        raise ProbeFailed(f"the all-reduce sweep did not answer JSON (exit {output.rc}): {tail!r}")
+        raise ProbeFailed(f"the {what} did not answer JSON (exit {output.rc}): {tail!r}")
+    return answer
+
+
+def read_sweep(output: CommandOutput, tp: int | str) -> dict[str, Any]:
+    """The sweep's measurement, checked; ProbeFailed with the reason when it is not one."""
+    answer = _json_answer(output, "all-reduce sweep")
     if "error" in answer:
         raise ProbeFailed(f"the all-reduce sweep could not measure: {str(answer['error'])[:1000]}")
     world = answer.get("world")
@@ -134,17 +149,41 @@ def measurement(topo: CommandOutput, sweep: CommandOutput, tp: int | str) -> dic
     return table
 
 
+def verifier_measurement(output: CommandOutput, wanted: dict[str, Any], host: str, measured_at: str) -> dict[str, Any]:
+    """The verifier probe's layer times, checked (read_probe) and of the tp and ep asked for: what is stored as
+    host.interconnect["verifier"]; ProbeFailed with the reason when it is not one."""
+    answer = _json_answer(output, "verifier probe")
+    try:
+        stored = read_probe(answer, host, measured_at)
+    except ValueError as exc:
+        raise ProbeFailed(str(exc)) from None
+    if stored["tp"] != wanted["tp"] or stored["ep"] != wanted["ep"]:
+        raise ProbeFailed(f"the verifier probe timed tp={stored['tp']} ep={stored['ep']}, not the "
+                          f"tp={wanted['tp']} ep={wanted['ep']} asked for")
+    if not stored["layers_ms_ok"]:
+        raise ProbeFailed("the verifier probe answered no layer times")
+    return stored
+
+
 class InterconnectResponder:
-    """Answers POST /v1/hosts/{name}/interconnect: runs the probe on each host marked for one."""
+    """Answers POST /v1/hosts/{name}/interconnect and POST /v1/hosts/{name}/verifier: runs each probe asked of a host
+    marked for one, the all-reduce sweep first."""
 
     def __init__(self, db: Database, contact: HostContact, clock: Clock):
         self.db, self.contact, self.clock = db, contact, clock
 
     def run_once(self) -> list[Host]:
         with self.db.reading() as s:
-            return list(s.scalars(select(Host).where(Host.interconnect_wanted_tp.is_not(None))))
+            return list(s.scalars(select(Host).where(or_(Host.interconnect_wanted_tp.is_not(None),
+                                                         Host.verifier_wanted.is_not(None)))))
 
     def answer(self, host: Host) -> None:
+        if host.interconnect_wanted_tp is not None:
+            self._sweep(host)
+        if host.verifier_wanted is not None:
+            self._verifier(host, host.verifier_wanted)
+
+    def _sweep(self, host: Host) -> None:
         tp: int | str = host.interconnect_wanted_tp or "all"
         request = InterconnectRequest(tp=tp, sweep_path=f"{HostLayout(host.workspace).bin_dir}/{SWEEP_NAME}",
                                       sweep_source=SWEEP_SOURCE, timeout=SWEEP_TIMEOUT)
@@ -157,6 +196,29 @@ class InterconnectResponder:
                 fresh.interconnect_error, fresh.interconnect_wanted_tp = str(exc), None
             return
         with self.db.writing() as s:
-            fresh = s.get(Host, host.id)
-            fresh.interconnect = {**measured, "measured_at": self.clock.now().isoformat()}
+            fresh = s.get(Host, host.id, with_for_update=True)
+            # the verifier's layer times stay beside the new table: they are another probe's
+            kept = {"verifier": fresh.interconnect["verifier"]} if "verifier" in (fresh.interconnect or {}) else {}
+            fresh.interconnect = {**measured, "measured_at": self.clock.now().isoformat(), **kept}
             fresh.interconnect_error, fresh.interconnect_wanted_tp = None, None
+
+    def _verifier(self, host: Host, wanted: dict[str, Any]) -> None:
+        request = VerifierProbeRequest(
+            config=wanted["config"], tp=wanted["tp"], ep=wanted["ep"], timeout=VERIFIER_PROBE_TIMEOUT,
+            script_path=f"{HostLayout(host.workspace).bin_dir}/{VERIFIER_PROBE_NAME}",
+            script_source=VERIFIER_PROBE_SOURCE)
+        try:
+            answer = self.contact.agent(host).call(request, timeout=VERIFIER_PROBE_TIMEOUT + 60)
+            stored = verifier_measurement(answer.probe, wanted, host.name, self.clock.now().isoformat())
+            error = None
+        except (HostError, ProbeFailed) as exc:
+            stored, error = None, str(exc)
+        with self.db.writing() as s:
+            fresh = s.get(Host, host.id, with_for_update=True)
+            if fresh is None:
+                return
+            if stored is not None:
+                fresh.interconnect = {**(fresh.interconnect or {}), "verifier": stored}
+            fresh.verifier_error = error
+            if fresh.verifier_wanted == wanted:  # another asked for since runs next
+                fresh.verifier_wanted = None

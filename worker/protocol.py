@@ -391,3 +391,31 @@ class InterconnectRequest(Request):
     sweep_source: str
     sizes: list[int] | None = None
     timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class VerifierProbeAnswer:
+    """worker/verifier_probe.py's raw exit status and output; worker/interconnect.py reads its JSON line
+    (server/advisor/verifier.py read_probe)."""
+
+    probe: CommandOutput
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> "VerifierProbeAnswer":
+        return cls(CommandOutput.from_wire(raw["probe"]))
+
+
+@dataclass(frozen=True)
+class VerifierProbeRequest(Request):
+    """Time one decoder layer of the verifier whose config.json (or model directory) is `config` on the host, one
+    rank's share at `tp` (experts over `ep` ranks), at 1..16 tokens: the script travels in `script_source` and is
+    installed at `script_path` (content-addressed) unless already there."""
+
+    verb: ClassVar[str] = "verifier"
+    answer: ClassVar[Any] = VerifierProbeAnswer
+    config: str
+    tp: int
+    ep: int
+    script_path: str
+    script_source: str
+    timeout: float = 900.0

@@ -1,5 +1,5 @@
 """Hosts: `longrun hosts` lists them; `hosts add`, `hosts update`, `hosts remove`, `hosts show`, `hosts gpus`,
-`hosts probe-interconnect`."""
+`hosts probe-interconnect`, `hosts probe-verifier`."""
 
 import sys
 from typing import Annotated
@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from longrun.commands.common import JsonFlag, YesFlag, begin, confirm, connect, emit
 from longrun.exit_codes import ExitCode
@@ -14,7 +15,7 @@ from longrun.safe_text import clean
 from longrun.views import host_address, host_state, hosts_table
 
 app = typer.Typer(help="The machines runs go to: list (the default), add, update, remove, show, gpus, "
-                  "probe-interconnect.")
+                  "probe-interconnect, probe-verifier.")
 
 HostName = Annotated[str, typer.Argument(help="The host's name, as runs name it.")]
 
@@ -173,6 +174,45 @@ def probe_interconnect(
         rows.add_row(f"{point['bytes']:,}", f"{point['us']:.1f}")
     summary = f"{name}: tp={table.get('tp')}, {table.get('interconnect') or 'no link between GPUs'}"
     emit(table, as_json, rows if table.get("allreduce") else summary)
+    if problem:
+        print(f"longrun: {clean(problem)}", file=sys.stderr)  # plain: the host's words are not rich markup
+        return ExitCode.FAILED
+    return ExitCode.OK
+
+
+@app.command("probe-verifier")
+def probe_verifier(
+    ctx: typer.Context,
+    name: HostName,
+    config: Annotated[str, typer.Option(help="The verifier's config.json, or its model directory, on the host.")],
+    tp: Annotated[int, typer.Option(help="The engine's tensor parallelism: one rank's share is timed.", min=1)],
+    ep: Annotated[int, typer.Option(help="An MoE verifier's expert parallelism: 1 or the tp.", min=1)] = 1,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the times.", min=0)] = 1200.0,
+    as_json: JsonFlag = False,
+) -> int:
+    """Time one decoder layer of the verifier's shape on the host's GPU (random weights of its dtype, 1..16 query
+    tokens, as CUDA graphs) over the worker's connection; kept beside the host's all-reduce table, it prices the
+    verifier forward of every proposal for a run deployed there. Exits 1 when the probe did not measure."""
+    begin(as_json)
+    with connect(ctx) as client:
+        probe = client.probe_verifier(name, config, tp, ep, timeout=timeout)
+    if probe["status"] == "pending":
+        problem = (f"the verifier probe of {name} has not answered within {timeout:g}s; "
+                   f"`longrun hosts probe-verifier {name} --config {config} --tp {tp} --ep {ep}` again shows it "
+                   "once it has")
+    elif probe["status"] == "failed":
+        problem = f"the verifier probe of {name} did not measure: {probe['message']}"
+    else:
+        problem = None
+    rows = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("TOKENS", "DENSE LAYER ms", "MOE LAYER ms"):
+        rows.add_column(column, justify="right")
+    dense, moe = probe.get("dense_ms") or [], probe.get("moe_ms") or []
+    for i in range(max(len(dense), len(moe))):
+        rows.add_row(str(i + 1), *(f"{times[i]:.3f}" if i < len(times) else "" for times in (dense, moe)))
+    summary = (f"{name}: {clean(str(probe.get('path')))} at tp={probe.get('tp')} ep={probe.get('ep')} on "
+               f"{clean(str(probe.get('gpu')))} ({clean(str(probe.get('dtype')))})")
+    emit(probe, as_json, Group(Text(summary), rows) if dense or moe else "no layer times measured")
     if problem:
         print(f"longrun: {clean(problem)}", file=sys.stderr)  # plain: the host's words are not rich markup
         return ExitCode.FAILED

@@ -376,8 +376,9 @@ def verifier_cost(shape: VerifierShape, parallel: Parallelism, hbm_bytes_per_s: 
 def _with_measured(cost: VerifierCost, shape: VerifierShape, probe: dict[str, Any], tp: int,
                    to_ms: float) -> VerifierCost:
     """The forward from probe-verifier's layer times: dense x dense_layers + MoE x moe_layers + the lm head read."""
-    if probe.get("tp") != tp:
-        raise ValueError(f"the verifier probe timed a tp={probe.get('tp')} layer, not tp={tp}")
+    if probe.get("tp") != tp or probe.get("ep", 1) != cost.ep:
+        raise ValueError(f"the verifier probe timed a tp={probe.get('tp')} ep={probe.get('ep', 1)} layer, not "
+                         f"tp={tp} ep={cost.ep}")
     dense, moe = probe.get("dense_ms") or [], probe.get("moe_ms") or []
     count = min(len(dense) if shape.dense_layers else math.inf, len(moe) if shape.moe_layers else math.inf)
     if not count or count == math.inf:
@@ -431,11 +432,12 @@ def read_probe(answer: Any, host: str, measured_at: str) -> dict[str, Any]:
         raise ValueError("the verifier probe did not answer a JSON object")
     if "error" in answer:
         raise ValueError(f"the verifier probe could not measure: {str(answer['error'])[:1000]}")
-    path, config, tp = answer.get("path"), answer.get("config"), answer.get("tp")
-    if not isinstance(path, str) or not isinstance(config, dict) or not isinstance(tp, int) or tp < 1:
-        raise ValueError("the verifier probe's answer has no path, config and tp")
+    path, config, tp, ep = answer.get("path"), answer.get("config"), answer.get("tp"), answer.get("ep", 1)
+    if not isinstance(path, str) or not isinstance(config, dict) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 for n in (tp, ep)):
+        raise ValueError("the verifier probe's answer has no path, config, tp and ep")
     VerifierShape.from_config(config)  # a config the advisor can price
-    stored: dict[str, Any] = {"path": path[:4096], "config": config, "tp": tp, "host": host,
+    stored: dict[str, Any] = {"path": path[:4096], "config": config, "tp": tp, "ep": ep, "host": host,
                               "measured_at": measured_at, "gpu": str(answer.get("gpu") or "")[:128],
                               "dtype": str(answer.get("dtype") or "")[:128]}
     for key in ("dense_ms", "moe_ms"):

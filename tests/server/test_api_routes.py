@@ -34,6 +34,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
     doc = api.client.get("/openapi.json").json()
     assert set(doc["paths"]) == {
         "/healthz", "/v1/hosts", "/v1/hosts/{name}", "/v1/hosts/{name}/gpus", "/v1/hosts/{name}/interconnect",
+        "/v1/hosts/{name}/verifier",
         "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
         "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/traceback", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",

@@ -58,7 +58,7 @@ HOSTILE = st.one_of(HUGE, HOSTILE_TEXT, HOSTILE_TEXT.map(lambda s: [s]), HOSTILE
 VALID_BODIES = {"RunCreate": {"name": "fuzz", "host": "local", "entrypoint": "/opt/train.py"},
                 "HostCreate": {"name": "fuzzbox", "address": "10.0.0.9", "workspace": "/srv/ws"},
                 "HostUpdate": {"python": "python3"}, "RestartRequest": {"overrides": {}},
-                "InterconnectProbeCreate": {"tp": 2}}
+                "InterconnectProbeCreate": {"tp": 2}, "VerifierProbeCreate": {"config": "/m/v", "tp": 2}}
 
 
 def _parameters(document: dict) -> list[tuple[str, str, dict, str | None]]:

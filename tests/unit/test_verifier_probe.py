@@ -37,7 +37,7 @@ def test_a_stored_probe_prices_the_forward_as_measured_and_says_where() -> None:
     assert cost.verifier_ms(20) > cost.verifier_ms(15)
     with pytest.raises(ValueError, match="not a list"):
         read_probe({**answer, "moe_ms": [1.0, "x"]}, "serve-box", "t")
-    with pytest.raises(ValueError, match="tp=2 layer"):
+    with pytest.raises(ValueError, match="tp=2 ep=1 layer"):
         CostModel.for_verifier(shape, Parallelism(8), NVLINK_ALLREDUCE_US, measured={**stored, "tp": 2})
 
 

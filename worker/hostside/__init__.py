@@ -25,7 +25,7 @@ the third):
 Every layer also sweeps the token carriers. Cancel kills the cgroup (cgroup.kill) and checks it is empty.
 
 Verbs (agent.py dispatches them): launch and wrap (internal: the detached wrapper) in launch.py, probe and cancel
-in attempt.py, clean in clean.py, gpus and interconnect in gpus.py. Below them: files.py (the attempt's files,
+in attempt.py, clean in clean.py, gpus and interconnect in gpus.py, verifier in verifier.py. Below them: files.py (the attempt's files,
 atomic writes, reads from an offset), procfs.py (what /proc says of processes and cgroups), containment.py (the
 layers and who belongs to a node), stop.py (stopping a node and verifying it), slurm.py (an attempt as a batch
 job). The agent owns every command line it runs (nvidia-smi, sbatch, scontrol, ...): requests carry only data.

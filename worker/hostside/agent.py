@@ -15,9 +15,10 @@ from .attempt import cancel, probe
 from .clean import clean
 from .gpus import gpus, interconnect
 from .launch import launch, wrap
+from .verifier import verifier
 
 VERBS = {"launch": launch, "probe": probe, "cancel": cancel, "clean": clean, "gpus": gpus,
-         "interconnect": interconnect}
+         "interconnect": interconnect, "verifier": verifier}
 # a request is a few KiB (a launch's argv and env); anything far larger is not ours
 MAX_REQUEST_BYTES = 16 << 20
 

@@ -1,6 +1,7 @@
 """The `gpus` and `interconnect` verbs: nvidia-smi's answers as they are (the worker parses them, as untrusted
 input), who owns each GPU process, and the NCCL all-reduce sweep. The agent owns these command lines: a request
-names only the tokens, ranks and sizes it asks about."""
+names only the tokens, ranks and sizes it asks about. `install_script` and `captured` are shared with the
+`verifier` verb (verifier.py): a probe script the worker sends, installed content-addressed, and its bounded output."""
 
 import os
 import shlex
@@ -8,7 +9,7 @@ import subprocess
 import sys
 
 from .containment import node_members
-from .files import write_atomic
+from .files import workspace_moved, write_atomic
 from .procfs import token_carriers, user_of
 
 QUERY_GPU_CMD = [
@@ -55,7 +56,7 @@ def gpus(req):
     return out
 
 
-def _captured(argv, timeout):
+def captured(argv, timeout):
     """A command's exit status and (bounded) output; 127 when it cannot start, 124 when it ran out of time."""
     try:
         p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
@@ -67,23 +68,31 @@ def _captured(argv, timeout):
     return {"rc": p.returncode, "stdout": p.stdout[-PROBE_OUTPUT_LIMIT:], "stderr": p.stderr[-PROBE_OUTPUT_LIMIT:]}
 
 
-def _install_sweep(path, source):
-    """Write the sweep script where the worker named it (content-addressed), once."""
+def install_script(req, path, source):
+    """Write a probe script where the worker named it (content-addressed under the workspace's .longrun/bin), once;
+    why not, with nothing written, when the workspace or `path` no longer leads inside the workspace as registered
+    (None when installed)."""
+    moved = workspace_moved(req, os.path.dirname(path))
+    if moved is not None:
+        return moved
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_atomic(path, source)
+    return None
 
 
 def interconnect(req):
     """`nvidia-smi topo -m` and the NCCL all-reduce sweep at tp ranks, both raw (the worker parses them)."""
-    topo = _captured(TOPO_CMD, 30)
+    topo = captured(TOPO_CMD, 30)
     override = os.environ.get(SWEEP_VAR)
     if override:
         argv = shlex.split(override)
     else:
-        _install_sweep(req["sweep_path"], req["sweep_source"])
+        refused = install_script(req, req["sweep_path"], req["sweep_source"])
+        if refused is not None:
+            return {"error": f"interconnect: {refused}"}
         argv = [sys.executable, req["sweep_path"]]
     argv += ["--tp", "all" if req["tp"] == "all" else str(int(req["tp"]))]
     if req.get("sizes"):
         argv += ["--sizes", ",".join(str(int(n)) for n in req["sizes"])]
-    return {"topo": topo, "sweep": _captured(argv, float(req.get("timeout", 600)))}
+    return {"topo": topo, "sweep": captured(argv, float(req.get("timeout", 600)))}

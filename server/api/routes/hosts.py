@@ -16,6 +16,8 @@ from server.schemas import (
     HostUpdate,
     InterconnectProbeCreate,
     InterconnectPublic,
+    VerifierProbeCreate,
+    VerifierProbePublic,
 )
 from server.wakeup import workers_listening
 
@@ -150,3 +152,21 @@ def probe_interconnect(name: str, session: WriteSession, body: InterconnectProbe
 def get_interconnect(name: str, session: ReadSession) -> InterconnectPublic:
     """The host's measured all-reduce table, which GET /v1/runs/{id}/advice?deploy_host=NAME uses."""
     return views.interconnect_public(hosts.get_host(session, name))
+
+
+@router.post("/{name}/verifier", status_code=status.HTTP_202_ACCEPTED,
+             responses={404: {"description": "no such host"},
+                        409: {"description": "no GPU on the host by its GPU snapshot, or a probe of another "
+                                             "verifier, tp or ep under way"}})
+def probe_verifier(name: str, body: VerifierProbeCreate, session: WriteSession) -> VerifierProbePublic:
+    """Ask the worker to time one decoder layer of the verifier whose config.json is `config` on the host (one
+    rank's share at tp, random weights of its dtype, 1..16 query tokens, on its GPU 0); stored beside the host's
+    all-reduce table, the proposal of a run deployed there prices the verifier's forward from it. GET the same path
+    until `status` is no longer `pending`."""
+    return views.verifier_probe_public(hosts.request_verifier_probe(session, name, body.config, body.tp, body.ep))
+
+
+@router.get("/{name}/verifier", responses={404: {"description": "no such host"}})
+def get_verifier(name: str, session: ReadSession) -> VerifierProbePublic:
+    """The verifier layer times measured on the host and the state of its newest probe."""
+    return views.verifier_probe_public(hosts.get_host(session, name))
