@@ -1,5 +1,6 @@
-"""One decoder layer of a verifier's shape, timed on this host's GPU at 1..16 query tokens: what `longrun
-probe-verifier HOST` runs there.
+"""One decoder layer of a verifier's shape, timed on this host's GPU at 1..16 query tokens: what `longrun hosts
+probe-verifier HOST --config PATH --tp N [--ep E]` runs there (hostside's `verifier` verb installs it under the
+workspace's .longrun/bin).
 
     python verifier_probe.py --config PATH [--tp 8] [--ep 1] [--tokens 16] [--context 4096]
 

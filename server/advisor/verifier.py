@@ -34,8 +34,9 @@ are the same (routing imbalance is not modelled); the collectives differ. Each l
   all-to-all combine of n x k x hidden x 2 bytes; a dense layer keeps its 2 all-reduces. No all-to-all table is
   measured: each is priced as one all-reduce call of the same bytes from the host's table (modelled).
 
-`longrun probe-verifier HOST` times one dense and one MoE layer of this shape on the host's GPUs at 1..16 tokens
-(worker/verifier_probe.py); where stored, those times replace the modelled layers (`measured`).
+`longrun hosts probe-verifier HOST --config PATH --tp N [--ep E]` times one dense and one MoE layer of this shape on
+the host's GPU at 1..16 tokens (worker/verifier_probe.py, read back by read_probe); stored beside the host's
+all-reduce table, those times replace the modelled layers at the tp and ep they were timed at (`measured`).
 """
 
 from __future__ import annotations
