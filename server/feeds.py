@@ -122,13 +122,18 @@ class RunFeed:
                 self._on_idle(self)
 
     async def _poll(self) -> None:
-        try:
-            self.head, self.status = await run_in_threadpool(newest_event, self.db, self.run_id)
-        except NotFound:
-            self.status = GONE
-        finally:
-            self.base = self.head
-            self._ready.set()  # a read that failed otherwise ends the streams (their clients reconnect)
+        while True:
+            try:
+                self.head, self.status = await run_in_threadpool(newest_event, self.db, self.run_id)
+                break
+            except NotFound:
+                self.status = GONE
+                break
+            except Exception:  # the database away for a moment: the followers wait for the next interval's try
+                log.warning("the event feed of run %s could not read the database", self.run_id, exc_info=True)
+                await self.tick()
+        self.base = self.head
+        self._ready.set()
         while True:
             await self.tick()
             while True:
