@@ -253,6 +253,9 @@ def metric_page(session: Session, run_id: str, names: list[str] | None, attempt:
     if since_step is not None:
         filters.append(MetricPoint.step > since_step)
     if max_points is not None:
+        if cap < 2:
+            raise FieldError(("query", "limit"), "a thinned read keeps each series' first and last points: give "
+                             "limit 2 or more with max_points (or no max_points for every point)", limit)
         per_series = min(max_points, cap)
         first = _read_cursor(cursor, _THINNED) if cursor else None
         left = cap

@@ -131,3 +131,5 @@ def test_a_cursor_not_given_by_this_read_is_a_422_naming_it(api: App) -> None:
         assert r.status_code == 422, (cursor, r.text)
         assert r.json()["detail"][0]["loc"] == ["query", "cursor"]
     assert thinned["next_cursor"] is None  # one series thinned to 10: one answer
+    one = api.client.get(f"/v1/runs/{run['id']}/metrics", params={"max_points": 10, "limit": 1})
+    assert one.status_code == 422 and one.json()["detail"][0]["loc"] == ["query", "limit"], one.text
