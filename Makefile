@@ -13,7 +13,8 @@ LOWEST_VENV ?= .venv-lowest
 # (19m50s of tests, 23 CPU-minutes in 22 minutes), so three
 TEST_PROCESSES ?= 3
 
-.PHONY: setup test test-fast test-lowest lint demo demo-quick system-deps clean gpu-check
+.PHONY: setup test test-fast test-lowest lint demo demo-quick system-deps clean gpu-check test-unit \
+	test-integration test-postgres test-browser test-slurm test-journey
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,10 +56,33 @@ system-deps:
 lint: setup
 	$(BIN)/ruff check .
 
+# the suite in lanes by cost, each its own pytest run (as Prefect runs its stores as separate jobs): unit
+# (in-process, SQLite, no subprocess), integration (servers, sshd, torchrun, the host matrix, on SQLite), PostgreSQL
+# (every test that takes a store, on PostgreSQL), browser (headless Chromium), Slurm (a throw-away cluster), the
+# README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests
+PYTEST := $(BIN)/python -m pytest -q
+NOT_INTEGRATION := --ignore=tests/unit --ignore=tests/web --ignore=tests/journey
 test: setup system-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup
-	$(MAKE) test-lowest
+	$(MAKE) test-unit test-integration test-postgres test-browser test-slurm test-journey test-lowest
+
+test-unit:
+	$(PYTEST) tests/unit
+
+test-integration:
+	$(PYTEST) -n $(TEST_PROCESSES) --dist loadgroup -m "not slurm" $(NOT_INTEGRATION) tests
+
+test-postgres:
+	$(PYTEST) -n $(TEST_PROCESSES) --dist loadgroup --stores postgres -m "not slurm" tests
+
+test-browser:
+	$(PYTEST) tests/web
+
+test-slurm:
+	$(PYTEST) -m slurm tests
+
+test-journey:
+	$(PYTEST) tests/journey
 
 # the floors in pyproject.toml, checked: the service's dependencies resolved to the lowest versions they allow
 # (uv's lowest-direct) in a venv of their own, and a representative part of the fast tests run there (the client,
@@ -78,9 +102,9 @@ $(LOWEST_VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 test-lowest: $(LOWEST_VENV)/.installed
 	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) -m "not slow" $(LOWEST_TESTS)
 
-# unit and in-process API tests only: no server, sshd or torchrun is started
+# the unit lane: in-process, SQLite, no subprocess (a test there that starts one fails): the inner loop
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) -m "not slow"
+	$(PYTEST) tests/unit
 
 # the GPU loop on a GPU machine, from a fresh venv with the README's install, in that machine's own locale: the
 # demo verifier and data, `longrun serve`, submit TTT=3 on every GPU, watch, restart at TTT=5 (nvidia-smi sampled

@@ -16,14 +16,41 @@ STORES = ("sqlite", "postgres")
 IN_PROCESS_DATABASE = {"db", "api", "rig"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that starts a real server is slow: the fast subset (-m 'not slow') leaves it out."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--stores", default="sqlite", help="the stores the tests that take one run on: sqlite, postgres, "
+                     "or both (sqlite,postgres). The PostgreSQL lane (`--stores postgres`) runs only the tests that "
+                     "take a store, each on PostgreSQL")
+
+
+def _stores(config: pytest.Config) -> set[str]:
+    stores = {s.strip() for s in config.getoption("--stores").split(",") if s.strip()}
+    unknown = stores - set(STORES)
+    if unknown or not stores:
+        raise pytest.UsageError(f"--stores takes {', '.join(STORES)} (comma-separated), not {sorted(unknown)}")
+    return stores
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts a real server is slow (-m 'not slow' leaves it out); the Slurm tests are marked `slurm`
+    (their lane); a test's store follows --stores, and the PostgreSQL lane keeps only the tests that take a store."""
+    stores = _stores(config)
+    store_lane = stores == {"postgres"}
+    kept, deselected = [], []
     for item in items:
+        store = getattr(item, "callspec", None) and item.callspec.params.get("store")
+        if (store is not None and store not in stores) or (store_lane and store != "postgres"):
+            deselected.append(item)
+            continue
+        kept.append(item)
         if "service" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
         if "slurm" in item.nodeid:
             # one Slurm cluster per test process is plenty for this machine: every Slurm test in one xdist worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
+            item.add_marker(pytest.mark.slurm)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
     # the longest work first, so the suite's end is short tests that even out across the pytest processes (xdist
     # hands work out in this order): the Slurm group (one process runs it all, about 5 minutes), then what starts
     # real processes, then the rest
@@ -32,11 +59,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """In-process database tests run on SQLite and on PostgreSQL; real-server tests where marked both_stores."""
+    """In-process database tests, and real-server tests marked both_stores, take a store: SQLite or PostgreSQL, as
+    --stores picks (the lanes: SQLite in the unit and integration lanes, PostgreSQL in a lane of its own)."""
     if "store" not in metafunc.fixturenames:
         return
-    if metafunc.definition.get_closest_marker("sqlite_only") or "unit" in metafunc.definition.path.parts[-3:-1]:
-        # the unit lane is in-process on SQLite (a PostgreSQL server is a process)
+    if metafunc.definition.get_closest_marker("sqlite_only"):
         metafunc.parametrize("store", ["sqlite"], indirect=True)
     elif metafunc.definition.get_closest_marker("both_stores") or IN_PROCESS_DATABASE & set(metafunc.fixturenames):
         metafunc.parametrize("store", STORES, indirect=True)
