@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import eta, hosts, pace
+from server import eta, hosts, pace, views
 from server.advisor import CostModel, Drafting, advise
 from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
 from server.advisor.results import Advice, FrontierRow, Objective
@@ -50,6 +50,24 @@ HAND_RESTART_MESSAGE = "restart requested"
 MIN_GAIN = 0.02
 
 Action = Literal["restart", "keep_going", "unavailable"]
+
+
+class Evidence(BaseModel):
+    """Which acceptance decided: `simulation` (the live sim_acc_k, teacher-forced on validation data) or
+    `decoding` (the newest evaluation's real decoding, which calibrates the live sim_acc_k per position)."""
+
+    source: Literal["simulation", "decoding"]
+    detail: str = Field(description="where the acceptance came from, and how it was calibrated")
+    attempt: int | None = Field(None, description="the evaluated attempt (decoding)")
+    acceptance: list[float] = Field(default_factory=list, description="[k-1]: the conditional acceptance at draft "
+                                    "position k the decision read")
+    acceptance_interval: list[list[float] | None] = Field(
+        default_factory=list, description="[k-1]: decoding's 90% bootstrap interval over prompts, carried through the "
+        "calibration (null where decoding has none)")
+    calibration: list[float] = Field(default_factory=list, description="[k-1]: decoding / simulation of the "
+                                     "evaluated attempt at position k (beyond its depth, the deepest one's)")
+    gain_interval: list[float] | None = Field(None, description="the proposed TTT's tokens/s gain at the "
+                                              "interval's low and high ends")
 
 
 class ProposalPublic(BaseModel):
@@ -95,11 +113,14 @@ class ProposalPublic(BaseModel):
                                         "tokens/s, training hours, GPU-hours, tokens served to break even")
     advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
     auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
+    evidence: Evidence | None = Field(None, description="the acceptance the decision read: the simulation "
+                                      "(sim_acc_k), or the simulation calibrated per position by decoding")
 
     @property
     def key(self) -> list[Any]:
         """What makes a proposal a different one: a new event is stored when this changes."""
-        return [self.attempt, self.action, self.suggested_ttt, self.depth_after]
+        return [self.attempt, self.action, self.suggested_ttt, self.depth_after,
+                self.evidence.source if self.evidence else None]
 
 
 def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -115,6 +136,94 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
             break
         taus.append(float(value))
     return accs, taus
+
+
+def _sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
+    """An attempt's sim_acc_1..K at its last validation (the step of its last sim_acc_1)."""
+    first = series.indexed(series.SIM_ACC, 1)
+    step = session.scalar(select(MetricPoint.step).where(
+        MetricPoint.run_id == run_id, MetricPoint.attempt == attempt, MetricPoint.name == first)
+        .order_by(MetricPoint.id.desc()).limit(1))
+    if step is None:
+        return []
+    rows = session.execute(select(MetricPoint.name, MetricPoint.value).where(
+        MetricPoint.run_id == run_id, MetricPoint.attempt == attempt, MetricPoint.step == step,
+        MetricPoint.name.like(f"{series.SIM_ACC}_%")))
+    return sim_metrics({name: value for name, value in rows})[0]
+
+
+def _unit(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1 else None
+
+
+def _products(conditional: list[float]) -> list[float]:
+    """P(tokens 1..k all accepted) from the conditional rates."""
+    out, running = [], 1.0
+    for a in conditional:
+        running *= a
+        out.append(running)
+    return out
+
+
+def _interval_ends(evidence: Evidence) -> list[list[float]] | None:
+    """The acceptance at the low and at the high end of decoding's interval at every position it covers."""
+    if not any(evidence.acceptance_interval):
+        return None
+    return [[b[end] if b else a for a, b in zip(evidence.acceptance, evidence.acceptance_interval, strict=False)]
+            for end in (0, 1)]
+
+
+def _said(evidence: Evidence) -> str:
+    """The evidence as the summary's last clause."""
+    if evidence.source == "simulation":
+        return "evidence: simulation (sim_acc_k, not yet checked against decoding)"
+    spread = (f", the proposed TTT's gain {evidence.gain_interval[0]:+.1%} to {evidence.gain_interval[1]:+.1%} "
+              "over decoding's 90% interval" if evidence.gain_interval else "")
+    return f"evidence: decoding (attempt {evidence.attempt}'s evaluation calibrating sim_acc_k per position{spread})"
+
+
+def acceptance_evidence(session: Session, run: Run, accs: list[float]) -> Evidence:
+    """The conditional acceptance by draft position the decision reads, and from what.
+
+    With an evaluation of the run (the end of an attempt) whose attempt also reported sim_acc_k: at each position
+    decoding measured, the live sim_acc_k times decoding / simulation of that attempt (its last validation); beyond
+    decoding's depth, times the deepest position's ratio. The evaluated attempt being the live one, its decoding is
+    read as it is. Without one, the simulation alone, and the answer says so."""
+    simulated = Evidence(source="simulation", acceptance=accs, detail=(
+        "simulation: the live sim_acc_k (teacher-forced chains on validation data, not decoding; no evaluation of "
+        "this run to calibrate them yet: one comes with the end of an attempt)"))
+    try:
+        reports = views.evaluations(run)
+    except Conflict:
+        return simulated
+    for report in reversed(reports):
+        decoded = [_unit(v) for v in report.conditional_acceptance or []]
+        sim_then = _sim_acc_of(session, run.id, report.attempt)
+        depth = 0
+        while depth < min(len(decoded), len(sim_then)) and decoded[depth] is not None and sim_then[depth] > 0:
+            depth += 1
+        if depth:
+            break
+    else:
+        return simulated
+    ratios = [decoded[k] / sim_then[k] for k in range(depth)]
+    ratios += [ratios[-1]] * (len(accs) - depth)
+    bounds = (report.model_extra or {}).get("conditional_acceptance_interval") or []
+    calibrated, intervals = [], []
+    for k, (a, f) in enumerate(zip(accs, ratios, strict=False)):
+        calibrated.append(min(1.0, a * f))
+        bound = bounds[k] if k < depth and k < len(bounds) else None
+        low, high = (_unit(b) for b in bound) if isinstance(bound, list) and len(bound) == 2 else (None, None)
+        intervals.append([min(1.0, a * low / sim_then[k]), min(1.0, a * high / sim_then[k])]
+                         if low is not None and high is not None else None)
+    live = report.attempt == run.attempt
+    detail = (f"decoding: attempt {report.attempt}'s evaluation (real decoding with the verifier, "
+              f"{depth} position(s)) calibrates the live sim_acc_k per position by decoding / simulation "
+              f"({' '.join(f'{f:.3f}' for f in ratios[:depth])})" + (
+                  f", beyond position {depth} by position {depth}'s" if len(accs) > depth else "")
+              + ("; it is this attempt's, so its positions read as decoded" if live else ""))
+    return Evidence(source="decoding", detail=detail, attempt=report.attempt, acceptance=calibrated,
+                    acceptance_interval=intervals, calibration=ratios)
 
 
 def _dry_run(measured: list[eta.Measured], spec: RunCreate) -> DryRunPublic:
@@ -229,20 +338,29 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
                             "cannot be proposed", **base)
     remaining = _remaining_seconds(run)
+    evidence = acceptance_evidence(session, run, accs)
+    base["evidence"] = evidence
     try:
         tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
         links = links or UNKNOWN_LINKS
         cost = _cost_model(session, spec, tp, table)
         drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
                             engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
-        positions, running = [], 1.0
-        for a in accs:
-            running *= a
-            positions.append(running)
-        advice = advise({"position_acceptance": positions, "by_depth": []}, links, tp, cost,
-                        trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
-                        min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
-                        objective=_objective(spec, remaining))
+
+        def advice_on(conditional: list[float]) -> Advice:
+            return advise({"position_acceptance": _products(conditional), "by_depth": []}, links, tp, cost,
+                          trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
+                          min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
+                          objective=_objective(spec, remaining))
+
+        positions = _products(evidence.acceptance)
+        advice = advice_on(evidence.acceptance)
+        ends = _interval_ends(evidence)
+        if ends and advice.retrain.suggested_ttt_steps:
+            gains = [next((r.gain for r in advice_on(end).retrain.frontier
+                           if r.ttt == advice.retrain.suggested_ttt_steps), None) for end in ends]
+            if None not in gains:
+                evidence.gain_interval = [min(gains), max(gains)]
     except (NotFound, Conflict) as exc:
         return _unavailable(run, f"deploy host: {exc}", **base)
     except ValueError as exc:
@@ -266,7 +384,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         return ProposalPublic(
             run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
             summary=(f"keep going: the advisor predicts {advice.tokens_per_second:.1f} tokens/s at depth "
-                     f"{advice.recommended_depth} on {where}; {retrain.reason}"))
+                     f"{advice.recommended_depth} on {where}; {retrain.reason}; {_said(evidence)}"))
 
     ttt = retrain.suggested_ttt_steps
     restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
@@ -290,7 +408,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
         summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "
                  f"tokens/s at depth {retrain.depth_after} on {where} against {advice.tokens_per_second:.1f} "
-                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%})"))
+                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {_said(evidence)}"))
 
 
 def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:

@@ -226,7 +226,9 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
                       data={"attempt": attempt.number, "lines": len(records), "step": last_step,
                             "latest": {k: latest[k] for k in latest}}))
     _drop_old_metrics_events(session, run.id)
-    if current and any(name.startswith(series.SIM_ACC + "_") for _, obj, _ in records for name in obj):
+    # a validation's sim_acc_k, or an evaluation (decoding, which calibrates them): the proposal may change
+    if current and any(name.startswith(series.SIM_ACC + "_") or name == "evaluation"
+                       for _, obj, _ in records for name in obj):
         proposal.after_validation_safely(session, run)
     if refused:
         _say_series_refused(session, run, attempt, refused)
