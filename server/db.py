@@ -21,6 +21,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -146,6 +147,7 @@ class Database:
         self.engine = make_engine(url)
         self._api_writer: ThreadPoolExecutor | None = None
         self._writer_lock = threading.Lock()
+        self._released_at = float("-inf")
         self.is_sqlite = url.startswith("sqlite")
         self._turns = WriteTurns() if self.is_sqlite else None
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
@@ -206,6 +208,10 @@ class Database:
         database = self.engine.url.database
         if not database or database == ":memory:":
             return
+        with self._writer_lock:  # once a second at most, however many writes are refused meanwhile
+            if time.monotonic() - self._released_at < 1.0:
+                return
+            self._released_at = time.monotonic()
         try:
             with contextlib.closing(sqlite3.connect(database, timeout=RELEASE_WAIT_SECONDS)) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
