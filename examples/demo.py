@@ -4,14 +4,16 @@ Builds (once) a small demo verifier and its hidden states, starts `longrun serve
 the `local` host) under .demo/, registers the deployment box (the seed's PCIe-only 8-GPU box, modelled:
 tests/fixtures/pcie-model) and stores its all-reduce table through probe-interconnect, trains an EAGLE-3
 draft with TTT=3 on two processes and shows it live, prints the service's depth proposal as it appears
-after each validation (restart at a deeper TTT, with the dry run, GPU-hours and tokens/s on the deployment
-box, or keep going and why), takes the restart from the proposal the way the run page's button does (its
-TTT and clean flag, the dry run first), checks the dry run's prediction against what it took, prints
+after each validation and after the evaluation (restart at a deeper TTT, with the dry run, GPU-hours and tokens/s
+on the deployment box, or keep going and why; and which evidence decided: the simulation, or decoding calibrating
+it), takes the restart from the last live proposal (the run's last `proposal` event) the way the run page's button
+does (its TTT and clean flag, the dry run first), checks the dry run's prediction against what it took, prints
 acceptance by depth for both drafts, the proposal's predicted τ beside the deeper draft's measured one,
 and the advisor's depth for PCIe and NVLink.
 """
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -97,8 +99,20 @@ class Demo:
             sys.exit(f"{method} {path}: {r.status_code} {r.text}")
         return r.json()
 
+    def last_proposal(self, run_id: str) -> dict[str, Any] | None:
+        """The run's last `proposal` event: the verdict while its attempt was live (an ended run's proposal is
+        unavailable). Read from its event stream, which ends with the run."""
+        text = self.api.get(f"/v1/runs/{run_id}/events", timeout=60).text.replace("\r\n", "\n")
+        last = None
+        for block in text.split("\n\n"):
+            fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+            if fields.get("event") == "proposal":
+                last = json.loads(fields["data"])
+        return last
+
     def watch(self, run_id: str, until: Any = None, every: float = 2.0, proposals: bool = False) -> dict[str, Any]:
         shown, proposed = None, None
+        self.live_proposal: dict[str, Any] | None = None
         while True:
             run = self.call("GET", f"/v1/runs/{run_id}")
             if (run["status"], run["attempt"]) != shown:
@@ -107,9 +121,13 @@ class Demo:
             print("  " + progress_line(run), flush=True)
             if proposals and "sim_acc_1" in run["latest"]:
                 proposal = self.call("GET", f"/v1/runs/{run_id}/proposal")
-                if (proposal["step"], proposal["action"]) != proposed:  # once per validation
-                    proposed = (proposal["step"], proposal["action"])
-                    print(f"  >> live proposal after the validation at step {proposal['step']}: GET /v1/runs/{{id}}/proposal")
+                if proposal["action"] != "unavailable":
+                    self.live_proposal = proposal
+                source = (proposal.get("evidence") or {}).get("source")
+                if (proposal["step"], proposal["action"], source) != proposed:  # once per validation or evaluation
+                    proposed = (proposal["step"], proposal["action"], source)
+                    print(f"  >> live proposal after the {'evaluation' if source == 'decoding' else 'validation'} at "
+                          f"step {proposal['step']}: GET /v1/runs/{{id}}/proposal")
                     print(proposal_lines(proposal), flush=True)
             if run["status"] in TERMINAL or (until and until(run)):
                 return run
@@ -173,6 +191,12 @@ def proposal_lines(p: dict[str, Any]) -> str:
     lines = [f"     {p['summary']}"]
     lines.append("     sim_acc_k (conditional acceptance by draft position, validation data): "
                  + " ".join(f"{a:.2f}" for a in p["sim_acc"]))
+    evidence = p.get("evidence")
+    if evidence:
+        spread = " ".join(f"[{b[0]:.2f}, {b[1]:.2f}]" if b else "-" for b in evidence["acceptance_interval"])
+        lines.append(f"     decided by {evidence['source']}: " + " ".join(f"{a:.2f}" for a in evidence["acceptance"])
+                     + (f" (90% interval {spread})" if evidence["acceptance_interval"] else "")
+                     + f"\n       {evidence['detail']}")
     if p["action"] == "restart":
         lines.append(f"     GPU-hours: {p['restart_gpu_hours']:.3g} for the restart on {p['gpus']} processes "
                      f"({p['extra_gpu_hours']:.3g} more than finishing); tokens/s on the deployment box "
@@ -186,6 +210,12 @@ def proposal_lines(p: dict[str, Any]) -> str:
                      f"{terms['draft_compute_ms']:.2f} ms + their {terms['draft_allreduces']} collectives "
                      f"{terms['draft_allreduce_ms']:.2f} ms = {terms['round_ms']:.2f} ms")
     return "\n".join(lines)
+
+
+def verdict(proposal: dict[str, Any]) -> tuple:
+    """What makes two proposals one verdict (the service's ProposalPublic.key)."""
+    return (proposal["attempt"], proposal["action"], proposal.get("suggested_ttt"), proposal.get("depth_after"),
+            (proposal.get("evidence") or {}).get("source"))
 
 
 def restart_from(proposal: dict[str, Any]) -> dict[str, Any]:
@@ -283,8 +313,13 @@ def main() -> int:
         if first["status"] != "succeeded":
             print(demo.call("GET", f"/v1/runs/{run['id']}/logs", params={"tail": 30})["lines"])
             return 1
-        say("6. the proposal after the last validation, and the restart taken from it: GET /v1/runs/{id}/proposal")
-        proposal = demo.call("GET", f"/v1/runs/{run['id']}/proposal")
+        say("6. the last live proposal (the run's last `proposal` event: once the attempt has ended there is none to "
+            "restart), and the restart taken from it")
+        proposal = demo.last_proposal(run["id"]) or demo.live_proposal
+        if proposal is None:
+            sys.exit("no live proposal was made during the run")
+        if demo.live_proposal and verdict(demo.live_proposal) == verdict(proposal):
+            proposal = demo.live_proposal  # the same verdict, with the figures the event leaves out
         print(proposal_lines(proposal))
         change = restart_from(proposal)
         dry = demo.call("POST", f"/v1/runs/{run['id']}/restart", params={"dry_run": "true"}, json=change)
@@ -305,7 +340,7 @@ def main() -> int:
         say("8. acceptance by depth and position, measured with the verifier on held-out prompts")
         reports = demo.call("GET", f"/v1/runs/{run['id']}/evaluation")["by_attempt"]
         print(acceptance_table(reports))
-        if proposal["predicted_position_acceptance_after"]:
+        if proposal.get("predicted_position_acceptance_after"):
             say(f"9. the proposal's prediction (made from TTT=3's sim_acc, before the TTT={deeper} draft existed) "
                 f"beside the TTT={deeper} draft's measured acceptance")
             print(prediction_table(proposal, reports, latest))
