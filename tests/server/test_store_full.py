@@ -33,9 +33,9 @@ def small_disk(tmp_path: Path, sqlite_template: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def _fill(directory: Path) -> Path:
+def _fill(directory: Path, name: str = "filler") -> Path:
     """Take every free byte of the file system `directory` is on."""
-    filler = directory / "filler"
+    filler = directory / name
     with open(filler, "wb") as f:
         try:
             while True:
@@ -68,6 +68,8 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         run = svc.run(run_id)
         assert run["status"] == "running"
         assert "cannot store this run's progress" in run["message"] and "full" in run["message"]
+        # a refused write hands the log's space back (server/db.py release_log_space): take that too
+        topped = _fill(small_disk, "filler-2")
         refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1), params={"name_suffix": "true"})
         assert refused.status_code == 503 and "full" in refused.json()["detail"], refused.text
         # the job ends meanwhile (150 steps of 0.05 s): the worker's ticks fail to store it, none fails the run
@@ -79,6 +81,7 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         assert exit_file is not None and _refused_ticks(svc) >= 3, "the job ended and 3 ticks failed to store it"
         assert svc.run(run_id)["status"] == "running"
         filler.unlink()
+        topped.unlink()
         done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
         assert done["status"] == "succeeded", done["message"]
         # every line the job wrote is stored, those written while the disk was full included
