@@ -88,8 +88,10 @@ test-journey:
 # (uv's lowest-direct) in a venv of their own, and a representative part of the fast tests run there (the client,
 # the command, every API route; the whole fast subset took over 15 min on a busy 2-core machine). The trainer's
 # extra is not floored here: its torch builds are not on every index
-LOWEST_TESTS := tests/longrun tests/server/test_api_routes.py tests/server/test_fix_and_remove.py \
-	tests/server/test_run_refs.py tests/server/test_restart_start.py
+LOWEST_TESTS := tests/longrun tests/server/test_api_routes.py tests/unit/test_fix_and_remove.py \
+	tests/unit/test_run_refs.py tests/unit/test_restart_start.py tests/unit/test_client.py tests/unit/test_watch_view.py \
+	tests/unit/test_restart_cli.py tests/unit/test_run_names_cli.py tests/unit/test_hosts_state_cli.py \
+	tests/unit/test_terminal_injection.py
 $(LOWEST_VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/pip install -q uv
 	rm -rf $(LOWEST_VENV)

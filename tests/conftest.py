@@ -16,6 +16,18 @@ STORES = ("sqlite", "postgres")
 IN_PROCESS_DATABASE = {"db", "api", "rig"}
 
 
+_ENVIRON = os.environ
+
+
+@pytest.fixture(autouse=True)
+def _environ_kept() -> Iterator[None]:
+    """os.environ is this process's environment after every test: datasets' map (speculators' data code) binds a copy
+    of it in its place, and a later test's monkeypatch.setenv (COLUMNS, say) then reaches no one."""
+    yield
+    if os.environ is not _ENVIRON:
+        os.environ = _ENVIRON  # noqa: B003
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stores", default="sqlite", help="the stores the tests that take one run on: sqlite, postgres, "
                      "or both (sqlite,postgres). The PostgreSQL lane (`--stores postgres`) runs only the tests that "
@@ -162,3 +174,15 @@ def api(tmp_path: Path, database_url: str) -> Iterator["App"]:  # noqa: F821
     app = App(tmp_path / "home", database_url)
     yield app
     app.close()
+
+
+@pytest.fixture
+def cli(api: "App", monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> "App":  # noqa: F821
+    """`longrun` commands in this process, talking to the in-process API (no worker); no config file."""
+    from longrun import Client
+
+    monkeypatch.setattr("longrun.commands.common.Client",
+                        lambda url=None, token=None: Client(api.client.base_url, token=token, http=api.client))
+    monkeypatch.setenv("LONGRUN_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.delenv("LONGRUN_API_TOKEN", raising=False)
+    return api

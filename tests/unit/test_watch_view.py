@@ -2,7 +2,6 @@
 
 import re
 import threading
-import time
 from io import StringIO
 from typing import Any
 
@@ -11,6 +10,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from longrun.cli import main
+from longrun.client import Client
 from longrun.views import progress_line, run_panel, runs_table
 from server.lifecycle import RunStatus as S
 from server.models import Run
@@ -85,8 +85,20 @@ def test_watch_on_an_80_column_terminal_draws_the_panel_within_it(cli: App, monk
     with cli.session() as s:
         s.get(Run, run["id"]).latest = latest(16, 8)
 
+    # the run ends once watch has drawn it running (a wait on that, not on the clock: a loaded machine's first
+    # frame can come later than any fixed sleep)
+    drawn = threading.Event()
+    watch_of = Client.watch
+
+    def watching(self, *args, **kwargs):
+        for snapshot in watch_of(self, *args, **kwargs):
+            yield snapshot
+            drawn.set()
+
+    monkeypatch.setattr(Client, "watch", watching)
+
     def finish() -> None:
-        time.sleep(0.6)
+        drawn.wait(timeout=60)
         cli.move(run["id"], S.SUCCEEDED)
 
     mover = threading.Thread(target=finish)

@@ -10,7 +10,7 @@ import pytest
 from longrun.specs import read_spec, resolve_paths
 from server.schemas import RunCreate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
