@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from server.advisor.tables import Table
 from server.config import Settings
 from server.errors import Conflict, FieldError, NotFound, Unavailable
-from server.layout import workspace_refusal
+from server.layout import PYTHON_UNFIT, workspace_refusal
 from server.lifecycle import ACTIVE
 from server.models import Host, Run, utcnow
 from server.schemas import HostCreate, HostUpdate
@@ -61,17 +61,23 @@ def refused_on_host(session: Session, name: str, undo: dict[str, Any] | None) ->
     None: the host forgotten, unless a run goes there already) or its change (`undo`: the fields before); to be
     raised once this transaction has committed."""
     host = session.scalar(select(Host).where(Host.name == name))
-    if host is None or host.workspace_real is None:
+    if host is None:
         return None
-    why = workspace_refusal(host.workspace, host.workspace_real)
+    if host.reachable is False and (host.last_error or "").startswith(PYTHON_UNFIT):
+        # the host answered, and its python cannot run the agent: nothing was written there
+        field, why = "python", host.last_error[len(PYTHON_UNFIT):]
+    elif host.workspace_real is None:
+        return None
+    else:
+        field, why = "workspace", workspace_refusal(host.workspace, host.workspace_real)
     if why is None:
         return None
     if undo is None and not runs_using(session, name):
         session.delete(host)
     elif undo is not None:
-        for field, value in undo.items():
-            setattr(host, field, value)
-    return FieldError(("workspace",), why)
+        for attribute, value in undo.items():
+            setattr(host, attribute, value)
+    return FieldError((field,), why)
 
 
 def runs_using(session: Session, name: str) -> list[Run]:

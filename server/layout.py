@@ -21,6 +21,11 @@ SYSTEM_DIRECTORIES = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "
                                 "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
 
 
+# how a host's error begins when its python cannot run the agent (worker/host_agent.py PythonUnfit): registration
+# and a change of the host refuse that python, naming body.python
+PYTHON_UNFIT = "python: "
+
+
 def workspace_refusal(workspace: str, real: str) -> str | None:
     """Why a workspace whose real path (its symlinks followed on its host) is `real` is refused, or None."""
     if real not in SYSTEM_DIRECTORIES:

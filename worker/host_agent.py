@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from server.layout import HostLayout
+from server.layout import PYTHON_UNFIT, HostLayout
 from worker.host_errors import CommandFailed, HostUnreachable
 from worker.protocol import (
     CancelAnswer,
@@ -177,17 +177,17 @@ class HostAgent:
         result = self.transport.exec(shlex.join([self.python, "-c", RESOLVE, self.layout.workspace]),
                                      timeout=self.timeout)
         if result.returncode == 127 or (result.returncode != 0 and not result.stdout.strip()):
-            raise PythonUnfit(f"{self.python!r} did not run on the host (exit {result.returncode}: "
+            raise PythonUnfit(f"{PYTHON_UNFIT}{self.python!r} did not run on the host (exit {result.returncode}: "
                               f"{result.stderr.strip()[-300:]}); register the host with --python naming a Python "
                               f"{_floor()} or newer")
         answer = _answer_of("workspace", result)
         version = str(answer.get("python", "?"))[:32]
         if "real" not in answer:
-            raise PythonUnfit(f"the host's python {self.python!r} is Python {version}; the agent needs Python "
+            raise PythonUnfit(f"{PYTHON_UNFIT}the host's python {self.python!r} is Python {version}; the agent needs Python "
                               f"{_floor()} or newer: register the host with --python naming one "
                               f"(longrun hosts update NAME --python /path/to/python3)")
         if "missing" in answer:
-            raise PythonUnfit(f"the host's python {self.python!r} (Python {version}) lacks the standard module "
+            raise PythonUnfit(f"{PYTHON_UNFIT}the host's python {self.python!r} (Python {version}) lacks the standard module "
                               f"{str(answer['missing'])[:64]!r} the agent needs: register the host with --python "
                               "naming a complete Python")
         real = answer.get("real")

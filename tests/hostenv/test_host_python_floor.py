@@ -43,3 +43,25 @@ def test_a_python_without_a_module_the_agent_needs_is_refused_naming_it(tmp_path
 def test_the_floor_itself_resolves_the_workspace(tmp_path: Path) -> None:
     (tmp_path / "ws ś").mkdir()
     assert _resolve(host_python("3.8"), tmp_path) == str(tmp_path / "ws ś")
+
+
+def test_registering_a_host_whose_python_is_below_the_floor_is_refused_naming_python(service, tmp_path: Path) -> None:
+    """Over a real sshd: the worker asks the host, and registration answers 422 at body.python with the version
+    found and the floor; nothing is registered, and nothing is written in the workspace."""
+    from tests.sshd import SshServer
+
+    old = next(Path("/root/.pyenv/versions").glob("3.6.*/bin/python3.6"), None)
+    if old is None:
+        pytest.fail("no Python 3.6 on this machine (pyenv install 3.6) for the registration floor test")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with SshServer() as sshd:
+        body = {"name": "old-box", **sshd.host_fields, "workspace": str(workspace), "python": str(old)}
+        refused = service.client.post("/v1/hosts", json=body)
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert [e["loc"] for e in detail] == [["body", "python"]], detail
+    assert "is Python 3.6." in detail[0]["msg"] and "needs Python 3.8 or newer" in detail[0]["msg"]
+    assert "Traceback" not in refused.text and "JSON" not in refused.text
+    assert service.client.get("/v1/hosts/old-box").status_code == 404
+    assert list(workspace.iterdir()) == [], "nothing written on the host"
