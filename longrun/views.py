@@ -210,11 +210,13 @@ def attempts_table(run: dict[str, Any]) -> Table:
 
 
 def host_address(host: dict[str, Any]) -> str:
-    """Where the host is reached: `address:port`, or the address alone for port 22, the registration's default,
-    which yields to the `Port` of an alias in the worker's ~/.ssh/config (worker/ssh_reach.py): `gpu-box`, not a
-    `gpu-box:22` the worker never dials."""
+    """Where the host is reached: once the worker has reached it, where it connected, its ~/.ssh/config applied
+    (`gpu-box -> ml@10.1.2.3:2222`); before that `address:port`, or the address alone for port 22, the registration's
+    default, which yields to the `Port` of an alias in the worker's ~/.ssh/config (worker/ssh_reach.py)."""
     port = host.get("port")
-    return host["address"] if not port or port == 22 else f"{host['address']}:{port}"  # local: no port
+    given = host["address"] if not port or port == 22 else f"{host['address']}:{port}"  # local: no port
+    reached = host.get("reached")
+    return given if not reached else f"{given} -> {reached}"
 
 
 def hosts_table(hosts: list[dict[str, Any]]) -> Table:

@@ -82,6 +82,8 @@ class Host(Base):
     verifier_wanted: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # why the last verifier probe did not measure; cleared by the next request
     verifier_error: Mapped[str | None] = mapped_column(Text)
+    # where the worker last reached it: user@address:port, after its ~/.ssh/config (an alias's HostName and Port)
+    reached: Mapped[str | None] = mapped_column(String(512))
 
 
 class TypedSpec:

@@ -104,6 +104,8 @@ class HostPublic(BaseModel):
                                        "host (null until a worker has asked there)")
     python: str
     reachable: bool | None
+    reached: str | None = Field(None, description="where the worker last reached the host: user@address:port after "
+                                "its ~/.ssh/config (an alias's HostName and Port); null until then, and for local")
     last_seen_at: datetime | None
     last_error: str | None
     gpus: dict[str, Any] | None = None

@@ -120,7 +120,7 @@ def evaluations(run: Run) -> list[AttemptEvaluation]:
 def host_public(host: Host) -> HostPublic:
     return HostPublic(name=host.name, kind=host.kind, address=host.address, port=host.port, username=host.username,
                       workspace=host.workspace, workspace_real=host.workspace_real, python=host.python, reachable=host.reachable,
-                      last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
+                      reached=host.reached, last_seen_at=host.last_seen_at, last_error=host.last_error, gpus=host.gpu_snapshot,
                       gpus_sampled_at=host.gpu_snapshot_at)
 
 

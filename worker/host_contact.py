@@ -79,6 +79,10 @@ class HostContact:
             h.reachable is not True or h.last_seen_at is None
             or (now - h.last_seen_at).total_seconds() > SEEN_REFRESH_SECONDS)]
         if due:
+            reached = {h.id: self.transports.destination(h.name) for h in hosts if h.id in due}
             with self.db.writing() as s:
                 s.execute(update(Host).where(Host.id.in_(due)).values(reachable=True, last_seen_at=now,
                                                                       last_error=None))
+                for host_id, destination in reached.items():
+                    if destination is not None:
+                        s.execute(update(Host).where(Host.id == host_id).values(reached=destination[:512]))

@@ -91,9 +91,14 @@ class SSHTransport(Transport):
         """The name known_hosts files use for this host."""
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
-    def __repr__(self) -> str:
+    @property
+    def destination(self) -> str:
+        """Where this transport connects, its ~/.ssh/config applied: user@address:port [via jump]."""
         via = f" via {self.proxy_jump}" if self.proxy_jump else ""
-        return f"SSHTransport({self.username}@{self.address}:{self.port}{via})"
+        return f"{self.username}@{self.address}:{self.port}{via}"
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self.destination})"
 
     # connection
 

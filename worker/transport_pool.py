@@ -58,6 +58,13 @@ class TransportPool:
             stale.close()
         return transport
 
+    def destination(self, name: str) -> str | None:
+        """Where the transport made for host `name` connects (an SSH host's, its ~/.ssh/config applied), if one was
+        made; never makes one."""
+        with self._lock:
+            cached = self._transports.get(name)
+        return getattr(cached[1], "destination", None) if cached is not None else None
+
     def close_all(self) -> None:
         with self._lock:
             cached, self._transports = list(self._transports.values()), {}

@@ -28,10 +28,12 @@ def resolve(db: Database, contact: HostContact, host: Host) -> str:
     except HostError as exc:
         exc.host = exc.host or host.name
         raise
+    reached = contact.transports.destination(host.name)
     with db.writing() as s:
         fresh = s.get(Host, host.id)
         if fresh is not None and reached_with(fresh) == reached_with(host):
             fresh.workspace_real = real
+            fresh.reached = reached[:512] if reached else fresh.reached
     return real
 
 

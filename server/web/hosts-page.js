@@ -15,7 +15,11 @@ const FIELDS = [
   ["python", "Python", "the host's Python that has torch", false],
 ];
 
-export const hostAddress = (h) => (!h.port || h.port === 22 ? h.address : `${h.address}:${h.port}`);
+// as registered, then, once the worker has reached it, where it connected (its ~/.ssh/config applied)
+export const hostAddress = (h) => {
+  const given = !h.port || h.port === 22 ? h.address : `${h.address}:${h.port}`;
+  return h.reached ? `${given} → ${h.reached}` : given;
+};
 
 function stateOf(host) {
   if (host.reachable === false) return el("span", { class: "error" }, "unreachable: ", host.last_error || "the worker gave no reason");
