@@ -54,13 +54,14 @@ HOST_PATHS = ("output_dir", "tracking_dir")
 LOCAL_HOST = "local"
 
 
-def resolve_paths(spec: dict[str, Any], spec_file: str, workspace_of: Callable[[str], str]) -> list[str]:
-    """Make the spec's relative paths absolute, in place, and say what each became. A path the job writes
+def resolve_paths(document: dict[str, Any], spec_file: str, workspace_of: Callable[[str], str]) -> list[str]:
+    """Make the relative paths of a spec file's `document` (the mapping read, before the server types it) absolute,
+    in place, and say what each became. A path the job writes
     (trainer.output_dir, trainer.tracking_dir, a command run's output_dir) is on the host: a relative one lies under
     the host's workspace, so a clean restart may empty it. A path the trainer reads lies beside the spec file when the
     host is `local` (this machine, where the file is), else under the host's workspace too. `~`, and `..` under a
     workspace, are not resolved here: the server refuses what is not absolute, naming the field."""
-    hosts = spec.get("hosts") or ([spec["host"]] if isinstance(spec.get("host"), str) else [])
+    hosts = document.get("hosts") or ([document["host"]] if isinstance(document.get("host"), str) else [])
     host = hosts[0] if hosts and isinstance(hosts[0], str) else None
     base = Path(spec_file).resolve().parent if spec_file != "-" else Path.cwd()
     workspace: list[str] = []
@@ -86,11 +87,11 @@ def resolve_paths(spec: dict[str, Any], spec_file: str, workspace_of: Callable[[
         section[key] = os.path.normpath(Path(root) / value)
         said.append(f"{where}{key}: {value} -> {section[key]}")
 
-    trainer = spec.get("trainer")
+    trainer = document.get("trainer")
     if isinstance(trainer, dict):
         for key in INPUT_PATHS:
             resolve(trainer, key, "trainer.", beside_file=host == LOCAL_HOST)
         for key in HOST_PATHS:
             resolve(trainer, key, "trainer.", beside_file=False)
-    resolve(spec, "output_dir", "", beside_file=False)
+    resolve(document, "output_dir", "", beside_file=False)
     return said

@@ -54,7 +54,9 @@ def test_the_client_needs_neither_server_nor_worker() -> None:
 PACKAGES = ("server", "worker", "trainer", "longrun")
 # What the worker may use of the server: the domain without the web framework or the API's commands.
 WORKER_USES = {"server.lifecycle", "server.models", "server.db", "server.layout", "server.config", "server.eta",
-               "server.log_patterns", "server.series", "server.wakeup", "server.proposal", "server.spec"}
+               "server.log_patterns", "server.series", "server.wakeup", "server.proposal", "server.spec",
+               # a verifier probe's answer read into what is stored beside the all-reduce table (no web framework)
+               "server.advisor.verifier", "server.advisor.tables"}
 # The only modules of longrun that reach into the other packages, and what each may reach.
 LONGRUN_REACHES = {
     "longrun.processes": ("server", "worker"),

@@ -41,7 +41,7 @@ def test_the_openapi_schema_lists_the_statuses_and_names_the_servers_series(api:
     assert schemas["AttemptPublic"]["properties"]["status"]["$ref"].endswith("/AttemptStatus")
     assert schemas["RunStatus"]["enum"] == [s.value for s in RunStatus]
     assert schemas["AttemptStatus"]["enum"] == [s.value for s in AttemptStatus]
-    for described in (schemas["RunPublic"]["properties"]["latest"], schemas["MetricsPublic"]["properties"]["series"]):
+    for described in (schemas["RunPublic"]["properties"]["latest"], schemas["MetricsPage"]["properties"]["series"]):
         assert all(f"`{kind}_<i>`" in described["description"] for kind in GpuSeries)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from longrun.specs import read_spec
+from longrun.specs import read_spec, resolve_paths
 from server.spec import RunCreate, spec_dict, stored_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +46,15 @@ ENTRYPOINT = {"hosts": ["a", "b"], "entrypoint": "/opt/train.py", "args": ["--ma
               "log_metrics": {"patterns": [r"it (?P<step>\d+)"]}, "on_stall": "restart"}
 
 
+def example(path: Path) -> dict:
+    """An example spec as `longrun submit` sends it: its relative paths resolved."""
+    body = read_spec(str(path))
+    resolve_paths(body, str(path), lambda host: "/home/u/.longrun/workspace")
+    return body
+
+
 @pytest.mark.parametrize("body", [SLURM_TRAINER, ENTRYPOINT,
-                                  *(read_spec(str(p)) for p in sorted((ROOT / "examples").glob("*.yaml")))])
+                                  *(example(p) for p in sorted((ROOT / "examples").glob("*.yaml")))])
 def test_a_stored_spec_reads_back_as_the_spec_that_was_stored(body: dict) -> None:
     accepted = RunCreate.model_validate(body)
     stored = spec_dict(accepted)

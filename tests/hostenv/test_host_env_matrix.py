@@ -30,7 +30,9 @@ from worker.transport_interface import CommandResult
 
 # the oldest python the README names for hosts, and newer ones
 HOST_PYTHONS = {"3.8": "python3.8", "3.12": "python3.12", "3.13": "python3.13"}
-MATRIX_USER = "longrun-matrix"
+# a user of this test process's own: several pytest processes may run these rows at once, each making and removing
+# its user
+MATRIX_USER = f"longrun-matrix-{os.getpid()}"
 WORKSPACE_NAME = "work space ś Ünïcode ☃"
 LOCALE_VARS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
 

@@ -54,9 +54,13 @@ def test_advise_evaluation_with_an_engine_shows_each_depths_terms(tmp_path: Path
     assert main([*args, "--engine", "sglang"]) == 0
     sglang = json.loads(capsys.readouterr().out)
     assert sglang["drafting"]["sharded"] and sglang["by_depth"][0]["terms"]["draft_allreduces"] == 4
-    assert main([*args, "--engine", "vllm", "--draft-tp", "1"]) == 0
+    # vLLM V0 honoured --draft-tp 1 (a replicated draft, no collectives of its own); V1, the default, shards it
+    assert main([*args, "--engine", "vllm", "--draft-tp", "1", "--engine-version", "v0"]) == 0
     vllm = json.loads(capsys.readouterr().out)
     assert not vllm["drafting"]["sharded"] and vllm["by_depth"][0]["terms"]["draft_allreduces"] == 0
+    assert main([*args, "--engine", "vllm", "--draft-tp", "1"]) == 0
+    v1 = json.loads(capsys.readouterr().out)
+    assert v1["drafting"]["sharded"] and v1["by_depth"][0]["terms"]["draft_allreduces"] == 4
     with pytest.raises(SystemExit):
         main(["advise", "--evaluation", str(path), "--engine", "sglang"])
     assert "pick --interconnect" in capsys.readouterr().err

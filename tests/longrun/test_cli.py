@@ -78,7 +78,8 @@ def complete(words: str, url: str) -> list[str]:
 
 def test_shell_completion_offers_commands_and_options() -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
-    assert complete("longrun hosts ", nowhere) == ["list", "add", "update", "remove", "show", "gpus", "probe-interconnect"]
+    assert complete("longrun hosts ", nowhere) == ["list", "add", "update", "remove", "show", "gpus", "probe-interconnect",
+                                                   "probe-verifier"]
     assert complete("longrun restart x --c", nowhere) == ["--clean"]
     assert complete("longrun watch ", nowhere) == []  # run ids come from the server: none without one
 

@@ -105,7 +105,7 @@ def test_speculators_four_layer_ids_are_taken_with_the_last_as_the_target(arrow,
     for given in (["--layer-ids", "2", "4", "5", "8"], ["--layer-ids", "2,4,5,8"], ["--layer-ids", "[2, 4, 5, 8]"]):
         args = parse_args(["--verifier-path", "V", "--data-dir", "D", "--vocab-mapping-dir", "M", "--output-dir", "O",
                            *given])
-        assert args.layer_ids == [2, 4, 5, 8]
+        assert args.data.layer_ids == [2, 4, 5, 8]
     opened = open_training_data(arrow["data"], "auto", LAYERS, [2, 4, 5, 8])
     assert opened.layer_ids == [2, 4, 5]
     assert opened.notes == ["layer ids 2 4 5 8 (--layer-ids): 8 is the verifier's last layer, used as the target; "

@@ -218,12 +218,15 @@ def get_advice(run_id: RunRef, session: ReadSession, interconnect: Literal["pcie
                attempt: AttemptNumber = None,
                deploy_host: Annotated[str | None, Query(max_length=64)] = None,
                engine: Annotated[Literal["sglang", "vllm", "measured"] | None, Query(
-                   description="the serving engine: sglang (draft sharded at tp), vllm (draft_tp 1: replicated, or "
-                   "tp), measured (round_ms as timed); unset: the draft's own collectives are not priced")] = None,
+                   description="the serving engine: sglang or vllm (V1: the draft sharded at the target's tp, "
+                   "whatever draft_tp says; vllm/v1/spec_decode/eagle.py builds it with the target's config), "
+                   "measured (round_ms as timed); unset: the draft's own collectives are not priced")] = None,
                topk: Annotated[int | None, Query(ge=1, le=64, description="with engine: 1 chain drafting, more a "
                                                  "tree of top-k per draft step")] = None,
                draft_tp: Annotated[int | None, Query(ge=1, le=64, description="with engine vllm: its "
-                                                     "draft_tensor_parallel_size")] = None,
+                                                     "draft_tensor_parallel_size, which V1 checks and does not "
+                                                     "apply (vllm#17499); a run's deploy.engine_version prices V0's "
+                                                     "replicated draft")] = None,
                round_ms: Annotated[list[str] | None, Query(max_length=65, description="with engine measured, "
                                                            "repeated: DEPTH=MS, a round's cost as timed (0: "
                                                            "without speculation)")] = None) -> RunAdvicePublic:
