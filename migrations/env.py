@@ -22,7 +22,9 @@ def run_migrations_online() -> None:
     engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
     with engine.connect() as connection:
         # SQLite can only ALTER through table copies: batch mode does that for us
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        hook = config.attributes.get("on_version_apply")
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
+                          **({"on_version_apply": hook} if hook else {}))
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":
                 # servers and workers starting together migrate one at a time; the later ones find the schema new

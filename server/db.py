@@ -19,6 +19,7 @@ event gets its id: events commit in id order, as they do on SQLite, where writer
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -242,7 +243,36 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    command.upgrade(alembic_config(url), revision)
+# a fresh SQLite database is built under this name beside its own, then renamed into place
+MIGRATING_SUFFIX = ".migrating-"
+
+
+def upgrade(url: str, revision: str = "head", on_version_apply: Any = None) -> None:
+    """Bring the database to `revision`. A fresh SQLite file is built whole or not at all: SQLite's DDL runs outside
+    a transaction under alembic, so a process killed in the middle would leave a schema half made that no later
+    start could finish; the migrations run on a file of this process's own beside it, renamed into place once at
+    `revision` (what such a kill left behind is removed at the next start). `on_version_apply`: alembic's hook,
+    called after each migration (tests land a kill there)."""
+    cfg = alembic_config(url)
+    cfg.attributes["on_version_apply"] = on_version_apply
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        command.upgrade(cfg, revision)
+        return
+    path = Path(url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for left in path.parent.glob(f"{path.name}{MIGRATING_SUFFIX}*"):
+        left.unlink(missing_ok=True)  # a fresh build a killed process left: never in use
+    if path.exists() and path.stat().st_size > 0:
+        command.upgrade(cfg, revision)
+        return
+    building = path.with_name(f"{path.name}{MIGRATING_SUFFIX}{os.getpid()}")
+    cfg = alembic_config(f"sqlite:///{building}")
+    cfg.attributes["on_version_apply"] = on_version_apply
+    try:
+        command.upgrade(cfg, revision)
+        try:
+            os.link(building, path)  # into place only if no other process put its own there meanwhile
+        except FileExistsError:
+            command.upgrade(alembic_config(url), revision)  # that one's: at `revision` already, or brought there
+    finally:
+        building.unlink(missing_ok=True)
