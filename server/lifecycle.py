@@ -512,11 +512,14 @@ def step_succeeded(run: Run) -> None:
     run.step_failures = 0
 
 
-def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: float) -> None:
+def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: float,
+               still_watched: float | None = None) -> None:
     """The stall rule: a running attempt whose step has not moved for `factor` times its own measured seconds per
     step (and at least `floor` seconds, by the server's clock) is marked stalled in the run's message and a
     `stall` event, once. With `"on_stall": "restart"` in its spec and retries left it is restarted as attempt n+1
-    with the same spec (counted as a retry; the trainer resumes from its last checkpoint), the old one stopped first."""
+    with the same spec (counted as a retry; the trainer resumes from its last checkpoint), the old one stopped first.
+    `still_watched`: seconds the worker has watched the step stand still by its monotonic clock; the stall is the
+    shorter of that and the server clock's reading."""
     attempt = run.current
     if run.status != RunStatus.RUNNING or attempt.sec_per_step is None or attempt.step_seen_at is None:
         return
@@ -526,6 +529,10 @@ def stall_seen(session: Session, run: Run, now: datetime, factor: float, floor: 
             run.message = f"attempt {attempt.number} running; its step moved again after a stall"
         return
     still = (now - attempt.step_seen_at).total_seconds()
+    if still_watched is not None:
+        # how long the worker itself has watched the step stand still, by a clock that never jumps: a server clock
+        # set forward an hour would otherwise make every running attempt look stalled (and restart it)
+        still = min(still, still_watched)
     allowed = max(floor, factor * attempt.sec_per_step)
     if still <= allowed:
         return

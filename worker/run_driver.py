@@ -73,6 +73,8 @@ class RunDriver:
         self._lock = threading.Lock()
         # run id -> monotonic time its GPUs were last sampled
         self._gpu_sampled: dict[str, float] = {}
+        # (run id, attempt) -> (its step, the monotonic time this worker first saw that step): the stall rule's clock
+        self._step_watch: dict[tuple[str, int], tuple[int | None, float]] = {}
         self._handlers: dict[RunStatus, Handler] = {
             RunStatus.QUEUED: self._queue,
             RunStatus.LAUNCHING: self._launch,
@@ -129,9 +131,21 @@ class RunDriver:
         return bool(more)
 
     def forget_all_but(self, run_ids: list[str]) -> None:
-        """Drop the sampling clocks of runs this worker no longer drives."""
+        """Drop the sampling clocks and step watches of runs this worker no longer drives."""
         with self._lock:
             self._gpu_sampled = {k: v for k, v in self._gpu_sampled.items() if k in run_ids}
+            self._step_watch = {k: v for k, v in self._step_watch.items() if k[0] in run_ids}
+
+    def _still_watched(self, run_id: str, attempt: int, step: int | None) -> float:
+        """Seconds this worker has seen the attempt's step stand still, by its monotonic clock (from when it first
+        saw this step: after a worker restart, from then)."""
+        now = self.clock.monotonic()
+        with self._lock:
+            seen = self._step_watch.get((run_id, attempt))
+            if seen is None or seen[0] != step:
+                self._step_watch[(run_id, attempt)] = (step, now)
+                return 0.0
+            return now - seen[1]
 
     # one handler per state
 
@@ -225,7 +239,9 @@ class RunDriver:
             if not is_unchanged(fresh, RunStatus.RUNNING, attempt.number):
                 return False
             if running or not drained:
-                stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor)
+                current = fresh.current
+                stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor,
+                           self._still_watched(run.id, current.number, current.last_step))
                 # a job that is over with its files still being read: the next read follows at once, not a tick
                 # later, so that its outcome waits only on the reads (at most the log's kept tail: hostside/attempt.py)
                 return not running

@@ -201,6 +201,32 @@ def test_a_step_that_stops_moving_is_marked_stalled_once_by_the_servers_clock(ri
     assert rig.attempt(run_id, 1).stalled_at is None
 
 
+@pytest.mark.parametrize("jump", [3600.0, -3600.0])
+def test_the_servers_clock_set_an_hour_off_mid_run_neither_stalls_nor_restarts_a_healthy_attempt(
+        rig: Rig, jump: float) -> None:
+    """The stall rule reads how long the worker itself watched the step stand still: a server clock set forward an
+    hour made every running attempt look stalled for 3600 s, and with on_stall: restart restarted it. A real stall
+    after the jump is still seen."""
+    rig.supervisor.driver.settings.stall_floor = 60
+    run_id = rig.submit(max_retries=1, on_stall="restart")
+    rig.step(run_id, 2)
+    _steady_steps(rig, run_id, 1, range(1, 6))
+    rig.clock.jump(jump)
+    rig.step(run_id)
+    _steady_steps(rig, run_id, 1, range(6, 9))
+    run = rig.run(run_id)
+    assert (run.status, run.attempt, run.retries_used) == ("running", 1, 0), run.message
+    assert rig.attempt(run_id, 1).stalled_at is None and "stalled" not in (run.message or "")
+    with rig.db.reading() as s:
+        assert s.query(Event).filter_by(run_id=run_id, kind="stall").count() == 0
+    # then the step really stands still: seen once the attempt's window has passed (its step time, measured on the
+    # job's clock, may hold the jump itself for one step)
+    allowed = max(60, 10 * rig.attempt(run_id, 1).sec_per_step)
+    rig.clock.advance(allowed + 1)
+    rig.step(run_id)
+    assert rig.run(run_id).message.startswith("retry 1 of 1: attempt 1 stalled: step 8 has not advanced for")
+
+
 def test_the_stall_window_is_the_attempts_own_step_time_times_the_factor(rig: Rig) -> None:
     rig.supervisor.driver.settings.stall_floor = 5
     run_id = rig.submit()

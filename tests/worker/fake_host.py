@@ -37,6 +37,10 @@ class FakeClock(Clock):
         self._now += timedelta(seconds=seconds)
         self._monotonic += seconds
 
+    def jump(self, seconds: float) -> None:
+        """The wall clock set forward or back (NTP, a person): the monotonic clock does not move."""
+        self._now += timedelta(seconds=seconds)
+
 
 @dataclass
 class FakeJob:
