@@ -129,6 +129,19 @@ class RowTransport(LocalTransport):
                              proc.stderr.decode("utf-8", "replace"))
 
 
+def accounts(argv: list[str], attempts: int = 50) -> None:
+    """useradd / usermod, tried again while another process holds /etc/passwd's lock (exit 10; several pytest
+    processes make their users at once); any other failure fails the test."""
+    for attempt in range(attempts):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if done.returncode != 10 and "lock" not in done.stderr:
+            break
+        time.sleep(0.05 * (attempt + 1))
+    pytest.fail(f"{argv[0]} failed (exit {done.returncode}): {done.stderr.strip()}")
+
+
 @pytest.fixture(scope="module")
 def matrix_user() -> Iterator[pwd.struct_passwd]:
     """A non-root user with a home of its own and bash as its shell, created for these tests and removed after."""
@@ -137,8 +150,7 @@ def matrix_user() -> Iterator[pwd.struct_passwd]:
     home = Path(tempfile.mkdtemp(prefix="longrun-matrix-home-", dir="/var/tmp"))
     subprocess.run(["userdel", "-r", MATRIX_USER], capture_output=True)
     # '*': no password, yet not locked (sshd without PAM refuses a locked account's key)
-    subprocess.run(["useradd", "--home-dir", str(home), "--shell", "/bin/bash", "--password", "*", MATRIX_USER],
-                   check=True)
+    accounts(["useradd", "--home-dir", str(home), "--shell", "/bin/bash", "--password", "*", MATRIX_USER])
     shutil.chown(home, MATRIX_USER, MATRIX_USER)
     os.chmod(home, 0o755)
     yield pwd.getpwnam(MATRIX_USER)
@@ -251,8 +263,7 @@ def test_ssh_host(name: str, request: pytest.FixtureRequest, monkeypatch: pytest
 
 def _ssh_loop(server: SshServer, row: Row, user: str | None, ws: Path, name: str) -> None:
     if user:
-        subprocess.run(["usermod", "--shell", row.shell if row.shell != "/bin/sh" else "/bin/bash", MATRIX_USER],
-                       check=True)
+        accounts(["usermod", "--shell", row.shell if row.shell != "/bin/sh" else "/bin/bash", MATRIX_USER])
         # a login node's .bashrc often greets on both streams (bash reads it for an ssh command too)
         rc = Path(pwd.getpwnam(user).pw_dir) / ".bashrc"
         rc.write_text("echo 'Welcome to the login node (a banner on stdout)'\necho 'a banner on stderr' >&2\n"
