@@ -11,6 +11,7 @@ from server.lifecycle import AttemptNode, NodeState, node_probed, nodes_of
 from server.models import Attempt, Host, MetricPoint, Run
 from worker.gpu_placement import gpu_readings
 from worker.host_contact import HostContact, store_snapshot
+from worker.hostside.files import READ_LIMIT
 from worker.ingest import say_log_skipped, say_reread, store_log, store_log_metrics, store_metrics
 from worker.protocol import GpuView, HostTimes, ProbeAnswer, ReadFrom
 
@@ -34,12 +35,14 @@ def read_from(attempt: Attempt) -> list[ReadFrom]:
 
 
 def probe_nodes(contact: HostContact, attempt: Attempt, hosts: dict[str, Host],
-                with_gpus: bool = False) -> list[NodeProbe]:
-    """One probe per node: its state, new metric lines and log text, and with_gpus a GPU snapshot."""
+                with_gpus: bool = False, limit: int = READ_LIMIT) -> list[NodeProbe]:
+    """One probe per node: its state, new metric lines and log text (at most `limit` bytes of each), and with_gpus
+    a GPU snapshot."""
     out = []
     for i, (node, offsets) in enumerate(zip(nodes_of(attempt), read_from(attempt), strict=True)):
         answer = contact.agent(hosts[node.host]).probe(node.dir, offsets,
-                                                       gpu_tokens=[attempt.token] if with_gpus else None)
+                                                       gpu_tokens=[attempt.token] if with_gpus else None,
+                                                       limit=limit)
         out.append(NodeProbe(i, offsets, answer))
     return out
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from server.layout import PYTHON_UNFIT, HostLayout
 from worker.host_errors import CommandFailed, HostUnreachable
+from worker.hostside.files import READ_LIMIT
 from worker.protocol import (
     CancelAnswer,
     CancelRequest,
@@ -154,11 +155,13 @@ class HostAgent:
     def launch(self, request: LaunchRequest) -> LaunchAnswer:
         return self.call(request)
 
-    def probe(self, directory: str, read_from: ReadFrom, gpu_tokens: list[str] | None = None) -> ProbeAnswer:
-        """Status, new metric lines and log text; with gpu_tokens also a GPU snapshot, in the same round trip."""
+    def probe(self, directory: str, read_from: ReadFrom, gpu_tokens: list[str] | None = None,
+              limit: int = READ_LIMIT) -> ProbeAnswer:
+        """Status, new metric lines and log text (at most `limit` bytes of each); with gpu_tokens also a GPU
+        snapshot, in the same round trip."""
         gpus = GpuQuery(gpu_tokens) if gpu_tokens is not None else None
         return self.call(ProbeRequest(directory, read_from.metrics_offset, read_from.log_offset, gpus,
-                                      read_from.metrics_identity, read_from.log_identity))
+                                      read_from.metrics_identity, read_from.log_identity, limit))
 
     def cancel(self, directory: str, grace: float, read_from: ReadFrom | None = None,
                gpu_tokens: list[str] | None = None) -> CancelAnswer:

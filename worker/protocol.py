@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from server.lifecycle import NodeState
 from worker.gpus import GpuSnapshot, attach_users, snapshot_from_outputs
+from worker.hostside.files import READ_LIMIT
 
 
 def _typed(raw: dict[str, Any], name: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
@@ -304,6 +305,9 @@ class ProbeRequest(Request):
     gpus: GpuQuery | None = None
     metrics_identity: dict[str, Any] | None = None
     log_identity: dict[str, Any] | None = None
+    # the most bytes of each file one answer carries (the host's own bound is READ_LIMIT): smaller while the
+    # store refuses the writes a larger answer needs
+    limit: int = READ_LIMIT
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from worker.clock import Clock
 from worker.gpu_placement import WaitForGpus, placement_env, visible_devices
 from worker.host_contact import HostContact, mark_unreachable, store_snapshot
 from worker.host_errors import HostError, HostUnreachable
+from worker.hostside.files import READ_LIMIT
 from worker.jobs import job_argv
 from worker.log_metrics import found_total, totals_query
 from worker.protocol import GpuView, LaunchRequest
@@ -60,6 +61,8 @@ from worker.transport_pool import LOCAL_ADDRESS
 from worker.workspace_check import refuse_workspace
 
 log = logging.getLogger("longrun.worker")
+# the least a probe reads of each file while the store refuses writes: a few hundred metric lines
+MIN_READ_BYTES = 16 << 10
 
 # a handler returns True when it left the run with more to do at once (queued or retried: now launching)
 Handler = Callable[[Run, dict[str, Host]], bool | None]
@@ -71,6 +74,8 @@ class RunDriver:
         self.db, self.settings, self.contact, self.stopper = db, settings, contact, stopper
         self.worker_id, self.clock = worker_id, clock
         self._lock = threading.Lock()
+        # run id -> the bytes of each file its probes read while the store refuses writes (READ_LIMIT otherwise)
+        self._read_limit: dict[str, int] = {}
         # run id -> monotonic time its GPUs were last sampled
         self._gpu_sampled: dict[str, float] = {}
         # (run id, attempt) -> (its step, the monotonic time this worker first saw that step): the stall rule's clock
@@ -94,6 +99,11 @@ class RunDriver:
         started = self.clock.monotonic()
         try:
             more = handler(run, hosts)
+            with self._lock:
+                if run_id in self._read_limit:  # stored: the next reads may be larger again
+                    self._read_limit[run_id] *= 2
+                    if self._read_limit[run_id] >= READ_LIMIT:
+                        del self._read_limit[run_id]
         except HostUnreachable as exc:
             with fresh_run(self.db, run_id) as (s, fresh):
                 mark_unreachable(s, exc.host, str(exc))
@@ -113,7 +123,11 @@ class RunDriver:
             if is_store_failure(exc):
                 # the database refused a write (a full disk): the job's fate is not this, so nothing is counted
                 # against the run; the same step runs again next tick and stores what the host still answers
-                # (its outcome included) once the store takes writes again; /healthz says what failed
+                # (its outcome included) once the store takes writes again; /healthz says what failed. Its reads
+                # are halved meanwhile, so that a backlog larger than the room a refused write frees is stored in
+                # pieces that fit, each moving the offsets on, rather than retried whole for ever
+                with self._lock:
+                    self._read_limit[run_id] = max(MIN_READ_BYTES, self._read_limit.get(run_id, READ_LIMIT) // 2)
                 log.warning("run %s: the database failed, trying again next tick: %s", run_id, str(exc).splitlines()[0][:300])
                 return False
             # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
@@ -135,6 +149,7 @@ class RunDriver:
         with self._lock:
             self._gpu_sampled = {k: v for k, v in self._gpu_sampled.items() if k in run_ids}
             self._step_watch = {k: v for k, v in self._step_watch.items() if k[0] in run_ids}
+            self._read_limit = {k: v for k, v in self._read_limit.items() if k in run_ids}
 
     def _still_watched(self, run_id: str, attempt: int, step: int | None) -> float:
         """Seconds this worker has seen the attempt's step stand still, by its monotonic clock (from when it first
@@ -223,7 +238,8 @@ class RunDriver:
     def _poll(self, run: Run, hosts: dict[str, Host]) -> bool:
         attempt = run.current
         nodes = nodes_of(attempt)
-        probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id))
+        limit = self._read_limit.get(run.id, READ_LIMIT)
+        probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id), limit=limit)
         # a node whose wrapper died is not over while processes of it survive the host's stop of them; a batch job
         # that its scheduler put back in the queue (requeued after a node failure) is not over either
         running = [p for p in probes if p.answer.state in (NodeState.RUNNING, NodeState.PENDING) or p.answer.remaining]

@@ -275,3 +275,39 @@ def test_a_job_inventing_new_series_on_every_line_stops_at_the_runs_bound(rig: R
     with rig.db.reading() as s:
         stored = s.query(MetricPoint.name).filter(MetricPoint.run_id == run_id, MetricPoint.name.like("s%"))
         assert stored.distinct().count() == len(invented)
+
+
+def test_a_backlog_larger_than_the_room_the_store_has_is_stored_in_pieces_with_the_outcome_last(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a full disk, the lines the job wrote meanwhile and its outcome were stored in one transaction: a backlog
+    larger than the room a refused write frees was refused whole for ever, the run left `running`. The reads halve
+    while the store refuses, so the backlog goes in pieces that fit, each moving the offsets on."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from worker import attempt_io
+
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    job = host.job(run_id, 1)
+    host.write_metrics(job, *({"step": i, "total_steps": 3000, "loss": 1.0 / i} for i in range(1, 3001)))
+    host.finish(job, 0)
+    room = 40_000  # bytes of metric lines one transaction may store
+    real = attempt_io.store_metrics
+
+    def full_disk(session, run, attempt, text, *args, **kwargs):  # noqa: ANN001, ANN202
+        if len(text) > room:
+            raise OperationalError("INSERT INTO metric_points", {}, sqlite3.OperationalError("database or disk is full"))
+        return real(session, run, attempt, text, *args, **kwargs)
+
+    monkeypatch.setattr(attempt_io, "store_metrics", full_disk)
+    for _ in range(200):
+        rig.step(run_id)
+        if rig.run(run_id).status != "running":
+            break
+    assert rig.run(run_id).status == "succeeded"
+    with rig.db.reading() as s:
+        steps = [p.step for p in s.query(MetricPoint).filter_by(run_id=run_id, name="loss").order_by(MetricPoint.step)]
+    assert steps == list(range(1, 3001)), "every line the job wrote, each once"

@@ -161,13 +161,15 @@ class FakeHost(Transport):
             # as the host agent: a dead wrapper's processes are stopped before the node is answered lost
             job.orphaned = job.stubborn
             out.update(stopped=job.pids[1:], remaining=job.pids[1:] if job.stubborn else [])
-        metrics = (job.metrics if job else "")[req["metrics_offset"]:]
+        left = (job.metrics if job else "")[req["metrics_offset"]:]
+        limit = int(req.get("limit", 4 << 20))
+        metrics = left[:limit]  # as the agent: at most `limit` of the file an answer, `more` when it cut
         metrics = metrics[: metrics.rfind("\n") + 1]
         log = (job.log if job else "")[req["log_offset"]:]
         if out["state"] == "running":
             log = log[: log.rfind("\n") + 1]
         out.update(metrics=metrics, metrics_offset=req["metrics_offset"] + len(metrics), log=log,
-                   log_offset=req["log_offset"] + len(log), more=False)
+                   log_offset=req["log_offset"] + len(log), more=len(left) > limit)
         if req.get("gpus"):
             out["gpus"] = self._gpus(req["gpus"])
         return out

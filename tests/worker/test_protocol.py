@@ -42,7 +42,7 @@ def test_the_layouts_file_names_are_the_ones_the_host_side_writes() -> None:
 def test_requests_go_on_the_wire_with_hostsides_field_names() -> None:
     assert ProbeRequest("/d", 3, 4, GpuQuery(["t"])).to_wire() == {
         "dir": "/d", "metrics_offset": 3, "log_offset": 4,
-        "gpus": {"tokens": ["t"]}, "metrics_identity": None, "log_identity": None}
+        "gpus": {"tokens": ["t"]}, "metrics_identity": None, "log_identity": None, "limit": 4 << 20}
     assert CancelRequest("/d", 2.0, ReadFrom(1, 2)).to_wire()["probe"] == {
         "metrics_offset": 1, "log_offset": 2, "metrics_identity": None, "log_identity": None}
     # the agent owns its command lines: no request carries one for it to run

@@ -61,7 +61,7 @@ def probe(req):
     # nothing of the job writes on: what its files end with is final (a job queued again by its scheduler, or
     # processes that would not stop, may still write)
     over = out["state"] not in ("running", "pending") and not out.get("remaining")
-    limit = int(req.get("limit", READ_LIMIT))
+    limit = max(4096, min(int(req.get("limit", READ_LIMIT)), READ_LIMIT))  # smaller while the store refuses writes
     # a metric line ends at a newline only: a raw \r inside one is part of it; once the job is over, a last line
     # it left without one is handed back too (the worker says so when it is not a metric line)
     metrics, m_off, m_more, m_id, m_change, _ = read_from(
