@@ -202,7 +202,9 @@ def test_link_down_while_the_job_ends_reports_its_real_exit_code_and_every_metri
         time.sleep(0.2)
     assert svc.run(run["id"])["status"] == "running"
     ns.set_link(True)
-    done = svc.wait_status(run["id"], "succeeded", "failed", timeout=60)
+    # the outcome is stored in the step that reads it, the host marked answering just after: wait for both
+    done = svc.wait(run["id"], lambda r: r["status"] in ("succeeded", "failed") and r["host_reachable"] is True,
+                    timeout=60, what="the run ended and its host answering")
     code = int(exit_file.read_text())
     assert code not in (0, None)
     assert done["status"] == "failed" and done["host_reachable"] is True
