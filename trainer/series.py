@@ -4,8 +4,9 @@ Each training line (one per optimizer step) carries `step`, `total_steps`, `epoc
 the TTT steps), `lr`, `grad_norm`, `tokens_per_s`, `ttt_steps` and, per TTT step k = 0..T-1, `loss_k`, `acc_k`
 (the draft's top-1 equals the verifier's) and `cond_acc_k` (the same given steps 0..k-1 were right). Each
 validation line carries `val_loss` and the per-step ones with `val_` before them (`val_loss_k`, `val_acc_k`,
-`val_cond_acc_k`), and with --sim-depth D the simulated chain drafting's `sim_acc_k` and `sim_tau_d` for
-k, d = 1..D (trainer/simulate.py). With --eval-corpus the last line carries `eval_accepted_d` by depth d.
+`val_cond_acc_k`), and with --sim-depth D the simulated chain drafting's `sim_acc_k`, `sim_tau_d`,
+`sim_step_acc_k`, `sim_rounds_k` and `sim_scored_k` for k, d = 1..D (trainer/simulate.py). With --eval-corpus
+the last line carries `eval_accepted_d` by depth d.
 
 Standard library only, and the trainer package's `__init__` imports nothing: the service's readers (the depth
 proposal, the ingest, the command's views) import this module without loading torch, and the page reads the
@@ -23,6 +24,9 @@ ACC, COND_ACC = "acc", "cond_acc"  # acc_k, cond_acc_k for TTT step k = 0..T-1
 VAL = "val_"  # before a validation's loss, loss_k, acc_k and cond_acc_k
 VAL_LOSS, VAL_ACC = VAL + LOSS, VAL + ACC
 SIM_ACC, SIM_TAU = "sim_acc", "sim_tau"  # sim_acc_k, sim_tau_d for k, d = 1..--sim-depth
+# sim_step_acc_k: proposal k right over every round (no survivor bias); sim_rounds_k, sim_scored_k: the rounds behind
+# sim_acc_k and sim_step_acc_k (trainer/simulate.py)
+SIM_STEP_ACC, SIM_ROUNDS, SIM_SCORED = "sim_step_acc", "sim_rounds", "sim_scored"
 EVAL_ACCEPTED = "eval_accepted"  # eval_accepted_d by depth d
 
 # what the page reads (server/web/names.js TRAINER_SERIES)

@@ -65,7 +65,8 @@ def test_sim_depth_0_turns_it_off_and_a_smaller_depth_reports_that_many(tiny, tm
     assert off and not any(k.startswith("sim_") for k in off[-1])
     four = train(tiny, tmp_path / "four", "--sim-depth", "4", "--epochs", "1", "--sim-samples", "2")
     assert sorted(k for k in four[-1] if k.startswith("sim_")) == sorted(
-        [f"sim_acc_{k}" for k in range(1, 5)] + [f"sim_tau_{d}" for d in range(1, 5)])
+        f"{base}_{k}" for base in ("sim_acc", "sim_tau", "sim_step_acc", "sim_rounds", "sim_scored")
+        for k in range(1, 5))
 
 
 def simulate(objective: TTTObjective, targets: VerifierTargets, loss_mask, depth, input_ids, features,
@@ -112,19 +113,23 @@ def constant_draft(vocab: int = 64, draft_vocab: int = 8, hidden: int = 16) -> E
 def reference_counts(top: torch.Tensor, loss_mask: torch.Tensor, sample_of: torch.Tensor, depth: int) -> torch.Tensor:
     """Rounds walked one by one for a draft that proposes draft id 0: the round at position t proposes the tokens
     t+2, t+3, ...; proposal k is reached when the earlier ones were accepted and its token is trained text of t's
-    sample, and accepted when the verifier's top-1 there (at position t+1+k) is draft id 0."""
-    counts = torch.zeros(depth, 2)
+    sample, and accepted when the verifier's top-1 there (at position t+1+k) is draft id 0. Every round whose token
+    t+2+k is such text is scored at k, and right there when that top-1 is draft id 0, whatever came before."""
+    counts = torch.zeros(depth, 4)
     b, s = top.shape
     for row in range(b):
         for t in range(s):
+            alive = True
             for k in range(depth):
                 token = t + 2 + k
                 if token >= s or not loss_mask[row, token] or sample_of[row, token] != sample_of[row, t]:
                     break
-                counts[k, 0] += 1
-                if top[row, t + 1 + k] != 0:
-                    break
-                counts[k, 1] += 1
+                right = bool(top[row, t + 1 + k] == 0)
+                counts[k, 0] += alive
+                counts[k, 1] += alive and right
+                counts[k, 2] += 1
+                counts[k, 3] += right
+                alive = alive and right
     return counts
 
 
@@ -152,6 +157,36 @@ def test_counts_follow_each_round_until_its_first_rejection(packed):
     want = reference_counts(top, loss_mask, sample_of, DEPTH)
     assert want[DEPTH - 1, 0] > 0, "some rounds reach the last position"
     assert torch.equal(counts, want)
+
+
+def test_sim_acc_is_biased_by_its_survivors_and_sim_step_acc_is_not():
+    """Two kinds of text, half easy (the draft right at 95 % of positions) and half hard (50 %), the same at every
+    depth: the draft's true acceptance at position k is their mean, 0.725, at every k. The rounds that survive to
+    position k are mostly easy ones, so the conditional rate (sim_acc_k, the only rate before) climbs with depth
+    towards 0.95, as if the draft got better deeper; the rate over every round (sim_step_acc_k) stays at the true
+    one."""
+    draft = constant_draft()
+    b, s, steps, depth = 8, 400, 2, 8
+    g = torch.Generator().manual_seed(3)
+    easy = torch.arange(b)[:, None] % 2 == 0
+    right = torch.rand(b, s, generator=g) < torch.where(easy, 0.95, 0.5)
+    top = torch.where(right, 0, 1)
+    loss_mask = torch.ones(b, s, dtype=torch.long)
+    targets = VerifierTargets(F.one_hot(top, 8).float(), top, F.pad(loss_mask[:, 1:].bool(), (0, 1)))
+    counts = simulate(TTTObjective(draft, steps), targets, loss_mask, depth, torch.zeros(b, s, dtype=torch.long),
+                      torch.randn(b, s, 48, generator=g))
+    metrics = simulated_metrics(counts)
+    conditional = [metrics[f"sim_acc_{k}"] for k in range(1, depth + 1)]
+    step = [metrics[f"sim_step_acc_{k}"] for k in range(1, depth + 1)]
+    true = [right[:, k : s - 1].float().mean().item() for k in range(1, depth + 1)]  # proposal k: top-1 at t+k
+    assert step == pytest.approx(true, abs=1e-6), "every round scored: the rate of the text itself"
+    assert all(abs(a - 0.725) < 0.03 for a in step)
+    assert conditional[0] == pytest.approx(step[0], abs=1e-6), "at position 1 every round is a survivor"
+    assert conditional[-1] > 0.88 and conditional == sorted(conditional), "the old rate: survivors are the easy text"
+    # τ still rests on the conditional rates (the chain rule holds for them); the counts behind each rate are there
+    assert metrics["sim_tau_2"] == pytest.approx(1 + conditional[0] + conditional[0] * conditional[1])
+    assert metrics["sim_rounds_1"] == metrics["sim_scored_1"] == b * (s - 2)
+    assert metrics[f"sim_rounds_{depth}"] < metrics[f"sim_scored_{depth}"] / 2
 
 
 @pytest.mark.slow  # a real server running the trainer under torchrun
