@@ -12,12 +12,16 @@ A batch from `make_loader`:
 """
 
 import json
+import math
+import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -352,6 +356,72 @@ class PackedBatchSampler(Sampler[list[list[int]]]):
         return max(0, len(self._batches(self.epoch)) - self.start_batch)
 
 
+def batch_bytes(batch: dict) -> int:
+    """The bytes of a batch's tensors (what a read brought in)."""
+    return sum(v.numel() * v.element_size() for v in batch.values() if isinstance(v, torch.Tensor))
+
+
+def physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass
+class ReaderSizing:
+    """How a loader sizes its readers and read-ahead from what it measures, when the user gave no --num-workers.
+
+    After `skip` batches (the first steps compile) and `probe` more, it compares the rate training takes bytes at
+    (a batch's bytes over a batch's compute time: the trainer's measure when it gives one, `observe_step`, else
+    the time between the consumer's requests) with the rate its readers give (bytes over seconds spent in reads,
+    per reader, times the readers). When training needs more, it raises the readers to what the need and
+    `margin` call for, at most `max_readers`, and the read-ahead to 4 batches per reader, at most
+    `max_read_ahead_bytes` of batches held (pinned memory on a GPU). It says what it chose and why in one line
+    (`log`), and once more after as many batches again, when the raise has not closed the gap."""
+
+    max_readers: int = 16
+    max_read_ahead_bytes: int = 8 << 30
+    skip: int = 2
+    probe: int = 8
+    margin: float = 1.25
+    log: Callable[[str], None] = print
+
+    @classmethod
+    def for_this_host(cls, log: Callable[[str], None] = print) -> "ReaderSizing":
+        """Read-ahead of at most 1/8 of the host's memory shared by its local ranks (8 GiB at most per rank)."""
+        memory, ranks = physical_memory(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        cap = min(8 << 30, memory // 8 // ranks) if memory else 8 << 30
+        return cls(max_read_ahead_bytes=cap, log=log)
+
+
+class _Gate:
+    """At most `limit` reads at once; the limit can be raised while reads wait."""
+
+    def __init__(self, limit: int):
+        self.limit, self.busy = limit, 0
+        self.changed = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self.changed:
+            self.changed.wait_for(lambda: self.busy < self.limit)
+            self.busy += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.changed:
+            self.busy -= 1
+            self.changed.notify_all()
+
+    def widen(self, limit: int) -> None:
+        with self.changed:
+            self.limit = limit
+            self.changed.notify_all()
+
+
+def _gb(rate: float) -> str:
+    return f"{rate / 1e9:.2f} GB/s"
+
+
 class BatchLoader:
     """This rank's batches, read ahead by `num_workers` threads straight into pinned memory (when a GPU is
     present); iterate it once per epoch after `batch_sampler.set_epoch(e)`.
@@ -359,15 +429,82 @@ class BatchLoader:
     Reading a sample is a few `readinto` calls, which release the GIL, so threads read in parallel. Worker
     processes (torch's DataLoader) cost the training process more than the read: each batch is handed over
     through shared memory and copied again by a pinning thread, and on an H200 that left the GPU idle for
-    5 of every 40 ms (benchmarks: "Training from disk"). With 0 workers, batches are read in line."""
+    5 of every 40 ms (benchmarks: "Training from disk"). With 0 workers, batches are read in line.
+
+    With `sizing` (a ReaderSizing) the readers and the read-ahead grow, in the first epoch's first steps, to
+    what the measured read rate and step time call for; `chosen` then says what was chosen and why."""
 
     def __init__(self, dataset: HiddenStatesDataset, batch_sampler: ShardBatchSampler | PackedBatchSampler,
-                 num_workers: int, read_ahead: int, pin: bool):
+                 num_workers: int, read_ahead: int, pin: bool, sizing: ReaderSizing | None = None):
         self.dataset, self.batch_sampler = dataset, batch_sampler
         self.num_workers, self.read_ahead, self.pin = num_workers, max(1, read_ahead), pin
+        self.sizing = sizing if num_workers > 0 else None
+        self.chosen: str | None = None
+        self._lock = threading.Lock()
+        self._reads: list[tuple[int, float]] = []  # (bytes, seconds) of each read, in the order they ended
+        self._consumed: list[float] = []  # the consumer's time per batch, between its requests
+        self._observed: list[float] = []  # the trainer's compute time per batch (observe_step)
+        self._checks = 0  # decisions made: at most 2 (the choice, and whether it closed the gap)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
+
+    def observe_step(self, busy_s: float) -> None:
+        """The trainer's compute time for one batch (its measure of a step, less the wait for data, per batch)."""
+        if self.sizing is not None and self._checks < 2:
+            self._observed.append(busy_s)
+
+    def _timed(self, read: Callable[[object], dict], gate: _Gate, indices: object) -> dict:
+        with gate:
+            started = time.perf_counter()
+            batch = read(indices)
+            took = time.perf_counter() - started
+        if self.sizing is not None and self._checks < 2:
+            with self._lock:
+                self._reads.append((batch_bytes(batch), took))
+        return batch
+
+    def _size(self, gate: _Gate) -> None:
+        """Compare the rate training needs with the readers' and raise these (see ReaderSizing)."""
+        sizing = self.sizing
+        with self._lock:
+            reads = self._reads[sizing.skip:] or self._reads
+        compute = (self._observed[sizing.skip:] or self._observed or
+                   self._consumed[sizing.skip:] or self._consumed)
+        if not reads or not compute:
+            return
+        self._checks += 1
+        per_batch = sum(b for b, _ in reads) / len(reads)
+        per_reader = sum(b for b, _ in reads) / max(sum(t for _, t in reads), 1e-9)
+        step = sorted(compute)[len(compute) // 2]
+        needed, given = per_batch / max(step, 1e-9), per_reader * self.num_workers
+        figures = (f"a batch is {per_batch / 1e6:.1f} MB and takes {step * 1e3:.1f} ms to train: "
+                   f"{_gb(needed)} needed; {self.num_workers} reader(s) give {_gb(given)} ({_gb(per_reader)} each)")
+        wanted = min(sizing.max_readers, math.ceil(needed * sizing.margin / max(per_reader, 1e-9)))
+        if self._checks == 2:  # after a raise: did it close the gap?
+            if needed > given:
+                self.chosen = (f"readers: still input-bound at {self.num_workers} readers: {figures}; the disk is the "
+                               "bound: store the features in FP8 (prepare --store-dtype fp8) to halve the bytes")
+                sizing.log(self.chosen)
+            return
+        if wanted <= self.num_workers:
+            self._checks = 2
+            self.chosen = f"readers: {self.num_workers} reader(s), {self.read_ahead} batches ahead, are enough: {figures}"
+            sizing.log(self.chosen)
+            return
+        readers = wanted
+        ahead = max(self.read_ahead, min(4 * readers, int(sizing.max_read_ahead_bytes // max(per_batch, 1))))
+        capped = " (the cap)" if readers == sizing.max_readers else ""
+        self.chosen = (f"readers: {self.num_workers} -> {readers}{capped}, read-ahead {self.read_ahead} -> {ahead} "
+                       f"batches ({ahead * per_batch / 1e9:.1f} GB held, at most {sizing.max_read_ahead_bytes / 2**30:.1f} "
+                       f"GiB): {figures}; --num-workers N fixes them")
+        sizing.log(self.chosen)
+        self.num_workers, self.read_ahead = readers, ahead
+        gate.widen(readers)
+        with self._lock:
+            self._reads.clear()
+        self._consumed.clear()
+        self._observed.clear()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         packed = isinstance(self.batch_sampler, PackedBatchSampler)
@@ -376,15 +513,23 @@ class BatchLoader:
             yield from map(read, self.batch_sampler)
             return
         batches = iter(self.batch_sampler)
-        with ThreadPoolExecutor(self.num_workers, thread_name_prefix="longrun-reader") as pool:
-            pending = deque(pool.submit(read, indices) for indices in islice(batches, self.read_ahead))
+        sizing = self.sizing if self._checks < 2 else None
+        gate = _Gate(self.num_workers)
+        threads = max(self.num_workers, sizing.max_readers if sizing else 0)
+        with ThreadPoolExecutor(threads, thread_name_prefix="longrun-reader") as pool:
+            submit = partial(pool.submit, self._timed, read, gate)
+            pending = deque(submit(indices) for indices in islice(batches, self.read_ahead))
             try:
                 while pending:
                     batch = pending.popleft().result()
-                    indices = next(batches, None)
-                    if indices is not None:
-                        pending.append(pool.submit(read, indices))
+                    for indices in islice(batches, self.read_ahead - len(pending)):
+                        pending.append(submit(indices))
+                    handed = time.perf_counter()
                     yield batch
+                    if sizing is not None and self._checks < 2:
+                        self._consumed.append(time.perf_counter() - handed)
+                        if len(self._consumed) >= sizing.skip + sizing.probe:
+                            self._size(gate)
             finally:  # an epoch left early (a stop) waits only for the reads already running
                 for future in pending:
                     future.cancel()
@@ -402,6 +547,7 @@ def make_loader(
     start_batch: int = 0,
     even_batches: bool = True,
     pack: bool = False,
+    sizing: ReaderSizing | None = None,
 ) -> BatchLoader:
     """A loader over this rank's shard that reads `4 * num_workers` batches ahead, into pinned memory when
     a GPU is present, so the GPU does not wait on the disk.
@@ -410,7 +556,8 @@ def make_loader(
     `batch_size` rows of packed samples (see each for how ranks are kept in step): call
     `loader.batch_sampler.set_epoch(e)` between epochs. `start_batch` skips batches of the first epoch
     without reading them (resume). The dataset needs `read_batch(indices, pin)`, and with `pack`
-    `lengths()` and `read_packed_batch(rows, pin)`.
+    `lengths()` and `read_packed_batch(rows, pin)`. With `sizing`, the readers and the read-ahead grow from
+    `num_workers` to what the measured read rate calls for (ReaderSizing).
     """
     if pack:
         sampler = PackedBatchSampler(dataset.lengths(), dataset.max_seq_len, batch_size, shuffle, seed, rank,
@@ -419,7 +566,7 @@ def make_loader(
         sampler = ShardBatchSampler(
             len(dataset), batch_size, shuffle, seed, rank, world_size, epoch, start_batch, even_batches
         )
-    return BatchLoader(dataset, sampler, num_workers, 4 * num_workers, pin=torch.cuda.is_available())
+    return BatchLoader(dataset, sampler, num_workers, 4 * num_workers, pin=torch.cuda.is_available(), sizing=sizing)
 
 
 def batch_to(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:

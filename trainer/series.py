@@ -8,6 +8,11 @@ validation line carries `val_loss` and the per-step ones with `val_` before them
 `sim_step_acc_k`, `sim_rounds_k` and `sim_scored_k` for k, d = 1..D (trainer/simulate.py). With --eval-corpus
 the last line carries `eval_accepted_d` by depth d.
 
+Each training line also says whether the disk keeps up (trainer/metrics.py `InputWait`): `data_wait_s`, the seconds
+the step waited for its batch (on a GPU, the part of that wait the GPU spent idle), `step_time_s`, the step's time
+from the previous step's end to its own, and `input_bound`, the share of the last ten steps' time spent waiting
+(0: the loader is always ahead; 0.3: the GPU idles 30 % of the time for want of data).
+
 Standard library only, and the trainer package's `__init__` imports nothing: the service's readers (the depth
 proposal, the ingest, the command's views) import this module without loading torch, and the page reads the
 same names from server/web/names.js (`TRAINER_SERIES`: `python -m trainer.series` prints it; pinned to `NAMES`
@@ -28,6 +33,9 @@ SIM_ACC, SIM_TAU = "sim_acc", "sim_tau"  # sim_acc_k, sim_tau_d for k, d = 1..--
 # sim_acc_k and sim_step_acc_k (trainer/simulate.py)
 SIM_STEP_ACC, SIM_ROUNDS, SIM_SCORED = "sim_step_acc", "sim_rounds", "sim_scored"
 EVAL_ACCEPTED = "eval_accepted"  # eval_accepted_d by depth d
+DATA_WAIT_S, STEP_TIME_S, INPUT_BOUND = "data_wait_s", "step_time_s", "input_bound"  # the wait for data (see above)
+# from this share of a step spent waiting for data on, the run's answer says the reads are the bound
+INPUT_BOUND_NOTICE = 0.1
 
 # what the page reads (server/web/names.js TRAINER_SERIES)
 NAMES = {"loss": LOSS, "acc": ACC, "cond_acc": COND_ACC, "val": VAL, "sim_acc": SIM_ACC, "sim_tau": SIM_TAU,

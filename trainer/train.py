@@ -29,10 +29,10 @@ from torch.utils.data import Dataset
 from trainer import series
 from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
 from trainer.config import DataConfig, ModelConfig, TrainConfig, ValidationConfig, default
-from trainer.data import BatchLoader, make_loader, prefetch_to_device, split_files
+from trainer.data import BatchLoader, ReaderSizing, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data, parse_layer_ids
 from trainer.formats import TrainingData as StoredData
-from trainer.metrics import MetricsReporter, TrainingMetrics, metrics_path
+from trainer.metrics import MetricsReporter, StepStart, TrainingMetrics, metrics_path
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StartupClock, StepProfiler
@@ -315,8 +315,9 @@ def micro_batches_per_step(data: DataConfig, world_size: int) -> int:
 
 
 def training_data(config: DataConfig, data: StoredData, seed: int, ctx: Distributed,
-                  target_hidden_size: int) -> TrainingData:
-    """This rank's loaders over `open_datasets` of the opened `data` (the one call to swap for another layout)."""
+                  target_hidden_size: int, size_readers: bool = False) -> TrainingData:
+    """This rank's loaders over `open_datasets` of the opened `data` (the one call to swap for another layout);
+    with `size_readers` the training loader sizes its readers from the measured read rate (ReaderSizing)."""
     train_set, val_set = open_datasets(config, data, seed)
     width = train_set[0]["hidden_states"].shape[-1]
     if width != 3 * target_hidden_size:
@@ -325,7 +326,8 @@ def training_data(config: DataConfig, data: StoredData, seed: int, ctx: Distribu
             "was the data prepared with this --verifier-path?"
         )
     shard = dict(seed=seed, rank=ctx.rank, world_size=ctx.world_size, pack=config.pack_samples)
-    train = make_loader(train_set, config.batch_size, config.num_workers, True, **shard)
+    sizing = ReaderSizing.for_this_host(print if ctx.rank == 0 else lambda line: None) if size_readers else None
+    train = make_loader(train_set, config.batch_size, config.num_workers, True, **shard, sizing=sizing)
     val = make_loader(val_set, config.batch_size, 0, False, **shard) if val_set is not None else None
     return TrainingData(train, val, len(train_set), len(val_set) if val_set is not None else 0,
                         micro_batches_per_step(config, ctx.world_size))
@@ -357,12 +359,18 @@ def report_acceptance(evaluation: ValidationConfig, verifier_path: str, draft_di
           flush=True)
 
 
+def gave_num_workers(argv: Sequence[str]) -> bool:
+    """Whether the command line sets --num-workers (then the readers are the user's, not sized by the loader)."""
+    return any(arg == "--num-workers" or arg.startswith("--num-workers=") for arg in argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     config = parse_args(argv)
     stop = StopRequest()
     ctx = Distributed.from_environment()
     try:
-        return run(config, ctx, stop)
+        return run(config, ctx, stop, size_readers=not gave_num_workers(argv))
     except Exception:
         if stop.requested:  # e.g. a collective broken by a rank that stopped
             return EXIT_TERMINATED
@@ -383,7 +391,7 @@ def checkpoint_to_resume(output_dir: Path, no_resume: bool, ctx: Distributed) ->
     return latest
 
 
-def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
+def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: bool = False) -> int:
     clock: StartupClock | None = startup_clock()
     ttt, optim, saving, validation = config.ttt, config.optim, config.checkpoints, config.validation
     output_dir = Path(saving.output_dir)
@@ -403,7 +411,7 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
     model = objective if ctx.world_size == 1 else DistributedDataParallel(
         objective, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, broadcast_buffers=False
     )
-    data = training_data(config.data, stored, config.seed, ctx, draft.config.target_hidden_size)
+    data = training_data(config.data, stored, config.seed, ctx, draft.config.target_hidden_size, size_readers)
     clock.mark("data")
     total_steps = data.steps(optim.epochs)
     if optim.max_steps is not None:
@@ -431,6 +439,8 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
     trackers = open_trackers(saving.report_to, output_dir, saving.tracking_dir) if ctx.rank == 0 else None
     reporter = MetricsReporter(metrics_path(output_dir), enabled=ctx.rank == 0, trackers=trackers)
     metrics = TrainingMetrics(reporter, ctx.sum, ctx.world_size, total_steps, ttt.ttt_steps)
+    # the readers are sized against the step's own compute time, per batch (the loader cannot see the GPU's)
+    metrics.on_step = lambda busy: data.train.observe_step(busy / data.micro_batches_per_step)
     validator = Validator(objective, head, data.val, ctx.sum, ctx.device, dtype, validation.sim_depth,
                           math.ceil(validation.sim_samples / ctx.world_size) if validation.sim_samples else None)
     profiler = StepProfiler(ctx.rank)
@@ -447,9 +457,10 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
         while position.step < total_steps and position.epoch < optim.epochs:
             data.train.batch_sampler.set_epoch(position.epoch, position.batch)
             epoch_batches = data.micro_batches(position.epoch)
-            for micro_batches in optimizer_steps(prefetch_to_device(data.train, ctx.device, dtype, plan),
-                                                 data.micro_batches_per_step):
+            batches = metrics.input_wait.batches(prefetch_to_device(data.train, ctx.device, dtype, plan))
+            for micro_batches in optimizer_steps(batches, data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
+                started, waited = StepStart(ctx.device), metrics.input_wait.take()
                 result = train_step(micro_batches)
                 if clock is not None:
                     clock.mark("first step" + (": torch.compile warm-up" if ctx.device.type == "cuda" else ""))
@@ -460,7 +471,7 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest) -> int:
                 previous_stops = metrics.publish()  # the step before this one: its figures are ready by now
                 profiler.step()
                 metrics.queue(position.step, position.epoch + position.batch / epoch_batches, lr, result.loss,
-                              result.stats, result.grad_norm, result.tokens, stop.requested)
+                              result.stats, result.grad_norm, result.tokens, stop.requested, started, waited)
                 if previous_stops:
                     return stopped()
                 if position.step >= total_steps:
