@@ -6,7 +6,14 @@ run's measured step time (through the restart dry run), and the spec's `deploy: 
 all-reduce table was measured by probe-interconnect. The advisor (server/advisor) prices every depth there the
 way the engine runs the draft; its retrain rule (RETRAIN_ASSUMPTION) says how positions beyond the trained depth
 improve after a deeper TTT. The answer is "restart at TTT=N" (with the dry run's duration, the GPU-hours and
-the tokens/s gained) or "keep going" (with why).
+the tokens/s gained), "keep going" (with why), or "cannot tell yet" where the evidence's 90% interval holds both
+(the verdict at one end of it is not the verdict at the other). It is the run's one verdict: the page's
+evaluation panel, `longrun advise RUN_ID`, the SSE `proposal` event and the webhook all carry this answer.
+
+The evidence is named in every answer with its sample sizes and interval: the simulation (sim_acc_k and, for the
+retrain rule, sim_step_acc_k, which has no survivor bias: trainer/simulate.py; Wilson intervals from the rounds
+behind each rate, sim_rounds_k and sim_scored_k), or decoding once an evaluation of the run exists (its bootstrap
+interval over prompts).
 
 `after_validation` runs in the worker's transaction when sim_acc metrics arrive: it stores a `proposal` event when
 the proposal changes (the SSE stream and webhooks carry it), and with `on_proposal: restart` in the spec takes a
@@ -44,12 +51,15 @@ log = logging.getLogger("longrun.proposal")
 
 SIM_ACC = series.indexed_pattern(series.SIM_ACC)
 MAX_SIM_DEPTH = 64
+# the evidence's intervals: 90% two-sided, as decoding's bootstrap (trainer/evaluate.py CONFIDENCE)
+CONFIDENCE = 0.9
+Z = 1.6448536269514722  # the standard normal's 95th percentile
 # how server/runs.py request_restart words a restart asked for by hand (its status event's message)
 HAND_RESTART_MESSAGE = "restart requested"
 # the least serving speed-up worth a restart (the advisor's min_gain)
 MIN_GAIN = 0.02
 
-Action = Literal["restart", "keep_going", "unavailable"]
+Action = Literal["restart", "keep_going", "cannot_tell", "unavailable"]
 
 
 class Evidence(BaseModel):
@@ -62,12 +72,30 @@ class Evidence(BaseModel):
     acceptance: list[float] = Field(default_factory=list, description="[k-1]: the conditional acceptance at draft "
                                     "position k the decision read")
     acceptance_interval: list[list[float] | None] = Field(
-        default_factory=list, description="[k-1]: decoding's 90% bootstrap interval over prompts, carried through the "
-        "calibration (null where decoding has none)")
+        default_factory=list, description="[k-1]: the 90% interval of acceptance[k-1]: decoding's bootstrap over "
+        "prompts carried through the calibration, or the simulation's Wilson interval over sim_rounds_k (null where "
+        "there is none)")
+    rounds: list[int] = Field(default_factory=list, description="[k-1]: the rounds behind acceptance[k-1] (decoding's "
+                              "position_rounds, or sim_rounds_k)")
+    prompts: int | None = Field(None, description="decoding: the prompts its bootstrap resampled")
+    step_acceptance: list[float] = Field(default_factory=list, description="[k-1]: sim_step_acc_k, proposal k right "
+                                         "over every round (no survivor bias), which the retrain rule reads with "
+                                         "simulation evidence")
+    step_acceptance_interval: list[list[float] | None] = Field(
+        default_factory=list, description="[k-1]: its Wilson 90% interval over sim_scored_k rounds")
+    interval: str = Field("", description="how the intervals were formed, over what, or why there are none")
     calibration: list[float] = Field(default_factory=list, description="[k-1]: decoding / simulation of the "
                                      "evaluated attempt at position k (beyond its depth, the deepest one's)")
     gain_interval: list[float] | None = Field(None, description="the proposed TTT's tokens/s gain at the "
                                               "interval's low and high ends")
+    verdicts: list[str] = Field(default_factory=list, description="the verdict (restart or keep_going) at each end "
+                                "of the interval: where they differ, the answer is cannot_tell")
+    decay_from: Literal["sim_step_acc_k", "sim_acc_k"] = Field(
+        "sim_acc_k", description="the rate the retrain rule reads the decay past the trained depth from: "
+        "sim_step_acc_k (no survivor bias) where the trainer reports it, else sim_acc_k (an older trainer's run)")
+    decay_note: str = Field("", description="why that rate, and what the fallback misses")
+    settle: str = Field("", description="what would settle a cannot_tell: more validation rounds (about how many "
+                        "times as many) or an evaluation")
 
 
 class ProposalPublic(BaseModel):
@@ -138,6 +166,23 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
     return accs, taus
 
 
+def _indexed(latest: dict[str, Any], base: str, n: int) -> list[float]:
+    """`base`_1..n from the run's latest values, or [] unless every one is there (an older trainer's run)."""
+    values = [latest.get(series.indexed(base, k)) for k in range(1, n + 1)]
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values)
+    return [float(v) for v in values] if ok and n else []
+
+
+def wilson(rate: float, n: float, z: float = Z) -> list[float] | None:
+    """The Wilson score interval of a binomial rate observed over n trials (None for n = 0). It stays inside
+    [0, 1] and is not degenerate at 0 or 1, unlike rate ± z·sqrt(rate(1-rate)/n)."""
+    if n <= 0:
+        return None
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (rate * (1 - rate) / n + z * z / (4 * n * n)) ** 0.5
+    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
+
+
 def _sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
     """An attempt's sim_acc_1..K at its last validation (the step of its last sim_acc_1)."""
     first = series.indexed(series.SIM_ACC, 1)
@@ -165,33 +210,132 @@ def _products(conditional: list[float]) -> list[float]:
     return out
 
 
-def _interval_ends(evidence: Evidence) -> list[list[float]] | None:
-    """The acceptance at the low and at the high end of decoding's interval at every position it covers."""
-    if not any(evidence.acceptance_interval):
-        return None
-    return [[b[end] if b else a for a, b in zip(evidence.acceptance, evidence.acceptance_interval, strict=False)]
-            for end in (0, 1)]
+def _ends(values: list[float], bounds: list[list[float] | None], high: list[bool], scale: float) -> list[float]:
+    """Each value moved to its interval's high end where `high[k]`, else to its low end, `scale` of the way."""
+    return [a + scale * ((b[1] if up else b[0]) - a) if b else a
+            for a, b, up in zip(values, bounds, high, strict=False)]
 
 
-def _said(evidence: Evidence) -> str:
-    """The evidence as the summary's last clause."""
+def _interval_ends(evidence: Evidence, trained: int, scale: float = 1.0) -> list[tuple[list[float], list[float] | None]]:
+    """(conditional, step) acceptance at the ends of the evidence's intervals, `scale` of the way out from the
+    measured rates (1: the interval's ends): [] where the evidence has no interval.
+
+    Each position sits at an end of its own interval, in the patterns that push the gain furthest either way: the
+    conditional rates all low, all high, high inside the trained depth and low beyond (a steeper fall: the most a
+    retrain lifts), and the reverse; the step rates (with the step rule) at the fall's steepest and its flattest
+    (u_T high, u_1 low where T > 1, low beyond; and the mirror). Every rate at an end at once is a band wider than
+    90% jointly: a cannot_tell is where even that much doubt could not change the verdict, is not reported."""
+    n = len(evidence.acceptance)
+    inside = [k < trained for k in range(n)]
+    patterns = [[False] * n, [True] * n, inside, [not x for x in inside]]
+    conditional = ([_ends(evidence.acceptance, evidence.acceptance_interval, high, scale) for high in patterns]
+                   if any(evidence.acceptance_interval) else [evidence.acceptance])
+    steps: list[list[float] | None] = [evidence.step_acceptance or None]
+    if evidence.step_acceptance and any(evidence.step_acceptance_interval):
+        steep = [k < trained and (k > 0 or trained == 1) for k in range(n)]
+        steps = [_ends(evidence.step_acceptance, evidence.step_acceptance_interval, high, scale)
+                 for high in (steep, [not x for x in steep])]
+    if len(conditional) == 1 and len(steps) == 1:
+        return []
+    return [(c, u) for c in conditional for u in steps]
+
+
+
+def _settle(evidence: Evidence, trained: int, verdict: str, verdict_on: Any) -> str:
+    """What would settle a cannot_tell: the width (as a share of the interval's now) at which every end gives the
+    measured rates' verdict, found by halving, and the rounds that take (a Wilson or bootstrap interval narrows as
+    one over the root of its sample): about 1 / share^2 times as many."""
+    agree, disagree = 0.0, 1.0
+    for _ in range(7):
+        share = (agree + disagree) / 2
+        if all(verdict_on(c, u) == verdict for c, u in _interval_ends(evidence, trained, share)):
+            agree = share
+        else:
+            disagree = share
+    times = 1 / max(agree, 1 / 128) ** 2
+    more = f"about {times:.0f}x" if times < 1000 else "over 1000x"
+    said = "restart" if verdict == "restart" else "keep going"
     if evidence.source == "simulation":
-        return "evidence: simulation (sim_acc_k, not yet checked against decoding)"
-    spread = (f", the proposed TTT's gain {evidence.gain_interval[0]:+.1%} to {evidence.gain_interval[1]:+.1%} "
-              "over decoding's 90% interval" if evidence.gain_interval else "")
-    return f"evidence: decoding (attempt {evidence.attempt}'s evaluation calibrating sim_acc_k per position{spread})"
+        return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: {more} "
+                f"the {evidence.rounds[0] if evidence.rounds else 'present'} validation rounds (trainer.sim_samples, "
+                "0 for the whole validation split), or an evaluation of the run (its eval_corpus, at the attempt's end)"
+                ", which decides over the simulation")
+    return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: an "
+            f"evaluation over {more} the {evidence.prompts or 'present'} prompts (trainer.eval_samples)")
 
 
-def acceptance_evidence(session: Session, run: Run, accs: list[float]) -> Evidence:
+def _verdict(advice: Advice, trained: int) -> str:
+    retrain = advice.retrain
+    return "restart" if retrain.pays_off and (retrain.suggested_ttt_steps or 0) > trained else "keep_going"
+
+
+def _said(evidence: Evidence, with_gain: bool = True) -> str:
+    """The evidence as the summary's last clause: which, over how many rounds, the rule's rate, and the gain over
+    its interval."""
+    if evidence.source == "simulation":
+        sizes = (f" over {evidence.rounds[0]} validation rounds, {evidence.rounds[-1]} reaching position "
+                 f"{len(evidence.rounds)}" if evidence.rounds else "")
+        what = f"simulation (sim_acc_k{sizes}, not yet checked against decoding"
+    else:
+        sizes = (f" over {evidence.prompts} prompts, {evidence.rounds[0]} rounds" if evidence.prompts and evidence.rounds
+                 else "")
+        what = f"decoding (attempt {evidence.attempt}'s evaluation{sizes} calibrating sim_acc_k per position"
+    rule = ("the decay read from sim_step_acc_k" if evidence.decay_from == "sim_step_acc_k" else
+            "the decay read from sim_acc_k: this run reports no sim_step_acc_k")
+    spread = (f", the gain {evidence.gain_interval[0]:+.1%} to {evidence.gain_interval[1]:+.1%} over "
+              f"{'decoding' if evidence.source == 'decoding' else 'the simulation'}'s 90% intervals"
+              if evidence.gain_interval and with_gain else "")
+    return f"evidence: {what}; {rule}{spread})"
+
+
+STEP_NOTE = ("the retrain rule reads sim_step_acc_k (proposal k right over every round) for the decay past the "
+             "trained depth: sim_acc_k there is taken over the rounds that survived k-1 proposals, the easy ones, so it "
+             "climbs with depth by selection alone (survivor bias)")
+FALLBACK_NOTE = ("this run reports no sim_step_acc_k (a trainer older than it): the retrain rule falls back to "
+                 "reading the decay from sim_acc_k, whose rounds past the trained depth are the ones that survived k-1 "
+                 "proposals (survivor bias), so a draft that falls past its TTT can read as holding up; a run of the "
+                 "current trainer reports sim_step_acc_k")
+
+
+def _step_rates(latest: dict[str, Any], n: int) -> tuple[list[float], list[list[float] | None]]:
+    """sim_step_acc_1..n with their Wilson intervals over sim_scored_k, or ([], []) where not all reported."""
+    step, scored = (_indexed(latest, base, n) for base in (series.SIM_STEP_ACC, series.SIM_SCORED))
+    if not (step and scored):
+        return [], []
+    return [min(1.0, a) for a in step], [wilson(min(1.0, a), r) for a, r in zip(step, scored, strict=True)]
+
+
+def simulation_evidence(latest: dict[str, Any], accs: list[float]) -> Evidence:
+    """The live simulation as evidence: sim_acc_k with its Wilson intervals over sim_rounds_k, and sim_step_acc_k
+    (over every round: no survivor bias) with theirs over sim_scored_k, where the trainer reported them."""
+    n = len(accs)
+    rounds = _indexed(latest, series.SIM_ROUNDS, n)
+    evidence = Evidence(source="simulation", acceptance=accs, detail=(
+        "simulation: the live sim_acc_k (teacher-forced chains on validation data, not decoding; no evaluation of "
+        "this run to calibrate them yet: one comes with the end of an attempt, or --eval-every)"))
+    if rounds:
+        evidence.rounds = [int(r) for r in rounds]
+        evidence.acceptance_interval = [wilson(a, r) for a, r in zip(accs, rounds, strict=True)]
+    evidence.step_acceptance, evidence.step_acceptance_interval = _step_rates(latest, n)
+    evidence.decay_from = "sim_step_acc_k" if evidence.step_acceptance else "sim_acc_k"
+    evidence.decay_note = STEP_NOTE if evidence.step_acceptance else FALLBACK_NOTE
+    evidence.interval = (f"Wilson {CONFIDENCE:.0%} over the rounds behind each rate (sim_rounds_k, sim_scored_k), "
+                         "read as independent: rounds of one sequence are not, so the true spread is wider"
+                         if rounds else "none: this run reports no sim_rounds_k (the rounds behind sim_acc_k)")
+    return evidence
+
+
+def acceptance_evidence(session: Session, run: Run, accs: list[float],
+                        latest: dict[str, Any] | None = None) -> Evidence:
     """The conditional acceptance by draft position the decision reads, and from what.
 
-    With an evaluation of the run (the end of an attempt) whose attempt also reported sim_acc_k: at each position
-    decoding measured, the live sim_acc_k times decoding / simulation of that attempt (its last validation); beyond
-    decoding's depth, times the deepest position's ratio. The evaluated attempt being the live one, its decoding is
-    read as it is. Without one, the simulation alone, and the answer says so."""
-    simulated = Evidence(source="simulation", acceptance=accs, detail=(
-        "simulation: the live sim_acc_k (teacher-forced chains on validation data, not decoding; no evaluation of "
-        "this run to calibrate them yet: one comes with the end of an attempt)"))
+    With an evaluation of the run (the end of an attempt, or --eval-every) whose attempt also reported sim_acc_k:
+    at each position decoding measured, the live sim_acc_k times decoding / simulation of that attempt (its last
+    validation); beyond decoding's depth, times the deepest position's ratio. The live sim_step_acc_k, where
+    reported, are calibrated by the same ratios for the retrain rule. The evaluated attempt being the live one, its
+    decoding is read as it is. Without one, the simulation alone, and the answer says so."""
+    latest = latest if latest is not None else run.latest or {}
+    simulated = simulation_evidence(latest, accs)
     try:
         reports = views.evaluations(run)
     except Conflict:
@@ -208,7 +352,8 @@ def acceptance_evidence(session: Session, run: Run, accs: list[float]) -> Eviden
         return simulated
     ratios = [decoded[k] / sim_then[k] for k in range(depth)]
     ratios += [ratios[-1]] * (len(accs) - depth)
-    bounds = (report.model_extra or {}).get("conditional_acceptance_interval") or []
+    extra = report.model_extra or {}
+    bounds = extra.get("conditional_acceptance_interval") or []
     calibrated, intervals = [], []
     for k, (a, f) in enumerate(zip(accs, ratios, strict=False)):
         calibrated.append(min(1.0, a * f))
@@ -216,14 +361,30 @@ def acceptance_evidence(session: Session, run: Run, accs: list[float]) -> Eviden
         low, high = (_unit(b) for b in bound) if isinstance(bound, list) and len(bound) == 2 else (None, None)
         intervals.append([min(1.0, a * low / sim_then[k]), min(1.0, a * high / sim_then[k])]
                          if low is not None and high is not None else None)
+    # decoding's own uncertainty, relative, carried onto the calibrated step rates with the simulation's own
+    step, step_bounds = simulated.step_acceptance, simulated.step_acceptance_interval
+    if step:
+        step = [min(1.0, u * f) for u, f in zip(step, ratios, strict=False)]
+        step_bounds = [[min(1.0, b[0] * f), min(1.0, b[1] * f)] if b else None
+                       for b, f in zip(step_bounds, ratios, strict=False)]
     live = report.attempt == run.attempt
+    position_rounds = [int(r) for r in extra.get("position_rounds") or [] if isinstance(r, int | float)][:depth]
+    prompts = extra.get("prompts")
+    prompts = int(prompts) if isinstance(prompts, int | float) and not isinstance(prompts, bool) else None
+    interval = (f"decoding's {CONFIDENCE:.0%} bootstrap over {prompts or 'its'} prompts (the unit: rounds of one "
+                "prompt are not independent), carried through the calibration" if any(intervals)
+                else "none: the evaluation reports no conditional_acceptance_interval")
     detail = (f"decoding: attempt {report.attempt}'s evaluation (real decoding with the verifier, "
               f"{depth} position(s)) calibrates the live sim_acc_k per position by decoding / simulation "
               f"({' '.join(f'{f:.3f}' for f in ratios[:depth])})" + (
                   f", beyond position {depth} by position {depth}'s" if len(accs) > depth else "")
-              + ("; it is this attempt's, so its positions read as decoded" if live else ""))
+              + ("; it is this attempt's, so its positions read as decoded" if live else "")
+              + ("; the live sim_step_acc_k are calibrated by the same ratios" if step else ""))
     return Evidence(source="decoding", detail=detail, attempt=report.attempt, acceptance=calibrated,
-                    acceptance_interval=intervals, calibration=ratios)
+                    acceptance_interval=intervals, calibration=ratios, rounds=position_rounds, prompts=prompts,
+                    interval=interval, step_acceptance=step, step_acceptance_interval=step_bounds,
+                    decay_from="sim_step_acc_k" if step else "sim_acc_k",
+                    decay_note=STEP_NOTE if step else FALLBACK_NOTE)
 
 
 def _dry_run(measured: list[eta.Measured], spec: RunCreate) -> DryRunPublic:
@@ -319,7 +480,8 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     measured = pace.own_paces(run) if measured is None else measured
     spec = run.current.typed_spec
     deploy = spec.deploy
-    accs, taus = sim_metrics(run.latest or {})
+    latest = run.latest or {}
+    accs, taus = sim_metrics(latest)
     if deploy and deploy.max_depth:
         accs, taus = accs[:deploy.max_depth], taus[:deploy.max_depth]
     step = session.scalar(select(MetricPoint.step).where(
@@ -338,7 +500,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
                             "cannot be proposed", **base)
     remaining = _remaining_seconds(run)
-    evidence = acceptance_evidence(session, run, accs)
+    evidence = acceptance_evidence(session, run, accs, latest)
     base["evidence"] = evidence
     try:
         tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
@@ -347,20 +509,29 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
                             engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
 
-        def advice_on(conditional: list[float]) -> Advice:
-            return advise({"position_acceptance": _products(conditional), "by_depth": []}, links, tp, cost,
+        def advice_on(conditional: list[float], step: list[float] | None) -> Advice:
+            evaluation = {"position_acceptance": _products(conditional), "by_depth": [],
+                          **({"step_acceptance": step} if step else {})}
+            return advise(evaluation, links, tp, cost,
                           trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
                           min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
                           objective=_objective(spec, remaining))
 
         positions = _products(evidence.acceptance)
-        advice = advice_on(evidence.acceptance)
-        ends = _interval_ends(evidence)
-        if ends and advice.retrain.suggested_ttt_steps:
-            gains = [next((r.gain for r in advice_on(end).retrain.frontier
-                           if r.ttt == advice.retrain.suggested_ttt_steps), None) for end in ends]
-            if None not in gains:
+        step = evidence.step_acceptance or None
+        advice = advice_on(evidence.acceptance, step)
+        verdict = _verdict(advice, trained)
+        at_ends = [advice_on(c, u) for c, u in _interval_ends(evidence, trained)]
+        if at_ends:
+            evidence.verdicts = [_verdict(a, trained) for a in at_ends]
+            pick = advice.retrain.suggested_ttt_steps
+            gains = [next((r.gain for r in a.retrain.frontier if r.ttt == pick), a.retrain.gain) if pick
+                     else a.retrain.gain for a in at_ends]
+            gains = [g for g in [advice.retrain.gain, *gains] if g is not None]
+            if gains:
                 evidence.gain_interval = [min(gains), max(gains)]
+            if any(v != verdict for v in evidence.verdicts):
+                evidence.settle = _settle(evidence, trained, verdict, lambda c, u: _verdict(advice_on(c, u), trained))
     except (NotFound, Conflict) as exc:
         return _unavailable(run, f"deploy host: {exc}", **base)
     except ValueError as exc:
@@ -377,10 +548,21 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
             f"{drafting.engine})"
     if retrain.depth_after is not None:
         # what a deeper TTT is expected to reach (RETRAIN_ASSUMPTION), whether or not it pays off
-        after = lifted_positions(positions, trained, retrain.suggested_ttt_steps or len(positions))
+        after = lifted_positions(positions, trained, retrain.suggested_ttt_steps or len(positions), step)
         fields |= {"predicted_position_acceptance_after": after,
                    "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
-    if not (retrain.pays_off and retrain.suggested_ttt_steps and retrain.suggested_ttt_steps > trained):
+    if any(v != verdict for v in evidence.verdicts):
+        # the interval holds a restart and a keep going: no verdict either way until the evidence narrows
+        low, high = evidence.gain_interval or [retrain.gain, retrain.gain]
+        said = (f"restart at TTT={retrain.suggested_ttt_steps} ({retrain.gain:+.1%})" if verdict == "restart" else
+                "keep going")
+        return ProposalPublic(
+            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
+            summary=(f"cannot tell yet: at the measured acceptance the advisor says {said} on {where}, but over the "
+                     f"evidence's 90% intervals the gain runs {low:+.1%} to {high:+.1%} and "
+                     f"{evidence.verdicts.count('restart')} of the {len(evidence.verdicts)} ends say restart; "
+                     f"{evidence.settle}; {_said(evidence, with_gain=False)}"))
+    if verdict == "keep_going":
         return ProposalPublic(
             run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
             summary=(f"keep going: the advisor predicts {advice.tokens_per_second:.1f} tokens/s at depth "

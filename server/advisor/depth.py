@@ -38,12 +38,19 @@ RETRAIN_ASSUMPTION = (
     "a_i = a_T * r^(i-T), r the geometric-mean ratio a_(i+1)/a_i over positions 1..T (for T = 1, r = a_1: "
     "each token accepted independently at the first position's rate); positions already better keep their value, "
     "and positions up to T do not change. A retrain at TTT N lifts positions T+1..N so; positions beyond N keep "
-    "their conditional rates"
+    "their conditional rates. With step_acceptance (the simulation's sim_step_acc_k: proposal k right over every "
+    "round, not only those that survived k-1 proposals) the decay is read from it instead, and a position beyond T "
+    "is lifted by the factor that brings its step rate up to u_T * r_u^(i-T), r_u the geometric-mean step ratio "
+    "over 1..T (1 for T = 1; at most 1), applied to its conditional rate"
 )
 
+# Why step_acceptance: the conditional rate at position k is taken over the rounds that survived k-1 proposals,
+# which are the easy contexts, so it climbs with depth by selection alone and hides a draft that gets worse past
+# its trained depth (trainer/simulate.py, "Survivor bias"); the step rate's denominator is every round.
 
-def _read_evaluation(evaluation: dict) -> tuple[dict[int, float], list[float]]:
-    """Mean accepted length by depth and the per-position acceptance, validated.
+
+def _read_evaluation(evaluation: dict) -> tuple[dict[int, float], list[float], list[float] | None]:
+    """Mean accepted length by depth, the per-position acceptance and the optional step acceptance, validated.
 
     tau comes from by_depth where measured, else from 1 + the sum of position_acceptance.
     """
@@ -79,7 +86,13 @@ def _read_evaluation(evaluation: dict) -> tuple[dict[int, float], list[float]]:
             raise ValueError(f"by_depth lists depth {depth} twice")
         seen.add(depth)
         taus[depth] = check_number(row["mean_accepted"], f"by_depth mean_accepted at depth {depth}", 1, depth + 1)
-    return taus, positions
+    step = evaluation.get("step_acceptance")
+    if step is not None:
+        if not isinstance(step, list) or len(step) < len(positions):
+            raise ValueError("evaluation.step_acceptance must list a probability for every position "
+                             "(proposal k right over every round, sim_step_acc_k)")
+        step = [check_number(a, f"step_acceptance[{i}]", 0, 1) for i, a in enumerate(step[:len(positions)])]
+    return taus, positions, step
 
 
 def _allreduce_basis(cost: CostModel) -> str:
@@ -129,7 +142,7 @@ def advise(
     allreduce_basis says where a given cost model's all-reduce table comes from (else it is recognised).
     With drafting, the round is priced the way that engine runs the draft (server/advisor/engine.py) and every
     depth shows its terms."""
-    taus, positions = _read_evaluation(evaluation)
+    taus, positions, step = _read_evaluation(evaluation)
     cost = _cost_for(interconnect, tp, cost)
     check_number(min_gain, "min_gain", low=0.0)
     rounds = EngineCost(cost, drafting) if drafting is not None else cost
@@ -147,7 +160,7 @@ def advise(
     speeds = {0: plain, **{row.depth: row.tokens_per_second for row in by_depth}}
     depth = _shallowest_best(speeds)
     retrain = _retrain_advice(rounds, taus, positions, depth, speeds[depth], trained_ttt, retrain_seconds_by_ttt,
-                              min_gain, objective or Objective())
+                              min_gain, objective or Objective(), step)
     if drafting is not None and drafting.topk > 1:
         retrain.reason += (f" (the top-{drafting.topk} tree's acceptance taken as the chain's, a lower bound: "
                            "drafting.acceptance)")
@@ -167,13 +180,33 @@ def advise(
     )
 
 
-def improved_positions(positions: list[float], trained_ttt: int) -> list[float]:
-    """Acceptance per position expected after training with a deeper TTT, under RETRAIN_ASSUMPTION."""
+def improved_positions(positions: list[float], trained_ttt: int, step: list[float] | None = None) -> list[float]:
+    """Acceptance per position expected after training with a deeper TTT, under RETRAIN_ASSUMPTION; with `step`
+    (each position's step acceptance, over every round) the decay and each position's lift are read from it."""
     t = trained_ttt
     if t >= len(positions):
         return list(positions)
-    ratio = _inside_ratio(positions, t)
-    return positions[:t] + [max(a, positions[t - 1] * ratio**k) for k, a in enumerate(positions[t:], start=1)]
+    if step is None:
+        ratio = _inside_ratio(positions, t)
+        return positions[:t] + [max(a, positions[t - 1] * ratio**k) for k, a in enumerate(positions[t:], start=1)]
+    ratio = _step_ratio(step, t)
+    out, lifting = positions[:t], False
+    for i, conditional in enumerate(_conditional(positions)[t:], start=t):
+        target = step[t - 1] * ratio ** (i - t + 1)
+        lifted = min(1.0, conditional * target / step[i]) if step[i] > 0 else target
+        lifting = lifting or lifted > conditional
+        # the measured value itself until a position is lifted (so an unlifted draft compares equal)
+        out.append(out[-1] * max(conditional, lifted) if lifting else positions[i])
+    return out
+
+
+def _step_ratio(step: list[float], t: int) -> float:
+    """RETRAIN_ASSUMPTION's r_u: the geometric-mean ratio of the step rates over positions 1..t (1 for t = 1), at
+    most 1."""
+    if t == 1:
+        return 1.0
+    # at most 1: a deeper TTT is not expected to make later proposals better than the trained depth's last one
+    return min(1.0, (step[t - 1] / step[0]) ** (1 / (t - 1))) if step[0] > 0 else 0.0
 
 
 def _inside_ratio(positions: list[float], t: int) -> float:
@@ -188,9 +221,16 @@ def _conditional(positions: list[float]) -> list[float]:
     return [p / q if q > 0 else 0.0 for p, q in zip(positions, [1.0, *positions], strict=False)]
 
 
-def _nothing_to_lift(positions: list[float], trained_ttt: int) -> str:
+def _nothing_to_lift(positions: list[float], trained_ttt: int, step: list[float] | None = None) -> str:
     """Why a deeper TTT is expected to gain nothing: beyond the trained depth the draft already accepts at or above
     the decay inside it (RETRAIN_ASSUMPTION), the figures a user can check."""
+    if step is not None:
+        inside = _step_ratio(step, trained_ttt)
+        beyond = " ".join(f"{a:.2f}" for a in step[trained_ttt:])
+        return (f"a deeper TTT is expected to gain nothing: beyond the trained depth {trained_ttt} the draft's "
+                f"proposals are right {beyond} at positions {trained_ttt + 1}..{len(positions)} over every round "
+                f"(sim_step_acc_k, no survivor bias), at or above the {step[trained_ttt - 1]:.3f} x {inside:.3f} per "
+                "position it keeps inside it; a deeper TTT lifts only positions below that decay (the assumption)")
     conditional = _conditional(positions)
     inside = _inside_ratio(positions, trained_ttt)
     beyond = " ".join(f"{a:.2f}" for a in conditional[trained_ttt:])
@@ -218,10 +258,10 @@ def _training_seconds(ttt: int, by_ttt: dict[int, float] | None) -> tuple[float 
     return seconds, f"linear in ttt_steps through the times given for {list(xs)}"
 
 
-def lifted_positions(positions: list[float], trained_ttt: int, ttt: int) -> list[float]:
+def lifted_positions(positions: list[float], trained_ttt: int, ttt: int, step: list[float] | None = None) -> list[float]:
     """Acceptance per position after a retrain at TTT `ttt`: positions up to `ttt` as improved_positions lifts
     them, those beyond keep their conditional rates (P(1..i) / P(1..i-1)) on top of the lifted prefix."""
-    better = improved_positions(positions, trained_ttt)
+    better = improved_positions(positions, trained_ttt, step)
     out = better[:ttt]
     for i in range(ttt, len(positions)):
         out.append(out[-1] * (positions[i] / positions[i - 1] if positions[i - 1] > 0 else 0.0))
@@ -239,8 +279,9 @@ def break_even_tokens(extra_gpu_seconds: float, tp: int, tps_now: float, tps_aft
 
 
 def _frontier_row(cost: CostModel | EngineCost, taus: dict[int, float], positions: list[float], trained: int,
-                  ttt: int, tps_now: float, by_ttt: dict[int, float] | None, objective: Objective) -> FrontierRow:
-    after = lifted_positions(positions, trained, ttt)
+                  ttt: int, tps_now: float, by_ttt: dict[int, float] | None, objective: Objective,
+                  step: list[float] | None = None) -> FrontierRow:
+    after = lifted_positions(positions, trained, ttt, step)
     # only the improvement is added, so a measured tau keeps its own value at and below the trained depth
     taus_after = {d: tau + sum(after[:d]) - sum(positions[:d]) for d, tau in taus.items()}
     speeds = {0: 1000 / cost.round_ms(0), **{d: 1000 * tau / cost.round_ms(d) for d, tau in taus_after.items()}}
@@ -290,6 +331,7 @@ def _retrain_advice(
     retrain_seconds_by_ttt: dict[int, float] | None,
     min_gain: float,
     objective: Objective,
+    step: list[float] | None = None,
 ) -> RetrainAdvice:
     if trained_ttt is not None and (isinstance(trained_ttt, bool) or not isinstance(trained_ttt, int) or trained_ttt < 1):
         raise ValueError(f"trained_ttt must be a whole number >= 1, got {trained_ttt!r}")
@@ -304,11 +346,11 @@ def _retrain_advice(
         )
         return advice
 
-    if improved_positions(positions, trained_ttt) == positions:
+    if improved_positions(positions, trained_ttt, step) == positions:
         advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_now, tps_now, 0.0
-        advice.reason = _nothing_to_lift(positions, trained_ttt)
+        advice.reason = _nothing_to_lift(positions, trained_ttt, step)
         return advice
-    rows = [_frontier_row(cost, taus, positions, trained_ttt, t, tps_now, retrain_seconds_by_ttt, objective)
+    rows = [_frontier_row(cost, taus, positions, trained_ttt, t, tps_now, retrain_seconds_by_ttt, objective, step)
             for t in range(trained_ttt + 1, max(taus) + 1)]
     advice.frontier = rows
     fastest = max(rows, key=lambda r: (r.tokens_per_second, -r.ttt))
