@@ -30,6 +30,7 @@ def proposal_view(p: dict) -> Group:
         parts.append(Text(f"verifier: {p['verifier']}"))
     for term, basis in (p.get("terms_basis") or {}).items():
         parts.append(Text(f"  {term}: {basis}"))
+    parts += evidence_lines(p)
     if p.get("action") == "restart":
         econ = Table(show_header=False, box=None, pad_edge=False)
         for label, value in (
@@ -67,6 +68,34 @@ def proposal_view(p: dict) -> Group:
                 f"{row['tokens_per_second']:.1f}")))
         parts.append(table)
     return Group(*parts)
+
+
+def evidence_lines(p: dict) -> list[Text]:
+    """Which evidence decided, over how many rounds, each rate with its 90% interval, the rate the retrain rule read
+    its decay from, and for cannot_tell what would settle it."""
+    e = p.get("evidence")
+    if not e:
+        return []
+
+    def rates(values: list, bounds: list) -> str:
+        return " ".join(f"{a:.3f}" + (f" [{b[0]:.3f}, {b[1]:.3f}]" if b else "")
+                        for a, b in zip(values, bounds or [None] * len(values), strict=False))
+
+    lines = [Text(f"decided by: {e['source']}: {e['detail']}"),
+             Text(f"  acceptance by position: {rates(e['acceptance'], e.get('acceptance_interval'))}")]
+    if e.get("rounds"):
+        lines.append(Text(f"  rounds behind them: {' '.join(str(r) for r in e['rounds'])}"))
+    if e.get("step_acceptance"):
+        lines.append(Text(f"  step acceptance (sim_step_acc_k): "
+                          f"{rates(e['step_acceptance'], e.get('step_acceptance_interval'))}"))
+    lines.append(Text(f"  interval: {e.get('interval') or 'none'}"))
+    lines.append(Text(f"  retrain rule reads: {e.get('decay_from')}: {e.get('decay_note', '')}"))
+    if e.get("gain_interval"):
+        lines.append(Text(f"  gain over the intervals: {e['gain_interval'][0]:+.1%} to {e['gain_interval'][1]:+.1%}"
+                          + (f" (ends: {', '.join(e['verdicts'])})" if e.get("verdicts") else "")))
+    if e.get("settle"):
+        lines.append(Text(f"  to settle it: {e['settle']}"))
+    return lines
 
 
 def _num(value: float | None) -> str:

@@ -1,0 +1,34 @@
+"""`longrun advise RUN_ID` says the run's one verdict as the API does, with the evidence that decided: its rates and
+their 90% intervals, the rounds behind them, the rate the retrain rule read, and for cannot_tell what settles it."""
+
+import json
+
+import pytest
+
+from longrun.cli import main
+from tests.inprocess import App
+from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
+from tests.server.test_proposal import feed, trainer_run
+from tests.server.test_proposal_evidence import FALLING, SIM, with_counts
+from worker.interconnect import InterconnectResponder
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_advise_prints_cannot_tell_with_its_interval_and_what_settles_it(
+        cli: App, responder: InterconnectResponder, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    probe(cli, responder, tp=2)
+    run_id = trainer_run(cli, deploy={"host": "local", "engine": "sglang"})
+    feed(cli, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    feed(cli, run_id, 1, {"step": 100, "val_loss": 1.0, **with_counts(SIM, FALLING, 60)})
+    api = cli.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert main(["advise", run_id, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["action"] == api["action"] == "cannot_tell" and answer["summary"] == api["summary"]
+    assert main(["advise", run_id]) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert text.startswith("cannot tell yet:")
+    assert "decided by: simulation:" in text and "retrain rule reads: sim_step_acc_k" in text
+    low, high = answer["evidence"]["step_acceptance_interval"][3]
+    assert f"0.500 [{low:.3f}, {high:.3f}]" in text, "each rate with its interval"
+    assert "rounds behind them: 60 54" in text
+    assert "to settle it: the verdict at the measured rates (restart) holds once" in text
