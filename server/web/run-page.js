@@ -115,18 +115,48 @@ function section(title, id, ...children) {
   return el("section", { id, class: "card" }, el("h2", {}, title), ...children);
 }
 
+// What each interconnect would serve at; whether to retrain is the proposal's one verdict (verdictLine), not
+// each advice's own retrain.pays_off, which reads the acceptance as it is, without the proposal's evidence.
 function advicePanel(advice) {
-  const retrain = advice.retrain;
   return el("div", { class: "advice" },
     el("h3", {}, advice.interconnect === "pcie" ? "PCIe" : "NVLink", ` (TP ${advice.tp})`),
     el("dl", {},
       el("dt", {}, "Serve at depth"), el("dd", { class: "depth" }, advice.recommended_depth === 0 ? "0 (do not speculate)" : advice.recommended_depth),
-      el("dt", {}, "Tokens/s"), el("dd", {}, number(advice.tokens_per_second), ` (${number(advice.speedup_vs_no_speculation, 3)}× no speculation)`),
-      el("dt", {}, "Retrain"), el("dd", {}, retrain.suggested_ttt_steps
-        ? `with TTT ${retrain.suggested_ttt_steps}: ${retrain.pays_off ? "pays off" : "does not pay off"}` : "no deeper TTT suggested"),
-      retrain.predicted_training_seconds ? [el("dt", {}, "Retrain time"), el("dd", {}, duration(retrain.predicted_training_seconds))] : null,
-      el("dt", {}, "Why"), el("dd", {}, retrain.reason || "—")),
+      el("dt", {}, "Tokens/s"), el("dd", {}, number(advice.tokens_per_second), ` (${number(advice.speedup_vs_no_speculation, 3)}× no speculation)`)),
     el("p", { class: "muted small" }, advice.allreduce_basis));
+}
+
+const VERDICT = { restart: "restart", keep_going: "keep going", cannot_tell: "cannot tell yet", unavailable: "no proposal yet" };
+
+// The run's verdict in one line, for the evaluation panel: the proposal's action and the evidence that decided.
+function verdictText(p) {
+  if (!p) return "Retrain: the run's proposal is loading…";
+  const said = p.action === "restart" ? `restart at TTT=${p.suggested_ttt} (+${percent(p.gain)})` : VERDICT[p.action];
+  const e = p.evidence;
+  return `Retrain: ${said} (the run's proposal${e ? `, decided by ${e.source}` : ""}${
+    e?.gain_interval ? `, gain ${signed(e.gain_interval[0])} to ${signed(e.gain_interval[1])} over its 90% intervals` : ""})`;
+}
+
+const signed = (x) => `${x < 0 ? "−" : "+"}${percent(Math.abs(x))}`;
+
+function rates(values, bounds) {
+  return values.map((a, i) => (bounds?.[i] ? `${number(a, 3)} [${number(bounds[i][0], 3)}, ${number(bounds[i][1], 3)}]` : number(a, 3))).join("  ");
+}
+
+// Which evidence decided: the simulation or decoding, over how many rounds, each rate with its 90% interval, the
+// rate the retrain rule read its decay from, and for cannot tell what settles it.
+function evidencePanel(e) {
+  if (!e) return null;
+  return el("dl", { class: "evidence", id: "proposal-evidence" },
+    el("dt", {}, "Decided by"), el("dd", { id: "proposal-evidence-source" }, e.source === "decoding"
+      ? `decoding (attempt ${e.attempt}'s evaluation${e.prompts ? `, ${e.prompts} prompts` : ""}) calibrating the simulation`
+      : `simulation${e.rounds?.length ? ` (${e.rounds[0]} validation rounds)` : ""}, not yet checked against decoding`),
+    el("dt", {}, "Acceptance"), el("dd", { class: "small" }, rates(e.acceptance, e.acceptance_interval)),
+    e.step_acceptance?.length ? [el("dt", {}, "Step acceptance"), el("dd", { class: "small" }, rates(e.step_acceptance, e.step_acceptance_interval))] : null,
+    el("dt", {}, "Interval"), el("dd", { id: "proposal-interval", class: "small" },
+      (e.gain_interval ? `gain ${signed(e.gain_interval[0])} to ${signed(e.gain_interval[1])}; ` : "") + (e.interval || "none")),
+    el("dt", {}, "Retrain rule"), el("dd", { id: "proposal-decay", class: "small" }, `reads ${e.decay_from}: ${e.decay_note}`),
+    e.settle ? [el("dt", {}, "To settle"), el("dd", { id: "proposal-settle" }, e.settle)] : null);
 }
 
 // The service's depth proposal (GET /v1/runs/{id}/proposal): restart at a deeper TTT, with the economics, or keep
@@ -135,6 +165,7 @@ function proposalPanel(p, onRestart) {
   if (p.action === "unavailable") return el("p", { class: "muted", id: "proposal-summary" }, p.summary);
   const restart = p.action === "restart";
   return el("div", { class: `advice proposal ${p.action}` },
+    el("p", { id: "proposal-verdict", class: "verdict" }, VERDICT[p.action]),
     el("p", { id: "proposal-summary" }, p.summary),
     el("dl", {},
       el("dt", {}, "Serve now"), el("dd", {}, `depth ${p.depth_now ?? "—"}: ${number(p.tokens_per_second_now)} tokens/s`),
@@ -146,6 +177,7 @@ function proposalPanel(p, onRestart) {
       ] : [el("dt", {}, "Why"), el("dd", {}, p.reason)]),
     restart ? el("div", { class: "buttons" }, el("button", { id: "proposal-restart", type: "button",
       onclick: () => onRestart({ ttt: p.suggested_ttt, clean: p.restart.clean }) }, `Restart at TTT=${p.suggested_ttt}…`)) : null,
+    evidencePanel(p.evidence),
     p.auto_restart ? el("p", { class: "muted small" }, p.auto_restart) : null,
     p.advice ? el("p", { class: "muted small" }, `${p.advice.drafting?.description ?? ""}; ${p.advice.allreduce_basis}`) : null);
 }
@@ -423,12 +455,17 @@ export function showRun(root, runId, signal) {
     form.scrollIntoView({ block: "nearest" });
   }
 
+  // one verdict per run: the proposal panel and the evaluation panel's verdict line read the same answer
+  let proposal = null;
+  const verdictBox = el("p", { id: "evaluation-verdict", class: "verdict" });
   const loadProposal = coalesced(async () => {
     try {
-      replace(proposalBox, proposalPanel(await api(runPath(runId, "/proposal")), openRestart));
+      proposal = await api(runPath(runId, "/proposal"));
+      replace(proposalBox, proposalPanel(proposal, openRestart));
     } catch (error) {
       replace(proposalBox, el("p", { class: "muted" }, error.message));
     }
+    replace(verdictBox, verdictText(proposal));
   });
 
   function renderAttempts() {
@@ -460,7 +497,8 @@ export function showRun(root, runId, signal) {
     const positionBox = el("div", { class: "chart", id: "chart-acceptance" });
     const depthBox = el("div", { class: "chart", id: "chart-tau" });
     const adviceBox = el("div", { class: "advice-pair", id: "advice" });
-    replace(evaluationBox, el("div", { class: "grid" }, positionBox, depthBox), adviceBox);
+    replace(verdictBox, verdictText(proposal));
+    replace(evaluationBox, el("div", { class: "grid" }, positionBox, depthBox), verdictBox, adviceBox);
     accept.position = new LineChart(positionBox, { title: "Acceptance by position", xLabel: "position", yLabel: "P(all accepted)" });
     accept.depth = new LineChart(depthBox, { title: "τ by depth", xLabel: "depth", yLabel: "tokens per round" });
     accept.position.update(report.by_attempt.map((r) => ({

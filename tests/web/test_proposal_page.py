@@ -1,5 +1,6 @@
 """The proposal panel in a real browser: a TTT=3 run whose validation says a deeper TTT pays off on its deploy
-host; its one button opens the restart form pre-filled (TTT, clean) with the dry run's duration shown first.
+host; its one button opens the restart form pre-filled (TTT, clean) with the dry run's duration shown first. The
+panel names the evidence that decided with its interval, and the evaluation panel says the proposal's verdict.
 
 The API is the in-process app served over HTTP by uvicorn, without the worker: the run's metric lines go through
 the worker's ingest (worker/ingest.py) as a trainer writes them, and the deploy host's all-reduce table is the
@@ -20,6 +21,7 @@ from server.models import Attempt
 from tests.inprocess import App
 from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
 from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
+from tests.server.test_proposal_evidence import DECODED, FALLING, SIM, evaluation, with_counts
 from tests.service import free_port
 from tests.web.conftest import TOKEN, sign_in
 from worker.interconnect import InterconnectResponder
@@ -86,4 +88,45 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     page.click("#restart-preview")
     expect(page.locator("#restart-start")).to_contain_text("Start: resume: resumes the checkpoint at step 1000")
     expect(page.locator("#restart-confirm")).to_be_enabled()
+    assert page.errors == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_and_its_interval(
+        api: App, responder: InterconnectResponder, served: SimpleNamespace, page: Page) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "sglang"})
+    url = f"/v1/runs/{run_id}/proposal"
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    # step rates falling past TTT=3 over too few rounds to say: cannot tell yet
+    feed(api, run_id, 1, {"step": 100, "val_loss": 1.0, **with_counts(SIM, FALLING, 60)})
+    unsure = api.client.get(url).json()
+    assert unsure["action"] == "cannot_tell", unsure["summary"]
+    low, high = unsure["evidence"]["gain_interval"]
+
+    sign_in(page, served, f"#/runs/{run_id}")
+    expect(page.locator("#proposal-verdict")).to_have_text("cannot tell yet")
+    expect(page.locator("#proposal-summary")).to_have_text(unsure["summary"])
+    expect(page.locator("#proposal-evidence-source")).to_have_text(
+        "simulation (60 validation rounds), not yet checked against decoding")
+    expect(page.locator("#proposal-interval")).to_contain_text(f"gain +{low * 100:.1f}% to +{high * 100:.1f}%")
+    expect(page.locator("#proposal-decay")).to_contain_text("reads sim_step_acc_k")
+    expect(page.locator("#proposal-settle")).to_have_text(unsure["evidence"]["settle"])
+    expect(page.locator("#proposal-restart")).to_have_count(0)
+
+    # the attempt's evaluation: decoding decides, and the evaluation panel says the proposal's verdict, not the
+    # advice's own "pays off"
+    feed(api, run_id, 2, evaluation(DECODED) | {"step": 100})
+    decided = api.client.get(url).json()
+    assert decided["evidence"]["source"] == "decoding"
+    said = {"restart": f"restart at TTT={decided['suggested_ttt']}", "keep_going": "keep going",
+            "cannot_tell": "cannot tell yet"}[decided["action"]]
+    page.reload()
+    expect(page.locator("#proposal-summary")).to_have_text(decided["summary"])
+    expect(page.locator("#proposal-evidence-source")).to_contain_text("decoding (attempt 1's evaluation")
+    verdict = page.locator("#evaluation-verdict")
+    expect(verdict).to_contain_text(f"Retrain: {said}")
+    expect(verdict).to_contain_text("(the run's proposal, decided by decoding")
+    expect(page.locator("#advice .advice").first).to_contain_text("Serve at depth")
+    expect(page.locator("#evaluation-card")).not_to_contain_text("pays off")
     assert page.errors == []  # type: ignore[attr-defined]
