@@ -196,7 +196,17 @@ def proposal_lines(p: dict[str, Any]) -> str:
         spread = " ".join(f"[{b[0]:.2f}, {b[1]:.2f}]" if b else "-" for b in evidence["acceptance_interval"])
         lines.append(f"     decided by {evidence['source']}: " + " ".join(f"{a:.2f}" for a in evidence["acceptance"])
                      + (f" (90% interval {spread})" if evidence["acceptance_interval"] else "")
+                     + (f" over {evidence['rounds'][0]} rounds" if evidence.get("rounds") else "")
                      + f"\n       {evidence['detail']}")
+        if evidence.get("interval"):
+            lines.append(f"       interval: {evidence['interval']}")
+        if evidence.get("decay_from"):
+            lines.append(f"       the retrain rule read {evidence['decay_from']}: {evidence.get('decay_note', '')}")
+        if evidence.get("gain_interval"):
+            low, high = evidence["gain_interval"]
+            lines.append(f"       the gain over those intervals: {low:+.1%} to {high:+.1%}")
+        if evidence.get("settle"):
+            lines.append(f"       what settles it: {evidence['settle']}")
     if p["action"] == "restart":
         lines.append(f"     GPU-hours: {p['restart_gpu_hours']:.3g} for the restart on {p['gpus']} processes "
                      f"({p['extra_gpu_hours']:.3g} more than finishing); tokens/s on the deployment box "
@@ -220,14 +230,17 @@ def verdict(proposal: dict[str, Any]) -> tuple:
 
 def restart_from(proposal: dict[str, Any]) -> dict[str, Any]:
     """The restart body taken from the proposal, as the run page's button takes it (its TTT and clean flag). When it
-    says keep going the demo restarts anyway, at the deepest the deployment runs, to check that no against a draft
-    trained that deep; it says why the service said no."""
+    says keep going (or cannot tell yet) the demo restarts anyway, at the deepest the deployment runs, to check that
+    answer against a draft trained that deep; it says why the service said no (or what would settle it)."""
     if proposal["action"] == "restart":
         change = proposal["restart"]
         print(f"  taking it, as the run page's button does: TTT={change['overrides']['ttt_steps']}, "
               f"clean={change['clean']}")
         return change
-    print(f"  the service says {proposal['action'].replace('_', ' ')}: {proposal['reason']}")
+    said = "cannot tell yet" if proposal["action"] == "cannot_tell" else proposal["action"].replace("_", " ")
+    print(f"  the service says {said}: "
+          + ((proposal.get("evidence") or {}).get("settle") or proposal["reason"] if proposal["action"] == "cannot_tell"
+             else proposal["reason"]))
     ttt = DEPLOY["max_depth"]
     at, tau = proposal.get("depth_after"), proposal.get("predicted_tau_after")
     now = proposal["sim_tau"][at - 1] if at and len(proposal["sim_tau"]) >= at else None

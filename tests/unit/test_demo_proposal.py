@@ -36,3 +36,19 @@ def test_the_demo_restarts_as_the_last_live_proposal_says_and_prints_its_evidenc
     assert "decided by decoding: 0.95 0.95 0.95 0.80 (90% interval [0.93, 0.97]" in lines
     assert "decoding: where from" in lines
     assert "restarts anyway" not in capsys.readouterr().out
+
+
+def test_the_demo_prints_the_rule_the_interval_and_what_settles_a_cannot_tell(capsys) -> None:
+    unsure = proposal("cannot_tell", "simulation")
+    unsure["evidence"] |= {"rounds": [60, 54, 46, 39], "interval": "Wilson 90% over the rounds",
+                           "decay_from": "sim_step_acc_k", "decay_note": "no survivor bias",
+                           "gain_interval": [0.0, 0.196], "settle": "about 4x the 60 validation rounds"}
+    lines = demo.proposal_lines(unsure)
+    assert "decided by simulation: 0.95 0.95 0.95 0.80 over 60 rounds" in lines
+    assert "the retrain rule read sim_step_acc_k: no survivor bias" in lines
+    assert "the gain over those intervals: +0.0% to +19.6%" in lines
+    assert "what settles it: about 4x the 60 validation rounds" in lines
+    change = demo.restart_from(unsure)
+    out = capsys.readouterr().out
+    assert "the service says cannot tell yet: about 4x the 60 validation rounds" in out
+    assert change == {"overrides": {"ttt_steps": demo.DEPLOY["max_depth"]}, "clean": True} and "restarts anyway" in out
