@@ -27,6 +27,7 @@ Output under D:
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -293,6 +294,9 @@ def prepare(
     if written.samples == 0:
         raise ValueError(f"no samples in {corpus}: it is empty, or no record has an assistant turn to train on")
     _drop_surplus(sample_dir, written.samples)
+    note = storage_note(sample_dir, hidden_size, store_dtype, torch.cuda.device_count())
+    if note:
+        print(note, flush=True)
     metadata = {
         "format": PREPARE_FORMAT,
         "verifier_path": settings["verifier_path"],
@@ -317,6 +321,68 @@ def prepare(
     tmp.write_text(json.dumps(metadata, indent=2) + "\n")
     tmp.replace(output_dir / "prepare.json")
     return metadata
+
+
+# An H200's in-memory training step at 2048 tokens x TTT 3 (benchmarks/bench_trainer.py, docs/benchmarks.md): 75,000
+# tokens/s at hidden 4096 (27.3 ms a step), 36,500 at 7168 (56.1 ms); tokens/s ~ H^-1.3 through both. Below
+# MEASURED_FROM_HIDDEN the draft is too small for that rule to say anything.
+H200_TOKENS_PER_S, H200_AT_HIDDEN, H200_EXPONENT, MEASURED_FROM_HIDDEN = 75_000, 4096, 1.3, 2048
+READ_CHECK_FILES, READ_CHECK_BYTES, READ_CHECK_READERS = 16, 1 << 30, 4
+
+
+def expected_tokens_per_s(hidden_size: int, gpus: int) -> float | None:
+    """About how many tokens a second `gpus` H200s train the draft of a verifier this wide (None: too small to say)."""
+    if hidden_size < MEASURED_FROM_HIDDEN:
+        return None
+    return max(1, gpus) * H200_TOKENS_PER_S * (H200_AT_HIDDEN / hidden_size) ** H200_EXPONENT
+
+
+def cold_read_rate(files: Sequence[Path], readers: int = READ_CHECK_READERS) -> tuple[float, bool]:
+    """(bytes/s, whether from a cold cache) of reading these files whole with `readers` threads, as the trainer's
+    loader does; each is flushed and dropped from the page cache first where the system allows it."""
+    cold = hasattr(os, "posix_fadvise")
+    for path in files:
+        with open(path, "rb+") as file:
+            if cold:
+                os.fdatasync(file.fileno())
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def read(path: Path) -> int:
+        with open(path, "rb", buffering=0) as file:
+            return sum(iter(lambda: len(file.read(1 << 24)), 0))
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(readers) as pool:
+        total = sum(pool.map(read, files))
+    return total / max(time.perf_counter() - started, 1e-9), cold
+
+
+def storage_note(sample_dir: Path, hidden_size: int, store_dtype: str, gpus: int,
+                 train_tokens_per_s: float | None = None, read_rate: tuple[float, bool] | None = None) -> str | None:
+    """The line that says the disk will be the training's bound and FP8 storage halves the bytes, with its figures:
+    bf16 samples whose bytes a token, at the read rate measured here (`read_rate`, else `cold_read_rate` of the last
+    samples written), give fewer tokens a second than `gpus` train (`train_tokens_per_s`, else the expected rate).
+    None when the samples are FP8 already, the disk keeps up, or there is no rate to compare with."""
+    expected = train_tokens_per_s or expected_tokens_per_s(hidden_size, gpus)
+    files = sorted(sample_dir.glob(SAMPLE_PATTERN))[-READ_CHECK_FILES:]
+    if store_dtype != "bf16" or expected is None or not files:
+        return None
+    while len(files) > 1 and sum(f.stat().st_size for f in files) > READ_CHECK_BYTES:
+        files = files[1:]
+    with safe_open(str(files[-1]), "pt") as sample:
+        tokens = sample.get_slice("input_ids").get_shape()[0]
+    per_token = files[-1].stat().st_size / max(tokens, 1)
+    rate, cold = read_rate or cold_read_rate(files)
+    from_disk = rate / per_token
+    if from_disk >= expected:
+        return None
+    fp8_per_token = per_token - 4 * hidden_size + 8  # 4H + 8 feature bytes a token against 8H
+    basis = ("given" if train_tokens_per_s else f"an H200's step at hidden {hidden_size}, x{max(1, gpus)} GPU(s)")
+    return (f"prepare: reads will bound training: bf16 samples are {per_token / 1e3:.1f} KB a token and this disk read "
+            f"{rate / 1e9:.2f} GB/s{' cold' if cold else ''} ({len(files)} file{'s' if len(files) > 1 else ''}, {READ_CHECK_READERS} readers), "
+            f"{from_disk / 1e3:.1f}k tokens/s, where training takes about {expected / 1e3:.1f}k tokens/s ({basis}), "
+            f"{expected * per_token / 1e9:.2f} GB/s; --store-dtype fp8 halves the feature bytes "
+            f"({fp8_per_token / 1e3:.1f} KB a token, {rate / fp8_per_token / 1e3:.1f}k tokens/s from this disk)")
 
 
 def _layer_ids(value: str) -> list[int]:

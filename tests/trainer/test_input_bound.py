@@ -12,6 +12,7 @@ from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer import series
 from trainer.data import BatchLoader, HiddenStatesDataset, ReaderSizing, ShardBatchSampler
 from trainer.metrics import InputWait, progress_line
+from trainer.prepare import expected_tokens_per_s, storage_note
 from trainer.train import main as train_main
 
 
@@ -144,3 +145,36 @@ def test_an_explicit_num_workers_is_the_users_and_unset_one_is_sized(train, tmp_
     assert "readers:" not in capsys.readouterr().out
     train(tmp_path / "sized")
     assert "readers: " in capsys.readouterr().out
+
+
+def llama_8b_sample(directory: Path, tokens: int = 64) -> Path:
+    """A sample file as `prepare` writes it for a 4096-wide verifier, in bf16."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({"input_ids": torch.zeros(tokens, dtype=torch.long), "loss_mask": torch.ones(tokens, dtype=torch.uint8),
+               "hidden_states": torch.zeros(tokens, 3 * 4096, dtype=torch.bfloat16),
+               "last_hidden_state": torch.zeros(tokens, 4096, dtype=torch.bfloat16)},
+              str(directory / "sample_000000.safetensors"))
+    return directory
+
+
+def test_prepare_says_fp8_halves_the_bytes_where_the_disk_is_the_bound(tmp_path):
+    samples = llama_8b_sample(tmp_path / "hidden_states")
+    # the H200 machine's disk: 1.73 GB/s cold, 52.7k tokens/s of bf16 features; one H200 trains about 75k
+    note = storage_note(samples, 4096, "bf16", 1, read_rate=(1.73e9, True))
+    assert note.startswith("prepare: reads will bound training: bf16 samples are 32.8 KB a token")
+    assert "1.73 GB/s cold" in note and "75.0k tokens/s" in note and "2.46 GB/s" in note
+    assert "--store-dtype fp8 halves the feature bytes (16.4 KB a token, 105.4k tokens/s from this disk)" in note
+    assert storage_note(samples, 4096, "bf16", 1, read_rate=(3e9, True)) is None  # this disk keeps up
+    assert storage_note(samples, 4096, "fp8", 1, read_rate=(1.73e9, True)) is None  # FP8 already
+    # measured here: the file flushed, dropped from the cache and read back, against a rate no disk gives
+    measured = storage_note(samples, 4096, "bf16", 1, train_tokens_per_s=1e12)
+    assert "GB/s" in measured and "(1 file, 4 readers)" in measured
+
+
+def test_the_expected_training_rate_follows_the_measured_steps():
+    assert expected_tokens_per_s(4096, 1) == 75_000
+    assert expected_tokens_per_s(7168, 1) == pytest.approx(36_500, rel=0.02)  # Kimi-K2's 56.1 ms a 2048-token step
+    assert expected_tokens_per_s(4096, 8) == 600_000
+    assert expected_tokens_per_s(64, 1) is None  # too small a draft for the rule
