@@ -110,6 +110,8 @@ def progress_line(run: dict[str, Any]) -> str:
     utils = [u for _, u, _ in gpu_readings(latest) if u is not None]
     if utils:
         parts.append(f"gpu {sum(utils) / len(utils):.0f}% x{len(utils)}")
+    if run.get("input_bound"):
+        parts.append(f"input-bound {run['input_bound']['share']:.0%}")
     return " | ".join(parts)
 
 
@@ -173,6 +175,8 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
         cells = [Text.assemble((f"{name:>4} ", "dim"), "   -" if util is None else f"{util:3.0f}%",
                                "" if mem is None else f" {mem / 1024:5.1f}G") for name, util, mem in gpus]
         rows.append(_wrapped_grid(cells, GPU_CELL, inner, "gpu"))
+    if run.get("input_bound"):  # the server's words: the disk, not the GPU, sets the pace, and what to do
+        rows.append(safe(run["input_bound"]["note"], style="yellow"))
     if run.get("message"):
         rows.append(safe(run["message"], style="dim", no_wrap=True, overflow="ellipsis"))
     title = safe(f"{run['name']} [{run['id']}]", no_wrap=True)

@@ -269,6 +269,16 @@ class AttemptPublic(BaseModel):
     prediction_error: float | None = Field(None, description="(actual - predicted) / predicted, once the attempt finished")
 
 
+class InputBoundPublic(BaseModel):
+    """The trainer's wait for data, said when it takes a noticeable share of the step (trainer/series.py)."""
+
+    share: float = Field(description="the share of the latest steps' time spent waiting for the next batch "
+                         "(the trainer's `input_bound`, over its last ten steps)")
+    data_wait_s: float | None = Field(None, description="the latest step's wait for its batch, seconds")
+    step_time_s: float | None = Field(None, description="the latest step's time, seconds")
+    note: str = Field(description="what it means and what to do about it, in words")
+
+
 class RunPublic(BaseModel):
     id: str
     name: str
@@ -282,6 +292,8 @@ class RunPublic(BaseModel):
     eta_seconds: float | None
     host_reachable: bool
     latest: dict[str, Any] = Field(description=f"each series' newest value, keyed by name: {SERVER_SERIES_DOC}")
+    input_bound: InputBoundPublic | None = Field(None, description="when the latest steps waited for data a tenth "
+                                                 "of their time or more: the disk, not the GPU, sets the pace")
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None

@@ -13,12 +13,14 @@ from server.schemas import (
     AttemptPublic,
     GpuSnapshotPublic,
     HostPublic,
+    InputBoundPublic,
     InterconnectPublic,
     RunPublic,
     VerifierProbePublic,
     without_env_values,
 )
 from server.spec import RunCreate
+from trainer import series as trainer_series
 
 
 def attempt_public(a: Attempt) -> AttemptPublic:
@@ -88,6 +90,25 @@ def run_message(run: Run, write_failure: WriteFailure | None) -> str | None:
     return f"{said}. {run.message}" if run.message else said
 
 
+def _figure(latest: dict, name: str) -> float | None:
+    value = latest.get(name)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def input_bound_public(latest: dict) -> InputBoundPublic | None:
+    """What the answer says when the trainer's latest steps waited for data (`input_bound`) a tenth of their time
+    or more: the share, the wait against the step, and that the reads are the bound."""
+    share = _figure(latest, trainer_series.INPUT_BOUND)
+    if share is None or share < trainer_series.INPUT_BOUND_NOTICE:
+        return None
+    wait, step = _figure(latest, trainer_series.DATA_WAIT_S), _figure(latest, trainer_series.STEP_TIME_S)
+    figures = f" ({wait * 1e3:.0f} of {step * 1e3:.0f} ms)" if wait is not None and step else ""
+    return InputBoundPublic(share=share, data_wait_s=wait, step_time_s=step,
+                            note=f"input-bound: {share:.0%} of each step waits for data{figures}; reads are the "
+                                 "bound: store the features in FP8 (prepare --store-dtype fp8) or give more readers "
+                                 "(trainer num_workers)")
+
+
 def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFailure | None = None) -> RunPublic:
     """The run as clients see it; `history` is queries.pace_history_for([run]) (empty when not needed), and
     `write_failure` the store's (a read session's info), said in the message of an active run."""
@@ -97,7 +118,8 @@ def run_public(run: Run, history: list[pace.PastAttempt], write_failure: WriteFa
                      hosts=run.hosts, spec=without_env_values(run.spec), progress=progress, eta_seconds=eta_seconds,
                      progress_note=progress_note(run.typed_spec, run.current.total_steps, run.status not in TERMINAL,
                                                    total_note(run.current)),
-                     host_reachable=run.host_reachable, latest=run.latest or {}, created_at=run.created_at,
+                     host_reachable=run.host_reachable, latest=run.latest or {},
+                     input_bound=input_bound_public(run.latest or {}), created_at=run.created_at,
                      updated_at=run.updated_at, ended_at=run.ended_at,
                      attempts=[attempt_public(a) for a in run.attempts])
 
