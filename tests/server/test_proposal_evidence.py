@@ -3,11 +3,15 @@ then decoding calibrating them per position, named with its interval in the prop
 
 import pytest
 
+from server.config import Settings
 from server.lifecycle import RunStatus
 from tests.inprocess import App
 from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
 from tests.server.test_proposal import events, feed, trainer_run, validate
+from tests.worker.test_notifier import wait_for
+from tests.worker.webhook_receiver import Receiver
 from worker.interconnect import InterconnectResponder
+from worker.notifier import WebhookNotifier
 
 # the TTT=3 draft: the simulation past its trained depth above the decay inside it (keep going) ...
 SIM = [0.9, 0.85, 0.84, 0.88, 0.87, 0.86]
@@ -173,3 +177,23 @@ def test_decodings_calibration_carries_onto_the_step_rates(api: App, responder: 
     assert evidence["step_acceptance"] == pytest.approx([min(1.0, u * f) for u, f in zip(flat, ratios, strict=True)])
     assert "the live sim_step_acc_k are calibrated by the same ratios" in evidence["detail"]
     assert got["action"] == "restart", got["summary"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_webhook_says_cannot_tell_with_what_settles_it(api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    receiver = Receiver()
+    notifier = WebhookNotifier(api.db, Settings(home=api.settings.home, webhook_url=receiver.url))
+    try:
+        run_id = trainer_run(api, deploy={"host": "local", "engine": "sglang"})
+        feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+        feed(api, run_id, 1, {"step": 100, "val_loss": 1.0, **with_counts(SIM, FALLING, 60)})
+        settle = api.client.get(f"/v1/runs/{run_id}/proposal").json()["evidence"]["settle"]
+        queued = [n for n in notifier.run_once() if n.event == "proposal"]
+        assert len(queued) == 1 and queued[0].message.startswith("cannot tell yet: ")
+        wait_for("the proposal call", lambda: len(receiver.delivered()) == 1, timeout=20)
+        message = receiver.delivered()[0]["message"]
+        assert settle in message and "the decay read from sim_step_acc_k" in message
+    finally:
+        notifier.close()
+        receiver.close()
