@@ -10,7 +10,10 @@ tokens for llama-8b in bf16, ~117 MB for kimi-k2, half that with `--store-dtype 
 per token, as `prepare --store-dtype fp8` writes), drops the page cache when it may (root), then runs the production command
 (`torchrun -m trainer.train ... --num-workers 4`) for --steps steps while sampling each GPU's
 utilisation every 0.2 s. Reports, over the steps after the first --skip: utilisation per GPU
-(mean, and the share of samples at or above 95%), tokens/s and ms/step from the trainer's own metrics.
+(mean, and the share of samples at or above 95%), tokens/s and ms/step from the trainer's own metrics, and its
+measure of the wait for data (`data_wait_ms` mean per step: a few long waits, most none, `input_bound` the share of the steps' time spent
+waiting); with --size-readers the command leaves --num-workers out and `readers` is the loader's line on what it
+chose.
 """
 
 import argparse
@@ -136,6 +139,8 @@ def main() -> int:
                    help="first steps left out of the figures (warm-up: torch.compile is still compiling at step 10)")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--size-readers", action="store_true",
+                   help="leave --num-workers out: the loader sizes its readers from the read rate it measures")
     p.add_argument("--warm", action="store_true", help="keep the page cache (files read from memory)")
     p.add_argument("--profile", type=Path, help="also profile steps 41-50 into this dir (trainer/profiling.py); "
                    "the figures then carry the profiler's overhead")
@@ -170,7 +175,8 @@ def main() -> int:
                *([args.trainer] if args.trainer.endswith(".py") else ["-m", args.trainer]),
                "--verifier-path", str(verifier), "--data-dir", str(data / "hidden_states"),
                "--vocab-mapping-dir", str(data / "vocab_mapping"), "--output-dir", str(output), "--epochs", "5",
-               "--lr", "3e-5", "--max-seq-len", str(args.seq), "--num-workers", str(args.num_workers),
+               "--lr", "3e-5", "--max-seq-len", str(args.seq),
+               *([] if args.size_readers else ["--num-workers", str(args.num_workers)]),
                "--ttt-steps", str(args.ttt), "--noise-std", "0.05", "--scheduler", "cosine", "--warmup-ratio", "0.01",
                "--val-ratio", "0.05", "--max-steps", str(args.steps)]
     started = time.time()
@@ -195,6 +201,11 @@ def main() -> int:
         "page_cache_dropped": cache_dropped, "cold_read_gb_s": disk_gb_s and round(disk_gb_s, 2), "write_s": round(written_s, 1), "startup_s": round(steps[0]["time"] - started, 1),
         "steps_measured": len(window), "ms_per_step": round((end - begin) / max(1, len(window) - 1) * 1000, 2),
         "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in window)),
+        # the trainer's own measure of the wait for data (trainer/series.py): median per step, and its share
+        "data_wait_ms": round(statistics.mean(r.get("data_wait_s", 0.0) for r in window) * 1000, 2),
+        "input_bound": round(sum(r.get("data_wait_s", 0.0) for r in window)
+                             / max(sum(r.get("step_time_s", 0.0) for r in window), 1e-9), 3),
+        "readers": [line for line in proc.stdout.splitlines() if line.startswith("readers: ")],
         "disk_bytes_per_token": round((data / "hidden_states" / "sample_000000.safetensors").stat().st_size / args.seq),
         "gpus": {},
     }
