@@ -23,6 +23,10 @@ $(BIN)/python:
 # TORCH_INDEX_URL when set; else what pip serves when the box has a GPU (nvidia-smi), is not Linux (PyPI's builds
 # there are CPU builds), or pip already serves a CPU build (a local wheel: its version ends in +cpu); else the CPU
 # build from PyTorch's CPU index (PyPI's Linux build brings several GB of nvidia-* wheels a CPU box cannot use)
+# the rest through uv: it resolves and installs the service's and the tests' ~150 packages in about 15 s where pip took
+# about 170 s on a 2-core machine (make setup 3m40s with pip, under a minute with uv); bytecode compiled at install, as
+# pip does, so a process that may not write it (PYTHONDONTWRITEBYTECODE) does not compile every module it imports
+UV_INSTALL = $(BIN)/python -m uv pip install -q --compile-bytecode --python $(BIN)/python
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || { \
 		if [ -n "$(TORCH_INDEX_URL)" ]; then index="$(TORCH_INDEX_URL)"; \
@@ -31,8 +35,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		then index=; else index="$(TORCH_CPU_INDEX_URL)"; fi; \
 		echo "installing torch==$(TORCH_VERSION) from $${index:-pip's configured index}"; \
 		$(BIN)/pip install -q $${index:+--index-url "$$index"} "torch==$(TORCH_VERSION)"; }
-	$(BIN)/pip install -q -e ".[dev,trainer,postgres]"
-	$(BIN)/pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0"
+	$(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/pip install -q uv
+	$(UV_INSTALL) -e ".[dev,trainer,postgres]"
+	$(UV_INSTALL) --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0"
 	touch $@
 
 setup: $(VENV)/.installed
