@@ -212,8 +212,11 @@ class Client:
         while True:
             headers = {"Last-Event-ID": str(seen)} if seen is not None else {}
             try:
+                # a plain tuple (connect, read, write, pool): `http` may be another httpx-compatible client (Starlette's
+                # TestClient is httpx2's where that is installed), whose Timeout refuses httpx's
+                connect = self._http.timeout.connect
                 with httpx_sse.connect_sse(self._http, "GET", f"/v1/runs/{run_id}/events", headers=headers,
-                                           timeout=httpx.Timeout(self._http.timeout.connect, read=60.0)) as source:
+                                           timeout=(connect, 60.0, connect, connect)) as source:
                     response = source.response
                     if response.status_code >= 400:
                         response.read()
