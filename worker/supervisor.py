@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from server.config import Settings
-from server.db import Database
+from server.db import Database, is_store_failure
 from server.wakeup import WakeupListener
 from worker.attempt_stopper import AttemptStopper
 from worker.clock import Clock
@@ -75,8 +75,12 @@ class Supervisor:
         while not self._stop.is_set():
             try:
                 self.tick(woken)
-            except Exception:
-                log.exception("worker tick failed")
+            except Exception as exc:
+                if is_store_failure(exc):  # a full or unreachable store: one line a tick, not a traceback
+                    log.warning("worker tick: the database failed, trying again next tick: %s",
+                                str(exc).splitlines()[0][:300])
+                else:
+                    log.exception("worker tick failed")
             woken = self.wakeup.wait(self.settings.poll_interval)
         self.close()
 
