@@ -119,7 +119,7 @@ test-fast: setup
 # to worker/ or trainer/. The venv sees the machine's own torch (--system-site-packages). A machine without a
 # package index: GPU_WHEELS=DIR, a folder of the service's wheels (docs/benchmarks.md says how to make one)
 GPU_VENV ?= .venv-gpu
-GPU_OUT ?= .gpu-check
+GPU_OUT ?= $(CURDIR)/.gpu-check
 GPU_WHEELS ?=
 GPU_CHECK_ARGS ?= --watch 20
 gpu-check:

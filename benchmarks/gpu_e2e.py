@@ -147,6 +147,7 @@ def main() -> int:
     p.add_argument("--synthetic-8b", action="store_true",
                    help="an 8B-shaped verifier and random features instead of the demo verifier and prepare")
     args = p.parse_args()
+    args.out = args.out.resolve()  # the spec's output_dir is refused unless absolute (a relative --out did that)
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
