@@ -1,11 +1,14 @@
 """Session fixtures for trainer tests: a tiny verifier, a tiny corpus and its prepared features."""
 
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from trainer.demo_verifier import VerifierPreset, build_verifier, stdlib_root
 from trainer.prepare import prepare
@@ -43,15 +46,30 @@ def one_cpu_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def _built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """`build(directory)` once for the whole pytest run, its xdist workers included: the first to come builds it under
+    a lock in the run's shared temporary root, the others wait and take it (each built its own before, about 30 s
+    of CPU apiece on a loaded 2-core machine). What is built is only read by the tests that take it."""
+    root = factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the workers' basetemps share this parent for one pytest run
+    directory, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not done.exists():
+            if directory.exists():  # a build cut short
+                shutil.rmtree(directory)
+            directory.mkdir()
+            with one_cpu_thread():
+                build(directory)
+            done.touch()
+    return directory
+
+
 @pytest.fixture(scope="session")
 def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF directory of a LlamaForCausalLM (hidden 64, 8 layers, 4 heads / 2 kv heads), briefly trained."""
-    directory = tmp_path_factory.mktemp("tiny_verifier")
-    with one_cpu_thread():
-        build_verifier(
-            directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES]
-        )
-    return directory
+    return _built_once(tmp_path_factory, "tiny_verifier", lambda directory: build_verifier(
+        directory, TINY_VERIFIER_PRESET, source_files=[stdlib_root() / name for name in TOKENIZER_SOURCES]))
 
 
 @pytest.fixture(scope="session")
@@ -67,16 +85,6 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Output dir of `prepare` on the tiny verifier and corpus: hidden_states/, vocab_mapping/, prepare.json."""
-    directory = tmp_path_factory.mktemp("prepared")
-    with one_cpu_thread():
-        prepare(
-            tiny_verifier,
-            tiny_corpus,
-            directory,
-            max_seq_len=PREPARED_MAX_SEQ_LEN,
-            draft_vocab_size=PREPARED_DRAFT_VOCAB,
-            max_samples=PREPARED_MAX_SAMPLES,
-            batch_size=8,
-            device="cpu",
-        )
-    return directory
+    return _built_once(tmp_path_factory, "prepared", lambda directory: prepare(
+        tiny_verifier, tiny_corpus, directory, max_seq_len=PREPARED_MAX_SEQ_LEN, draft_vocab_size=PREPARED_DRAFT_VOCAB,
+        max_samples=PREPARED_MAX_SAMPLES, batch_size=8, device="cpu"))
