@@ -1,5 +1,5 @@
 """Workers wake when the API changes a run (server/wakeup.py), in this process and in others, instead of on
-their next tick; and a real service with a 30 s tick acts on submit, restart and cancel at once."""
+their next tick; and a real service with a 120 s tick acts on submit, restart and cancel at once."""
 
 import os
 import subprocess
@@ -17,7 +17,11 @@ from server.wakeup import WakeupListener, wake_workers, wakeup_dir, workers_list
 from tests.service import ROOT, Service, attempt_processes, kill_leftovers
 
 # the worker's tick in the service tests: anything acted on well before it was woken
-TICK = 30.0
+TICK = 120.0
+# "at once": well inside the tick however loaded the machine (a 2 s bound failed at 2.7 s beside the suite's other
+# processes), so that a request acted on only at the next tick fails, and one acted on by luck of a tick falling
+# in the window is 1 in 12 a request
+AT_ONCE = 10.0
 
 
 def _queued_run(db: Database) -> str:
@@ -42,7 +46,7 @@ def test_a_listener_in_this_process_wakes_at_commit_and_not_before(db: Database)
             wake_workers(s)
             assert not listener.wait(0), "woken before the change is committed: the worker would read the old state"
         started = time.monotonic()
-        assert listener.wait(TICK) and time.monotonic() - started < 1
+        assert listener.wait(TICK) and time.monotonic() - started < AT_ONCE
         assert not listener.wait(0), "one change, one wake-up"
     finally:
         listener.close()
@@ -85,7 +89,7 @@ def test_a_worker_in_another_process_wakes_through_its_fifo_or_notify_and_leaves
     assert len(fifos) == (1 if on_sqlite else 0)
     _cancel(db, run_id)
     words, seconds = other.stdout.readline().split()
-    assert words == "woken" and float(seconds) < 2
+    assert words == "woken" and float(seconds) < AT_ONCE
     assert other.wait(10) == 0
     assert not any(fifo.exists() for fifo in fifos)
 
@@ -108,7 +112,7 @@ def test_the_fifo_of_a_worker_that_died_is_removed_by_the_next_wake_up(db: Datab
         listener.close()
 
 
-# the service with a worker that ticks every 30 s: a job that notes when SIGTERM reached it, then exits
+# the service with a worker that ticks every 120 s: a job that notes when SIGTERM reached it, then exits
 
 JOB = textwrap.dedent("""
     import os, signal, sys, time
@@ -131,7 +135,7 @@ def _wait_for(path: Path, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def _until(svc: Service, run_id: str, status: str, attempt: int = 1, seconds: float = 5.0) -> float:
+def _until(svc: Service, run_id: str, status: str, attempt: int = 1, seconds: float = AT_ONCE) -> float:
     """Seconds until the run is `status` at `attempt`; fails the test past `seconds` (well before the tick)."""
     started = time.monotonic()
     while time.monotonic() - started < seconds:
@@ -156,14 +160,14 @@ def _requests_are_acted_on_at_once(svc: Service, tmp_path: Path) -> None:
     asked = time.time()
     assert svc.client.post(f"/v1/runs/{run['id']}/restart", json={}).status_code == 202
     _until(svc, run["id"], "running", attempt=2)
-    assert float(marks.with_suffix(".sigterm").read_text()) - asked < 2, "attempt 1 was stopped at once"
+    assert float(marks.with_suffix(".sigterm").read_text()) - asked < AT_ONCE, "attempt 1 was stopped at once"
     _wait_for(marks.with_suffix(".started"), 60)
 
     marks.with_suffix(".sigterm").unlink()
     asked = time.time()
     assert svc.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
     _until(svc, run["id"], "cancelled", attempt=2)
-    assert float(marks.with_suffix(".sigterm").read_text()) - asked < 2, "the cancel reached the job at once"
+    assert float(marks.with_suffix(".sigterm").read_text()) - asked < AT_ONCE, "the cancel reached the job at once"
     assert attempt_processes(svc.run(run["id"]), 2) == []
 
 

@@ -89,7 +89,13 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     release_gpus(web)
     page.wait_for_function("() => document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
                            timeout=30_000)
-    expect(page.locator("#advice")).to_contain_text("TTT")
+    # whether to retrain is the run's one verdict (its proposal), said beside the per-interconnect advice
+    expect(page.locator("#advice .advice").first).to_contain_text("Serve at depth")
+    action = web.client.get(f"/v1/runs/{run['id']}/proposal").json()["action"]
+    said = {"restart": "Retrain: restart at TTT=", "keep_going": "Retrain: keep going",
+            "cannot_tell": "Retrain: cannot tell yet", "unavailable": "Retrain: no proposal yet"}[action]
+    expect(page.locator("#evaluation-verdict")).to_contain_text(said)
+    expect(page.locator("#evaluation-card")).not_to_contain_text("pays off")
     assert page.errors == []  # type: ignore[attr-defined]
 
     toy = web.submit(toy_spec(steps=3000, sleep=0.1, nproc=1, name="toy-baseline"))
