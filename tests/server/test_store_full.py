@@ -75,14 +75,20 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         assert run["status"] == "running"
         assert "cannot store this run's progress" in run["message"] and "full" in run["message"]
         # a refused write hands the log's space back (server/db.py release_log_space): take that too
-        topped = _fill(small_disk, "filler-2")
-        refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1), params={"name_suffix": "true"})
+        # a submit is refused saying so. A worker tick refused between the top-up and the submit hands more space
+        # back, and a submit may then fit: it is taken as any submit is (cancelled here), and the disk topped up again
+        fillers, accepted = [filler], []
+        for _ in range(20):
+            fillers.append(_fill(small_disk, f"filler-{len(fillers)}"))
+            refused = svc.client.post("/v1/runs", json=toy_spec(steps=1, nproc=1), params={"name_suffix": "true"})
+            if refused.status_code != 201:
+                break
+            accepted.append(refused.json()["id"])
         assert refused.status_code == 503 and "full" in refused.json()["detail"], refused.text
         # the job ends meanwhile (150 steps of 0.05 s): the worker's ticks fail to store it, none fails the run. Each
         # refused write hands some space back, so the disk is kept full as it waits: how long the job and the ticks
         # take on a loaded machine decides nothing (before: the space handed back let the ticks store, and under load
         # none was refused after the job's end within 120 s)
-        fillers = [filler, topped]
         exit_file = next(iter(svc.workspace.glob(f".longrun/{run_id}/*/exit_code")), None)
         ticks_at_end = None
         deadline = time.time() + 300
@@ -98,6 +104,8 @@ def test_a_full_database_disk_is_said_and_the_run_ends_as_its_job_did(tmp_path: 
         assert "Traceback" not in (svc.home / "server.log").read_text(), "a refused write is a line, not a traceback"
         for each in fillers:
             each.unlink(missing_ok=True)
+        for other in accepted:
+            svc.client.post(f"/v1/runs/{other}/cancel")
         done = svc.wait_status(run_id, "succeeded", "failed", timeout=120)
         assert done["status"] == "succeeded", done["message"]
         # every line the job wrote is stored, those written while the disk was full included
