@@ -7,7 +7,9 @@ warm-up) and the steps after it, each mode in a fresh process as an attempt is.
 Modes: `eager` (LONGRUN_COMPILE=0); `cold` (torch.compile with an empty inductor cache, as on a fresh machine);
 `warm` (the same cache again, as a restart on the same machine finds it); `dynamic-cold`/`dynamic-warm` (the same,
 with every compiled region traced with dynamic shapes from its first call instead of static first and dynamic on
-the second shape). One JSON line per mode and TTT: seconds to import, to build the draft, of the first step, of
+the second shape); `unmarked-cold`/`unmarked-warm` (the TTT attention's count of diagonal entries left to Dynamo,
+as before `trainer/attention.py` marked it dynamic: the baseline for a restart at a new TTT). Each kind of mode has
+a cache of its own, shared across its TTTs: `--ttt 3 5` gives TTT=5 the cache TTT=3 left, as a restart finds it. One JSON line per mode and TTT: seconds to import, to build the draft, of the first step, of
 steps 2..5, the steady ms per step, and torch.compile's own counts (graphs compiled, recompiles, its time by phase).
 """
 
@@ -34,6 +36,10 @@ def child(mode: str, seq: int, ttt: int, steps: int) -> dict:
         compile_ = torch.compile
         torch.compile = lambda fn, dynamic=None, **kw: compile_(fn, dynamic=True, **kw)
     sys.path.insert(0, str(ROOT))
+    if mode.startswith("unmarked"):  # the diagonal entries' count left to Dynamo, as before trainer/attention.py marked it
+        import trainer.attention
+
+        trainer.attention._stack_steps = lambda entries: torch.stack(tuple(entries), dim=3)
     from benchmarks.bench_trainer import random_draft
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.step import TrainingStep
@@ -93,11 +99,12 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.seq, args.ttt[0], args.steps)), flush=True)
         return 0
-    caches = {"": tempfile.mkdtemp(prefix="inductor-static-"), "dynamic": tempfile.mkdtemp(prefix="inductor-dyn-")}
+    caches = {kind: tempfile.mkdtemp(prefix=f"inductor-{kind or 'static'}-") for kind in ("", "dynamic", "unmarked")}
     for mode in args.modes.split(","):
         for ttt in args.ttt:
-            env = dict(os.environ, LONGRUN_COMPILE="0" if mode == "eager" else "1",
-                       TORCHINDUCTOR_CACHE_DIR=caches["dynamic" if mode.startswith("dynamic") else ""])
+            cache = caches[next((k for k in caches if k and mode.startswith(k)), "")]
+            env = dict(os.environ, LONGRUN_COMPILE="0" if mode == "eager" else "1", TORCHINDUCTOR_CACHE_DIR=cache,
+                       TRITON_CACHE_DIR=os.path.join(cache, "triton"))
             out = subprocess.run([sys.executable, __file__, "--child", mode, "--ttt", str(ttt), "--seq",
                                   str(args.seq), "--steps", str(args.steps)], env=env, capture_output=True, text=True)
             line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 else json.dumps(

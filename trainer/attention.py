@@ -141,6 +141,20 @@ def _math_scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
     return scores
 
 
+def _stack_steps(entries: Sequence[Tensor]) -> Tensor:
+    """The diagonal entries [B, Q, kv_heads, d] of the steps so far, stacked [B, Q, kv_heads, n, d], with their count
+    n marked dynamic for torch.compile from 2 on (Dynamo specialises a size of 1 whatever it is told). The compiled
+    merge and its backward then trace one graph for n = 1 and one for every n above, whatever the TTT depth: an
+    attempt restarted at a deeper TTT finds every graph the first attempt compiled in the compile cache. Left to
+    itself Dynamo compiles the first n it meets statically, which in the backward pass is the depth's last step
+    (n = T - 1): a graph of that depth's own, compiled cold at every new depth (benchmarks/bench_startup.py's
+    `unmarked` modes measure that). Marking a tensor does nothing where nothing is compiled."""
+    stacked = torch.stack(tuple(entries), dim=3)
+    if stacked.shape[3] > 1:
+        torch._dynamo.maybe_mark_dynamic(stacked, 3)
+    return stacked
+
+
 class _TTTAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scale: float, documents, q: Tensor, keys: Tensor, values: Tensor, *diag: Tensor) -> Tensor:
@@ -161,7 +175,7 @@ class _TTTAttention(torch.autograd.Function):
                 out, lse = out_c.transpose(1, 2), lse_c
             else:
                 merge = _merge_diagonal.on_cuda if q.requires_grad else _merge_diagonal
-                out, lse = merge(q, out_c, lse_c, torch.stack(diag[:n], dim=3), torch.stack(diag[n:], dim=3), scale)
+                out, lse = merge(q, out_c, lse_c, _stack_steps(diag[:n]), _stack_steps(diag[n:]), scale)
         ctx.scale, ctx.causal, ctx.backend, ctx.state, ctx.documents = scale, causal, backend, state, documents
         ctx.save_for_backward(q, keys, values, out, lse, *diag)
         return out
@@ -183,7 +197,7 @@ class _TTTAttention(torch.autograd.Function):
             if n == 0:
                 return None, None, dq, dk, dv
             dq, d_diag_k, d_diag_v = _diagonal_backward.on_cuda(
-                grad, q, out, lse, dq, torch.stack(diag[:n], dim=3), torch.stack(diag[n:], dim=3), scale
+                grad, q, out, lse, dq, _stack_steps(diag[:n]), _stack_steps(diag[n:]), scale
             )
         return None, None, dq, dk, dv, *d_diag_k.unbind(3), *d_diag_v.unbind(3)
 
