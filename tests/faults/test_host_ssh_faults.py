@@ -39,7 +39,7 @@ def test_sshd_killed_mid_cancel_keeps_the_run_cancelling_until_the_host_answers_
             done = svc.wait_status(run["id"], "cancelled", "failed", timeout=60)
             assert done["status"] == "cancelled" and done["message"] == "cancelled; no process of the run remains"
             # the step that ends the run clears the unreachable mark in its next transaction
-            svc.wait(run["id"], lambda r: r["host_reachable"] is True, timeout=10, what="host marked answering")
+            svc.wait(run["id"], lambda r: r["host_reachable"] is True, timeout=30, what="host marked answering")
             assert attempt_processes(done, 1) == []
             steps = steps_of(svc, run["id"], 1)
             assert steps[:5] == [1, 2, 3, 4, 5] and steps == list(range(1, len(steps) + 1)), \

@@ -82,7 +82,7 @@ def test_commands_reuse_one_connection(sshd, transport):
     assert transport.transport_object() is connection
     assert transport.round_trips == 11
     # connections of earlier tests may take a moment to go away
-    wait_for(lambda: len(sshd.session_pids()) == 1, timeout=5)
+    wait_for(lambda: len(sshd.session_pids()) == 1, timeout=30)
 
 
 def test_concurrent_exec_from_eight_threads(sshd, transport):
@@ -104,7 +104,7 @@ def test_concurrent_exec_from_eight_threads(sshd, transport):
     assert results == {(n, j): f"{n}-{j}\n" for n in range(8) for j in range(5)}
     assert transport.round_trips == 40
     # connections of earlier tests may take a moment to go away
-    wait_for(lambda: len(sshd.session_pids()) == 1, timeout=5)
+    wait_for(lambda: len(sshd.session_pids()) == 1, timeout=30)
 
 
 def test_command_timeout_raises_and_keeps_the_connection(transport):
@@ -234,7 +234,9 @@ def test_a_host_that_goes_silent_as_a_command_starts_times_the_command_out(monke
             started = time.monotonic()
             with pytest.raises(HostUnreachable, match="did not finish within 3s"):
                 t.exec("echo hi")
-            assert time.monotonic() - started < 6
+            # within the command's 5 s and the connection check's 2 s (about 2 s alone), not TCP's minutes: 15 s
+            # bounds that on a loaded machine
+            assert time.monotonic() - started < 15
             assert frozen, "no sshd session was stopped"
             assert t.exec("echo back").stdout == "back\n"  # a new connection, to the sshd that still listens
         finally:
@@ -328,9 +330,11 @@ def test_a_host_in_another_network_namespace_drops_off_and_comes_back():
             started = time.monotonic()
             with pytest.raises(HostUnreachable):
                 t.exec("echo unreachable")
-            assert time.monotonic() - started < 6
+            # within the command's 5 s and the connection check's 2 s (about 2 s alone), not TCP's minutes: 15 s
+            # bounds that on a loaded machine
+            assert time.monotonic() - started < 15
             ns.set_link(True)
-            assert wait_for(lambda: _answers(t), timeout=15) == "back\n"
+            assert wait_for(lambda: _answers(t), timeout=60) == "back\n"
         finally:
             t.close()
 
