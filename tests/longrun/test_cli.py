@@ -190,11 +190,24 @@ def later(seconds: float, action) -> threading.Thread:
 def test_cancel_wait_returns_once_the_run_is_cancelled(cli: App, capsys) -> None:
     run = cli.submit()
     cli.move(run["id"], S.LAUNCHING, S.RUNNING)
-    mover = later(0.5, lambda: cli.move(run["id"], S.CANCELLED))  # as the worker does once nothing is left
-    started = time.time()
+    cancelling_seen: list[float] = []
+
+    def worker_ends_it() -> None:
+        """As the worker does once nothing is left: cancelled, 0.5 s after the command's cancel was stored (a
+        fixed delay from the start raced the command on a loaded machine: the move from running is refused, and
+        the run stayed cancelling with nobody to end it)."""
+        deadline = time.monotonic() + 120
+        while cli.client.get(f"/v1/runs/{run['id']}").json()["status"] != "cancelling":
+            assert time.monotonic() < deadline, "the command's cancel was never stored"
+            time.sleep(0.02)
+        cancelling_seen.append(time.time())
+        time.sleep(0.5)
+        cli.move(run["id"], S.CANCELLED)
+
+    mover = later(0, worker_ends_it)
     assert exit_code(["cancel", run["id"], "--wait", "--interval", "0.05", "--json"]) == 0
     mover.join()
-    assert time.time() - started >= 0.5
+    assert cancelling_seen and time.time() - cancelling_seen[0] >= 0.5, "it waited for the run's end"
     assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
 
 
