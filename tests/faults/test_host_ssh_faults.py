@@ -33,7 +33,7 @@ def test_sshd_killed_mid_cancel_keeps_the_run_cancelling_until_the_host_answers_
             assert svc.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
             time.sleep(1.5)  # the cancel waits out its grace on the host: the job ignores SIGTERM
             sshd.stop()
-            away = svc.wait(run["id"], lambda r: r["host_reachable"] is False, timeout=30, what="host away")
+            away = svc.wait(run["id"], lambda r: r["host_reachable"] is False, timeout=60, what="host away")
             assert away["status"] == "cancelling" and "host not answering" in away["message"], away
             sshd.start()
             done = svc.wait_status(run["id"], "cancelled", "failed", timeout=60)

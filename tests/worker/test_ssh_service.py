@@ -176,7 +176,7 @@ def test_sshd_stopped_mid_run_then_back_loses_and_duplicates_no_metric(rig: Rig)
     time.sleep(2)  # the job keeps writing metrics nobody can read
     assert svc.run(run["id"])["status"] == "running"
     sshd.start()
-    back = svc.wait(run["id"], lambda r: r["host_reachable"] is True, timeout=20, what="host back")
+    back = svc.wait(run["id"], lambda r: r["host_reachable"] is True, timeout=60, what="host back")
     assert back["status"] in ("running", "succeeded"), back
     assert "not answering" not in back["message"], back["message"]
     host = svc.client.get("/v1/hosts/box").json()
