@@ -15,7 +15,7 @@ def _trainer_spec(verifier: Path, data: Path, out: Path, corpus: Path) -> dict:
     return {"name": "eagle3", "host": "local", "nproc_per_node": 2,
             "trainer": {"verifier_path": str(verifier), "data_dir": str(data / "hidden_states"),
                         "vocab_mapping_dir": str(data / "vocab_mapping"), "output_dir": str(out),
-                        "epochs": 30, "lr": 3e-3, "max_seq_len": 64, "num_workers": 0, "ttt_steps": 3,
+                        "epochs": 10, "lr": 3e-3, "max_seq_len": 64, "num_workers": 0, "ttt_steps": 3,
                         "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.1,
                         "eval_corpus": str(corpus), "eval_max_depth": 4, "eval_samples": 2,
                         "eval_new_tokens": 16}}
