@@ -9,8 +9,9 @@ Modes: `eager` (LONGRUN_COMPILE=0); `cold` (torch.compile with an empty inductor
 with every compiled region traced with dynamic shapes from its first call instead of static first and dynamic on
 the second shape); `unmarked-cold`/`unmarked-warm` (the TTT attention's count of diagonal entries left to Dynamo,
 as before `trainer/attention.py` marked it dynamic: the baseline for a restart at a new TTT). Each kind of mode has
-a cache of its own, shared across its TTTs: `--ttt 3 5` gives TTT=5 the cache TTT=3 left, as a restart finds it. One JSON line per mode and TTT: seconds to import, to build the draft, of the first step, of
-steps 2..5, the steady ms per step, and torch.compile's own counts (graphs compiled, recompiles, its time by phase).
+a cache of its own, shared across its TTTs: `--ttt 3 5` gives TTT=5 the cache TTT=3 left, as a restart finds it.
+One JSON line per mode and TTT: seconds to import, to build the draft, of the first step, of steps 2..5, the
+steady ms per step, and torch.compile's own counts (graphs compiled, recompiles, its time by phase).
 """
 
 import argparse

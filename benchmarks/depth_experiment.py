@@ -241,11 +241,11 @@ def main() -> int:
     jobs = [(int(ttt), regenerated) for ttt in args.ttt.split(",") for regenerated in variants]
     results: list[dict] = []
 
-    def save() -> list[dict]:
+    def save(**extra: object) -> list[dict]:
         ordered = sorted(results, key=lambda r: (r["regenerated"], r["ttt"]))
         (args.out / "results.json").write_text(json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()}, "timings": timings,
-             "seconds": round(time.time() - started), "drafts": ordered}, indent=1))
+             "seconds": round(time.time() - started), "drafts": ordered, **extra}, indent=1))
         return ordered
 
     with ThreadPoolExecutor(args.parallel) as pool:
@@ -255,10 +255,8 @@ def main() -> int:
         for future in futures:
             results.append(future.result())
             save()
-    ordered = save()
-    checks = prediction_check(ordered)
-    saved = json.loads((args.out / "results.json").read_text())
-    (args.out / "results.json").write_text(json.dumps({**saved, "prediction_check": checks}, indent=1))
+    checks = prediction_check(save())
+    ordered = save(prediction_check=checks)
     table = tables(ordered, args.max_depth) + prediction_table(checks)
     (args.out / "table.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
