@@ -18,6 +18,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "examples" / "toy_train.py")
+# a stdlib `torch.distributed.run` (tests/stubrun): toy jobs started through it skip the real launcher's torch import
+STUBRUN = str(ROOT / "tests" / "stubrun")
+STUB_ENV = {"PYTHONPATH": STUBRUN}  # the `env` of a spec whose job is stdlib only
 
 
 def free_port() -> int:
@@ -139,9 +142,14 @@ def stop_processes(processes: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, **extra: Any) -> dict[str, Any]:
+def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, real_torchrun: bool = False,
+             **extra: Any) -> dict[str, Any]:
+    """The toy job as a run spec, started by the stand-in launcher of tests/stubrun unless `real_torchrun` (or an
+    `env` of the caller's own, which replaces the spec's)."""
     args = ["--steps", str(steps), "--sleep", str(sleep)] + extra.pop("args", [])
-    return {"name": "toy", "host": "local", "nproc_per_node": nproc, "entrypoint": TOY, "args": args, **extra}
+    env = {} if real_torchrun else {"PYTHONPATH": STUBRUN}
+    return {"name": "toy", "host": "local", "nproc_per_node": nproc, "entrypoint": TOY, "args": args,
+            "env": {**env, **extra.pop("env", {})}, **extra}
 
 
 def processes_with_env(needle: str, prefix: bool = False) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.service import Service, alive, attempt_processes, kill_leftovers, toy_spec
+from tests.service import STUB_ENV, Service, alive, attempt_processes, kill_leftovers, toy_spec
 from worker.hostside import containment
 
 pytestmark = pytest.mark.slow  # each row starts a real `longrun serve` and torchrun
@@ -28,7 +28,7 @@ def cmdline(pid: int) -> str:
 def checkpointing_spec(tmp_path: Path, steps: int, **extra: Any) -> dict[str, Any]:
     return {"name": "ckpt", "host": "local", "nproc_per_node": 1, "entrypoint": str(HERE / "job_checkpointing.py"),
             "args": ["--steps", str(steps), "--sleep", "0.1", "--checkpoint", str(tmp_path / "ckpt.json")],
-            **extra}
+            "env": STUB_ENV, **extra}
 
 
 def steps_of(service: Service, run_id: str, attempt: int) -> list[int]:
@@ -36,7 +36,7 @@ def steps_of(service: Service, run_id: str, attempt: int) -> list[int]:
 
 
 def test_wrapper_killed_stops_the_job_before_the_attempt_fails(service: Service) -> None:
-    run = service.submit(toy_spec(steps=2000, sleep=0.05))
+    run = service.submit(toy_spec(steps=2000, sleep=0.05, real_torchrun=True))
     running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 5,
                            what="running")
     wrapper = running["attempts"][0]["nodes"][0]["pid"]
@@ -95,7 +95,8 @@ def test_a_helper_forked_outside_the_jobs_environment_and_session_does_not_survi
         pytest.skip("only a cgroup holds a helper started with `env -i setsid`; this host offers none")
     helper_file = tmp_path / "helper.pid"
     run = service.submit({"name": "forks", "host": "local", "nproc_per_node": 1,
-                          "entrypoint": str(HERE / "job_forks_helper.py"), "args": [str(helper_file)]})
+                          "entrypoint": str(HERE / "job_forks_helper.py"), "args": [str(helper_file)],
+                          "env": STUB_ENV})
     service.wait(run["id"], lambda r: r["status"] == "running" and "loss" in r["latest"], what="running")
     helper = int(helper_file.read_text())
     assert alive(helper) and b"LONGRUN_ATTEMPT_TOKEN" not in Path(f"/proc/{helper}/environ").read_bytes()
@@ -127,7 +128,8 @@ def small_disk_service(tmp_path: Path) -> Iterator[Service]:
 def test_disk_full_on_the_host_fails_the_run_saying_so(small_disk_service: Service) -> None:
     service = small_disk_service
     run = service.submit({"name": "fills", "host": "local", "nproc_per_node": 1,
-                          "entrypoint": str(HERE / "job_fills_disk.py"), "args": []})
+                          "entrypoint": str(HERE / "job_fills_disk.py"), "args": [],
+                          "env": STUB_ENV})
     done = service.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=120)
     assert done["status"] == "failed"
     assert "exited with code" in done["message"] and "is full" in done["message"], done["message"]

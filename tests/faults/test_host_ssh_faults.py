@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.test_host_faults import HERE, steps_of
-from tests.service import Service, attempt_processes, kill_leftovers
+from tests.service import STUB_ENV, Service, attempt_processes, kill_leftovers
 from tests.sshd import SshServer
 
 pytestmark = pytest.mark.slow  # a real server, sshd and torchrun
@@ -26,7 +26,8 @@ def test_sshd_killed_mid_cancel_keeps_the_run_cancelling_until_the_host_answers_
             body = {"name": "box", **sshd.host_fields, "workspace": str(workspace), "python": sys.executable}
             assert svc.client.post("/v1/hosts", json=body).status_code == 201
             run = svc.submit({"name": "stubborn", "host": "box", "nproc_per_node": 1,
-                              "entrypoint": str(HERE / "job_ignores_sigterm.py"), "args": []})
+                              "entrypoint": str(HERE / "job_ignores_sigterm.py"), "args": [],
+                              "env": STUB_ENV})
             running = svc.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 5,
                                what="five steps")
             assert attempt_processes(running, 1)

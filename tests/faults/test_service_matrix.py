@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.service import Service, kill_leftovers, start_worker, stop_processes, toy_spec
+from tests.service import STUB_ENV, Service, kill_leftovers, start_worker, stop_processes, toy_spec
 
 pytestmark = pytest.mark.slow  # real servers, workers and torchrun
 
@@ -43,7 +43,7 @@ def _job(tmp_path: Path, mode: str, skew: float = 0.0, steps: int = 60) -> dict[
     script = tmp_path / "job.py"
     script.write_text(JOB)
     return {"name": mode, "host": "local", "nproc_per_node": 1, "entrypoint": str(script),
-            "args": [mode, str(skew), str(steps)]}
+            "args": [mode, str(skew), str(steps)], "env": STUB_ENV}
 
 
 @contextmanager

@@ -5,14 +5,14 @@ from collections import Counter
 from pathlib import Path
 
 from server.log_patterns import total_from_arguments
-from tests.service import Service
+from tests.service import STUB_ENV, Service
 
 FOREIGN = str(Path(__file__).resolve().parent.parent / "fixtures" / "trainer_logs" / "foreign_trainer.py")
 
 
 def foreign_spec(steps: int, sleep: float, *args: str, **extra: object) -> dict:
     return {"name": "foreign", "host": "local", "nproc_per_node": 1, "entrypoint": FOREIGN,
-            "args": ["--steps", str(steps), "--sleep", str(sleep), *args], **extra}
+            "args": ["--steps", str(steps), "--sleep", str(sleep), *args], "env": STUB_ENV, **extra}
 
 
 def test_a_tqdm_bar_and_log_lines_give_progress_loss_and_eta(service: Service) -> None:

@@ -73,7 +73,7 @@ def test_restart_stops_every_process_before_the_new_attempt_starts(service: Serv
 
 @pytest.mark.both_stores
 def test_cancel_leaves_no_process_torchrun_workers_included(service: Service) -> None:
-    run = service.submit(toy_spec(steps=1000, sleep=0.05))
+    run = service.submit(toy_spec(steps=1000, sleep=0.05, real_torchrun=True))
     running = service.wait(run["id"], lambda r: r["status"] == "running" and "loss" in r["latest"], what="running")
     pids = attempt_processes(running, 1)
     assert len(pids) >= 4, f"wrapper, torchrun agent and two workers expected, got {pids}"

@@ -14,7 +14,7 @@ from server.db import Database
 from server.lifecycle import RunStatus, transition
 from server.models import Run
 from server.wakeup import WakeupListener, wake_workers, wakeup_dir, workers_listening
-from tests.service import ROOT, Service, attempt_processes, kill_leftovers
+from tests.service import ROOT, STUB_ENV, Service, attempt_processes, kill_leftovers
 
 # the worker's tick in the service tests: anything acted on well before it was woken
 TICK = 120.0
@@ -152,9 +152,9 @@ def _requests_are_acted_on_at_once(svc: Service, tmp_path: Path) -> None:
     script.write_text(JOB)
     marks = tmp_path / "job"
     run = svc.submit({"name": "at-once", "host": "local", "nproc_per_node": 1, "entrypoint": str(script),
-                      "args": [str(marks)]})
+                      "args": [str(marks)], "env": STUB_ENV})
     _until(svc, run["id"], "running")
-    _wait_for(marks.with_suffix(".started"), 60)  # torch's import: the job's own start-up
+    _wait_for(marks.with_suffix(".started"), 60)  # the job's own start-up
 
     marks.with_suffix(".started").unlink()
     asked = time.time()

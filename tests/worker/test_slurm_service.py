@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.service import ROOT, Service, attempt_processes, attempts_overlap, kill_leftovers, toy_spec
+from tests.service import (
+    ROOT,
+    STUB_ENV,
+    Service,
+    attempt_processes,
+    attempts_overlap,
+    kill_leftovers,
+    toy_spec,
+)
 from tests.slurm import SlurmCluster, job_of, serving
 from tests.sshd import SshServer
 
@@ -99,7 +107,7 @@ def test_attempt_ended_by_its_slurm_time_limit_is_requeued_from_its_checkpoint(
     # Slurm counts time limits in minutes: the first attempt outlasts one, the resumed one finishes quickly
     spec = {"name": "timed", "host": "cluster", "nproc_per_node": 1, "entrypoint": CHECKPOINTING, "max_retries": 1,
             "args": ["--steps", "2000", "--sleep", "0.05", "--resumed-sleep", "0.002", "--checkpoint", str(checkpoint)],
-            "slurm": {"time_limit": "1"}}
+            "slurm": {"time_limit": "1"}, "env": STUB_ENV}
     run = service.submit(spec)
     done = service.wait_status(run["id"], "succeeded", "failed", timeout=150)
     assert done["status"] == "succeeded", done
