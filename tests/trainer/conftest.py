@@ -12,6 +12,7 @@ from filelock import FileLock
 
 from trainer.demo_verifier import VerifierPreset, build_verifier, stdlib_root
 from trainer.prepare import prepare
+from trainer.train import main as train_main
 
 # Small stdlib modules present in every CPython 3.11+; a few kilobytes to a few tens each.
 TOKENIZER_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py")
@@ -88,3 +89,13 @@ def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pyte
     return _built_once(tmp_path_factory, "prepared", lambda directory: prepare(
         tiny_verifier, tiny_corpus, directory, max_seq_len=PREPARED_MAX_SEQ_LEN, draft_vocab_size=PREPARED_DRAFT_VOCAB,
         max_samples=PREPARED_MAX_SAMPLES, batch_size=8, device="cpu"))
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
+    """Run `trainer.train.main` in this process (no interpreter start-up), on one thread."""
+    monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield lambda command: train_main(command[command.index("trainer.train") + 1 :])
+    torch.set_num_threads(threads)

@@ -3,7 +3,6 @@ code writes it, see peer_layouts) into the same batches, features and targets as
 with the seed's flags."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from server.schemas import RunCreate
+from tests.service import STUB_ENV
 from tests.trainer.peer_layouts import write_specforge, write_speculators, write_speculators_arrow
-from tests.trainer.test_train import read_metrics, run
+from tests.trainer.test_train import read_metrics
 from tests.trainer.tiny_setup import DRAFT_VOCAB, LAYERS, build_dataset, build_verifier
 from trainer.data import HiddenStatesDataset, batch_to, list_samples
 from trainer.formats import detect_format, open_training_data
@@ -200,19 +200,18 @@ def test_a_file_that_is_not_what_it_claims_is_named_with_its_missing_key(layouts
         detect_format(tmp_path / "nothing")
 
 
-@pytest.mark.slow  # real torchrun runs
 @pytest.mark.parametrize("layout", ["speculators", "speculators_arrow", "speculators_arrow_fp8"])
-def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to_5(layouts, tmp_path, layout):
+def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to_5(layouts, tmp_path, layout,
+                                                                                   in_process):
+    """In this process, through the trainer's own main (the served run below is the same data through torchrun)."""
     common = [*(str(a) for a in ("--verifier-path", layouts["verifier"], "--data-dir", layouts[layout]["data"],
                                  "--vocab-mapping-dir", layouts[layout]["vocab"], "--data-format", "speculators"))]
     if layout != "speculators":
         common += ["--layer-ids", "2,4,5"]
-    first = run([sys.executable, "-m", "trainer.train", *common, "--output-dir", str(tmp_path / "ttt3"),
-                 *SEED_FLAGS[:8], "--ttt-steps", "3", *SEED_FLAGS[10:]], timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run([sys.executable, "-m", "trainer.train", *common, "--output-dir", str(tmp_path / "ttt5"), *SEED_FLAGS,
-                  "--init-from", str(tmp_path / "ttt3")], timeout=300)
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert in_process(["trainer.train", *common, "--output-dir", str(tmp_path / "ttt3"), *SEED_FLAGS[:8],
+                       "--ttt-steps", "3", *SEED_FLAGS[10:]]) == 0
+    assert in_process(["trainer.train", *common, "--output-dir", str(tmp_path / "ttt5"), *SEED_FLAGS,
+                       "--init-from", str(tmp_path / "ttt3")]) == 0
     steps, validations = read_metrics(tmp_path / "ttt5")
     assert steps[-1]["step"] == steps[-1]["total_steps"] == 5 * (SAMPLES - 1)  # one sample held out, batch 1
     assert {"loss_4", "acc_4"} <= steps[-1].keys() and validations
@@ -244,7 +243,10 @@ def test_speculators_data_through_the_service_with_the_seed_flags_restarts_from_
                "vocab_mapping_dir": str(layouts[layout]["vocab"]), "data_format": "speculators", **extra,
                "output_dir": str(out), "epochs": 5, "lr": 3e-5, "max_seq_len": 4096, "num_workers": 4,
                "ttt_steps": 3, "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05}
-    run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer})
+    # the launcher is the stand-in of tests/stubrun (the ranks import the real torch): what torchrun itself does is
+    # checked in tests/trainer/test_train.py and tests/server/test_runs_local.py
+    run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer,
+                          "env": STUB_ENV})
     first = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
     assert first["status"] == "succeeded", service.logs(run["id"], tail=40)
     assert {"loss_2", "acc_2", "cond_acc_2"} <= set(first["latest"]) and "loss_3" not in first["latest"]

@@ -15,7 +15,6 @@ import torch
 
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.checkpoint import latest_checkpoint
-from trainer.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[2]
 TTT_STEPS = 3
@@ -167,16 +166,6 @@ def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
     for previous, step in zip(steps, steps[1:], strict=False):
         # a line is either the next step, or the first step after a checkpoint (a relaunch)
         assert step == previous + 1 or step in (resume_1 + 1, resume_2 + 1), (previous, step)
-
-
-@pytest.fixture
-def in_process(monkeypatch):
-    """Run `trainer.train.main` in this process (no interpreter start-up), on one thread."""
-    monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield lambda command: train_main(command[command.index("trainer.train") + 1 :])
-    torch.set_num_threads(threads)
 
 
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny, tmp_path, in_process, capsys):
