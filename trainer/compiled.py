@@ -14,9 +14,18 @@ call is training (the decode path runs eagerly and under CUDA graphs), and unles
 Elsewhere, the CPU tests included, `fn` runs as written, so the eager code is the reference the compiled one
 is checked against on the GPU. A host whose compiler fails (no C compiler for Triton's launcher, say) warns
 once and runs eagerly rather than stopping the run.
+
+`share_dynamic_profile` names the workload for Dynamo's profile-guided dynamism (torch.compiler.config.job_id,
+torch/_dynamo/pgo.py): which sizes turned out to vary is kept in the compile cache, so that a later process of
+the same draft (the attempt restarted at a deeper TTT, a resumed one, the next run) compiles them dynamic on the
+first call, and finds that graph in the inductor cache, instead of compiling a static graph for its first batch's
+sizes and recompiling once the next batch differs. Without a job id Dynamo keeps no such profile.
 """
 
+import dataclasses
 import functools
+import hashlib
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -52,3 +61,14 @@ def compiled(fn: Callable) -> Callable:
 
     wrapper.on_cuda = on_cuda
     return wrapper
+
+
+def share_dynamic_profile(draft_config: object) -> str:
+    """Sets torch.compiler.config.job_id to one key per draft architecture (every field but the TTT depth, which
+    changes how many times each region runs, not its sizes), unless the user set one (TORCH_COMPILE_JOB_ID);
+    returns the job id in force."""
+    if torch.compiler.config.job_id is None:
+        shape = {k: v for k, v in dataclasses.asdict(draft_config).items() if k != "ttt_steps"}
+        key = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        torch.compiler.config.job_id = f"longrun-eagle3-draft-{key}"
+    return torch.compiler.config.job_id

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from trainer import series
 from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
+from trainer.compiled import share_dynamic_profile
 from trainer.config import DataConfig, ModelConfig, TrainConfig, ValidationConfig, default
 from trainer.data import BatchLoader, ReaderSizing, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data, parse_layer_ids
@@ -406,6 +407,7 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
     draft, head = build_draft(config.model, verifier, stored, ttt.ttt_steps, dtype, init_from, config.seed)
     draft.to(ctx.device)
     head = head.to(ctx.device, dtype)
+    share_dynamic_profile(draft.config)  # a restart at another TTT compiles the sizes attempt 1 found varying dynamic
     clock.mark("model")
     objective = TTTObjective(draft, ttt.ttt_steps, ttt.ttt_step_decay)
     model = objective if ctx.world_size == 1 else DistributedDataParallel(

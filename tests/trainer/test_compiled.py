@@ -1,10 +1,23 @@
 """`compiled`: eager wherever compiling does not apply, and eager again when the host cannot compile."""
 
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
 from trainer import compiled as compiled_module
-from trainer.compiled import compiled
+from trainer.compiled import compiled, share_dynamic_profile
+from trainer.model import DraftConfig
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    rms_norm_eps=1e-6, rope_theta=1e4, vocab_size=100, draft_vocab_size=50, target_hidden_size=64,
+                    aux_hidden_state_layer_ids=[1, 2, 3], ttt_steps=3)
 
 
 class CudaLike(torch.Tensor):
@@ -88,3 +101,45 @@ def test_compiled_training_chain_matches_the_eager_one_on_cuda(monkeypatch, pack
     for name, grad in grads_e.items():
         cosine = F.cosine_similarity(grads_c[name].flatten().float(), grad.flatten().float(), dim=0)
         assert cosine > 0.995, f"{name}: cosine {cosine:.4f} between the compiled and the eager gradient"
+
+
+def test_one_job_id_per_draft_architecture_whatever_the_ttt_and_a_users_own_kept(monkeypatch):
+    monkeypatch.setattr(torch.compiler.config, "job_id", None)
+    three = share_dynamic_profile(SMALL)
+    torch.compiler.config.job_id = None
+    assert share_dynamic_profile(dataclasses.replace(SMALL, ttt_steps=5)) == three
+    torch.compiler.config.job_id = None
+    assert share_dynamic_profile(dataclasses.replace(SMALL, hidden_size=128)) != three
+    torch.compiler.config.job_id = "users-own"
+    assert share_dynamic_profile(SMALL) == "users-own"
+
+
+PROCESS = textwrap.dedent("""
+    import dataclasses, sys, torch
+    from tests.trainer.test_compiled import SMALL
+    from trainer.compiled import share_dynamic_profile
+    share_dynamic_profile(dataclasses.replace(SMALL, ttt_steps=int(sys.argv[1])))
+    f = torch.compile(lambda x: (x * 2).sum(0), backend="eager")
+    for n in map(int, sys.argv[2].split(",")):
+        f(torch.ones(n, 8))
+    print(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+""")
+
+
+@pytest.mark.slow  # two processes that import torch
+def test_a_restart_at_another_ttt_compiles_the_sizes_its_first_attempt_saw_vary_dynamic_at_once(tmp_path):
+    """Dynamo's profile (torch/_dynamo/pgo.py) under the draft's job id: attempt 1 (TTT=3) compiles its first batch's
+    size statically, then again dynamic when the next differs; attempt 2 (TTT=5), a new process on the same compile
+    cache, compiles once for sizes it has not seen. Dynamo's own "eager" backend: the profile is Dynamo's, whatever
+    compiles the graph."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("TORCH_COMPILE_JOB_ID", None)
+
+    def graphs(ttt: int, sizes: str) -> int:
+        done = subprocess.run([sys.executable, "-c", PROCESS, str(ttt), sizes], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert graphs(3, "4,5") == 2, "attempt 1: a static graph, then a dynamic one"
+    assert graphs(5, "6,7") == 1, "attempt 2: the dynamic graph at once"
