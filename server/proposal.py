@@ -33,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server import eta, hosts, pace, views
-from server.advisor import CostModel, Drafting, advise
+from server.advisor import CostModel, Drafting, advise, rule_record
 from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
 from server.advisor.results import Advice, FrontierRow, Objective
 from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
@@ -141,6 +141,9 @@ class ProposalPublic(BaseModel):
                                         "tokens/s, training hours, GPU-hours, tokens served to break even")
     advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
     auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
+    rule_record: str | None = Field(None, description="for a restart the advisor would make: how the retrain rule's "
+                                    "predictions for restarts like it measured against trained drafts "
+                                    "(server/advisor/rule_record.py); past a 10% miss the answer is cannot_tell")
     evidence: Evidence | None = Field(None, description="the acceptance the decision read: the simulation "
                                       "(sim_acc_k), or the simulation calibrated per position by decoding")
 
@@ -569,6 +572,15 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
                      f"{advice.recommended_depth} on {where}; {retrain.reason}; {_said(evidence)}"))
 
     ttt = retrain.suggested_ttt_steps
+    trusted, record = rule_record.judge(trained, ttt, advice.interconnect)
+    fields["rule_record"] = record
+    if not trusted:
+        # the rule's gain is a prediction, and on restarts like this one it has missed: no restart on its word
+        return ProposalPublic(
+            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
+            summary=(f"cannot tell: the advisor predicts restart at TTT={ttt} ({retrain.gain:+.1%}, "
+                     f"{retrain.tokens_per_second_after:.1f} against {advice.tokens_per_second:.1f} tokens/s on "
+                     f"{where}), but {record}; {_said(evidence)}"))
     restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
     fields |= {"suggested_ttt": ttt, "restart": restart}
     dry = _dry_run(measured, with_ttt(spec, ttt))
@@ -590,7 +602,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
         summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "
                  f"tokens/s at depth {retrain.depth_after} on {where} against {advice.tokens_per_second:.1f} "
-                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {_said(evidence)}"))
+                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {record}; {_said(evidence)}"))
 
 
 def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:

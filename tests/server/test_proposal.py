@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from server.advisor import rule_record
 from server.config import Settings
 from server.lifecycle import RunStatus
 from server.models import Run
@@ -320,3 +321,37 @@ def test_the_proposal_prices_the_deployments_own_verifier_from_its_config_json(
     # an MoE verifier reads more experts for every token it verifies: deeper rounds cost it more than the dense one
     assert own["advice"]["by_depth"][15]["terms"]["verifier_ms"] > 3 * own["advice"]["by_depth"][0]["terms"][
         "verifier_ms"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_where_the_retrain_rule_missed_on_restarts_like_it_the_proposal_cannot_tell_and_restarts_nothing(
+        api: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart")
+    ttt = 5
+
+    def measured(miss: float) -> tuple[rule_record.Checked, ...]:
+        return tuple(rule_record.Checked("tiny", "regenerated", link, 3, to, 0.2, 0.2 / (1 + miss), miss)
+                     for link in ("nvlink", "pcie") for to in (ttt, 7))
+
+    # the record within 10%: the restart is proposed, saying what the rule's record is
+    monkeypatch.setattr(rule_record, "MEASURED", measured(0.05))
+    other = trainer_run(api, deploy={"host": "local"}, max_retries=0)
+    feed(api, other, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, other, 1, 100, SHALLOW)
+    held = api.client.get(f"/v1/runs/{other}/proposal").json()
+    assert held["action"] == "restart", held["summary"]
+    assert "the retrain rule held within 10%" in held["rule_record"] and held["rule_record"] in held["summary"]
+
+    # a miss past 10% on a restart from TTT=3 up to the one proposed: cannot tell, and on_proposal restarts nothing
+    monkeypatch.setattr(rule_record, "MEASURED", measured(0.25))
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["action"] == "cannot_tell", got["summary"]
+    assert got["summary"].startswith("cannot tell: the advisor predicts restart at TTT=")
+    assert "missed by +25.0% on a restart like this one" in got["summary"] and got["restart"] is None
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "running" and run["attempt"] == 1, "no restart on a rule that missed"
+    # the advisor itself still says what it predicts: the frontier and the gain are in the answer
+    assert got["suggested_ttt"] is None and got["gain"] > 0 and got["frontier"]

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-from tests.trainer.test_train import TTT_STEPS, in_process, tiny, train_command  # noqa: F401 (fixtures)
+from tests.trainer.test_train import TTT_STEPS, tiny, train_command  # noqa: F401 (fixtures)
 from trainer.formats import open_training_data
 from trainer.model import load_draft
 from trainer.ttt import unroll

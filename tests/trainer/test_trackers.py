@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.trainer.test_train import in_process, read_metrics, tiny, train_command  # noqa: F401 (fixtures)
+from tests.trainer.test_train import read_metrics, tiny, train_command  # noqa: F401 (fixtures)
 from trainer.trackers import Trackers, parse_report_to, tracked_run
 from trainer.train import parse_args
 
