@@ -207,6 +207,8 @@ def proposal_lines(p: dict[str, Any]) -> str:
             lines.append(f"       the gain over those intervals: {low:+.1%} to {high:+.1%}")
         if evidence.get("settle"):
             lines.append(f"       what settles it: {evidence['settle']}")
+    if p.get("rule_record"):
+        lines.append(f"     the rule's record: {p['rule_record']}")
     if p["action"] == "restart":
         lines.append(f"     GPU-hours: {p['restart_gpu_hours']:.3g} for the restart on {p['gpus']} processes "
                      f"({p['extra_gpu_hours']:.3g} more than finishing); tokens/s on the deployment box "
@@ -238,9 +240,10 @@ def restart_from(proposal: dict[str, Any]) -> dict[str, Any]:
               f"clean={change['clean']}")
         return change
     said = "cannot tell yet" if proposal["action"] == "cannot_tell" else proposal["action"].replace("_", " ")
+    # a cannot_tell is either the evidence's interval (what settles it) or the retrain rule's record (where it missed)
     print(f"  the service says {said}: "
-          + ((proposal.get("evidence") or {}).get("settle") or proposal["reason"] if proposal["action"] == "cannot_tell"
-             else proposal["reason"]))
+          + ((proposal.get("evidence") or {}).get("settle") or proposal.get("rule_record") or proposal["reason"]
+             if proposal["action"] == "cannot_tell" else proposal["reason"]))
     ttt = DEPLOY["max_depth"]
     at, tau = proposal.get("depth_after"), proposal.get("predicted_tau_after")
     now = proposal["sim_tau"][at - 1] if at and len(proposal["sim_tau"]) >= at else None
