@@ -103,15 +103,15 @@ def test_compiled_training_chain_matches_the_eager_one_on_cuda(monkeypatch, pack
         assert cosine > 0.995, f"{name}: cosine {cosine:.4f} between the compiled and the eager gradient"
 
 
-def test_one_job_id_per_draft_architecture_whatever_the_ttt_and_a_users_own_kept(monkeypatch):
-    monkeypatch.setattr(torch.compiler.config, "job_id", None)
-    three = share_dynamic_profile(SMALL)
-    torch.compiler.config.job_id = None
-    assert share_dynamic_profile(dataclasses.replace(SMALL, ttt_steps=5)) == three
-    torch.compiler.config.job_id = None
-    assert share_dynamic_profile(dataclasses.replace(SMALL, hidden_size=128)) != three
-    torch.compiler.config.job_id = "users-own"
-    assert share_dynamic_profile(SMALL) == "users-own"
+def test_one_job_id_per_draft_architecture_whatever_the_ttt_and_a_users_own_kept():
+    def job_id(config: DraftConfig, users: str | None = None) -> str:
+        with torch.compiler.config.patch(job_id=users):  # the process's own setting, restored after
+            return share_dynamic_profile(config)
+
+    three = job_id(SMALL)
+    assert job_id(dataclasses.replace(SMALL, ttt_steps=5)) == three
+    assert job_id(dataclasses.replace(SMALL, hidden_size=128)) != three
+    assert job_id(SMALL, users="users-own") == "users-own"
 
 
 PROCESS = textwrap.dedent("""
