@@ -186,3 +186,15 @@ def cli(api: "App", monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> "App":  
     monkeypatch.setenv("LONGRUN_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.delenv("LONGRUN_API_TOKEN", raising=False)
     return api
+
+
+@pytest.fixture
+def rule_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retrain rule's record (server/advisor/rule_record.py) as one that held on every restart from TTT=3, for
+    the tests of what a restart proposal does once made: the measured record has it miss on restarts from 3, so it
+    would answer cannot_tell there (tests/server/test_proposal.py checks that)."""
+    from server.advisor import rule_record
+
+    monkeypatch.setattr(rule_record, "MEASURED", tuple(
+        rule_record.Checked("a record that held", "regenerated", link, 3, to, 0.1, 0.1, 0.0)
+        for link in ("nvlink", "pcie", "unknown") for to in range(4, 17)))

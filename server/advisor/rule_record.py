@@ -32,9 +32,35 @@ class Checked:
     miss: float
 
 
-SOURCE = "the depth experiment (benchmarks/depth_experiment.py, docs/benchmarks.md)"
+SOURCE = "the depth experiment of 2026-12-06 on one H100, docs/benchmarks.md"
 
-MEASURED: tuple[Checked, ...] = ()
+# `python benchmarks/depth_experiment.py --size {tiny,base} --max-depth 16 --ttt 1,3,5,7 --regenerate yes`: the demo's
+# verifier and one of 97 times its parameters, TTT 1, 3, 5 and 7 at 600 steps each, 32 held-out prompts decoded to
+# depth 16, the advisor's 70B-class verifier at tp=8 on its NVLink and PCIe tables (results.json's prediction_check)
+MEASURED: tuple[Checked, ...] = (
+    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 3, 2.1428, 0.6452, 0.9102),
+    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 5, 2.0414, 1.3705, 0.2830),
+    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 7, 1.7887, 1.1392, 0.3036),
+    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 3, 2.7595, 0.9681, 0.9102),
+    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 5, 2.6382, 1.8356, 0.2830),
+    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 7, 2.3359, 1.5590, 0.3036),
+    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 3, 5, 0.0429, 0.0189, 0.0236),
+    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 3, 7, 0.0894, 0.1048, -0.0139),
+    Checked("demo tiny (2.5M)", "regenerated", "pcie", 3, 5, 0.0465, 0.1301, -0.0740),
+    Checked("demo tiny (2.5M)", "regenerated", "pcie", 3, 7, 0.1013, 0.1524, -0.0444),
+    Checked("base (246M)", "regenerated", "nvlink", 1, 3, 0.1959, 0.0590, 0.1293),
+    Checked("base (246M)", "regenerated", "nvlink", 1, 5, 0.1964, -0.0575, 0.2694),
+    Checked("base (246M)", "regenerated", "nvlink", 1, 7, 0.1964, -0.1472, 0.4029),
+    Checked("base (246M)", "regenerated", "pcie", 1, 3, 0.2394, 0.0976, 0.1293),
+    Checked("base (246M)", "regenerated", "pcie", 1, 5, 0.2604, -0.0071, 0.2694),
+    Checked("base (246M)", "regenerated", "pcie", 1, 7, 0.2604, -0.1016, 0.4029),
+    Checked("base (246M)", "regenerated", "nvlink", 3, 5, 0.0000, -0.0930, 0.1026),
+    Checked("base (246M)", "regenerated", "nvlink", 3, 7, 0.0000, -0.1656, 0.1985),
+    Checked("base (246M)", "regenerated", "pcie", 3, 5, 0.0126, -0.0953, 0.1194),
+    Checked("base (246M)", "regenerated", "pcie", 3, 7, 0.0126, -0.1814, 0.2371),
+    Checked("base (246M)", "regenerated", "nvlink", 5, 7, 0.0000, -0.0800, 0.0870),
+    Checked("base (246M)", "regenerated", "pcie", 5, 7, 0.0000, -0.0800, 0.0870),
+)
 
 
 def record_for(trained: int, proposed: int, interconnect: str | None = None,

@@ -14,6 +14,9 @@ from tests.server.test_interconnect_api import fake_host_env, probe, responder  
 from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
 from worker.interconnect import InterconnectResponder
 
+# what a restart proposal does once made: the retrain rule's record as one that held (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("rule_trusted")
+
 
 @pytest.mark.usefixtures("fake_host_env")
 def test_advise_run_id_prints_the_live_proposal_with_its_terms(cli: App, responder: InterconnectResponder,  # noqa: F811

@@ -19,6 +19,9 @@ from worker.ingest import store_metric_records
 from worker.interconnect import InterconnectResponder
 from worker.notifier import WebhookNotifier
 
+# what a restart proposal does once made: the retrain rule's record as one that held (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("rule_trusted")
+
 # a TTT=3 draft: good inside its trained depth, poor beyond (the positions 4..16 it never learned)
 SHALLOW = [0.8, 0.75, 0.7] + [0.3] * 13
 # a draft whose acceptance beyond depth 3 already follows the decay inside it: nothing to gain by training deeper
