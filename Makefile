@@ -64,12 +64,17 @@ lint: setup
 # the suite in lanes by cost, each its own pytest run (as Prefect runs its stores as separate jobs): unit
 # (in-process, SQLite, no subprocess), integration (servers, sshd, torchrun, the host matrix, on SQLite), PostgreSQL
 # (every test that takes a store, on PostgreSQL), browser (headless Chromium), Slurm (a throw-away cluster), the
-# README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests
+# README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The Slurm lane runs beside
+# the integration lane: most of its 2.5 minutes wait on Slurm (a job outlasting its 1-minute time limit), about a
+# third of one core, so beside the other it adds little to its time (docs/benchmarks.md, "The test suite's time").
+# -O keeps each lane's output whole
 PYTEST := $(BIN)/python -m pytest -q
 NOT_INTEGRATION := --ignore=tests/unit --ignore=tests/web --ignore=tests/journey
 test: setup system-deps
 	$(BIN)/ruff check .
-	$(MAKE) test-unit test-integration test-postgres test-browser test-slurm test-journey test-lowest
+	$(MAKE) test-unit
+	$(MAKE) -j2 -O test-integration test-slurm
+	$(MAKE) test-postgres test-browser test-journey test-lowest
 
 test-unit:
 	$(PYTEST) tests/unit
