@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from server.schemas import RunCreate
-from tests.service import STUB_ENV
 from tests.trainer.peer_layouts import write_specforge, write_speculators, write_speculators_arrow
 from tests.trainer.test_train import read_metrics
 from tests.trainer.tiny_setup import DRAFT_VOCAB, LAYERS, build_dataset, build_verifier
@@ -243,10 +242,7 @@ def test_speculators_data_through_the_service_with_the_seed_flags_restarts_from_
                "vocab_mapping_dir": str(layouts[layout]["vocab"]), "data_format": "speculators", **extra,
                "output_dir": str(out), "epochs": 5, "lr": 3e-5, "max_seq_len": 4096, "num_workers": 4,
                "ttt_steps": 3, "noise_std": 0.05, "scheduler": "cosine", "warmup_ratio": 0.01, "val_ratio": 0.05}
-    # the launcher is the stand-in of tests/stubrun (the ranks import the real torch): what torchrun itself does is
-    # checked in tests/trainer/test_train.py and tests/server/test_runs_local.py
-    run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer,
-                          "env": STUB_ENV})
+    run = service.submit({"name": "eagle3-seed", "host": "local", "nproc_per_node": 1, "trainer": trainer})
     first = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
     assert first["status"] == "succeeded", service.logs(run["id"], tail=40)
     assert {"loss_2", "acc_2", "cond_acc_2"} <= set(first["latest"]) and "loss_3" not in first["latest"]

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import STUB_ENV, Service, kill_leftovers
+from tests.service import Service, kill_leftovers
 
 pytestmark = pytest.mark.slow  # a real server running the trainer under torchrun
 
 
 def _trainer_spec(verifier: Path, data: Path, out: Path, corpus: Path) -> dict:
-    # started by the stand-in launcher (tests/stubrun): the ranks import the real torch, the launcher does not
-    return {"name": "eagle3", "host": "local", "nproc_per_node": 2, "env": STUB_ENV,
+    return {"name": "eagle3", "host": "local", "nproc_per_node": 2,
             "trainer": {"verifier_path": str(verifier), "data_dir": str(data / "hidden_states"),
                         "vocab_mapping_dir": str(data / "vocab_mapping"), "output_dir": str(out),
                         "epochs": 10, "lr": 3e-3, "max_seq_len": 64, "num_workers": 0, "ttt_steps": 3,

@@ -51,7 +51,7 @@ def served(api: App) -> Iterator[SimpleNamespace]:
     thread.join(timeout=10)
 
 
-@pytest.mark.usefixtures("fake_host_env")
+@pytest.mark.usefixtures("fake_host_env", "rule_trusted")  # a restart proposal, once made (tests/conftest.py)
 def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run(
         api: App, responder: InterconnectResponder, served: SimpleNamespace, page: Page) -> None:  # noqa: F811
     probe(api, responder, tp=2)

@@ -42,7 +42,8 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     assert "sim_acc · attempt 1" in legend(page, "sim")
     expect(page.locator("#sim-tau")).to_have_text(re.compile(r"^\d+(\.\d+)?$"))
 
-    assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    done = web.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert done["status"] == "succeeded", (done["message"], web.logs(run["id"], tail=60))
     release_gpus(web)
     expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=30_000)
     wait_for_points(page, "acceptance", 3)
@@ -85,7 +86,8 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     wait_for_points(page, "gpu-util", 4)
     screenshot(page, "run-page.png")
 
-    assert web.wait_status(run["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
+    done = web.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert done["status"] == "succeeded", (done["message"], web.logs(run["id"], tail=60))
     release_gpus(web)
     page.wait_for_function("() => document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
                            timeout=30_000)
