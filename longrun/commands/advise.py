@@ -30,6 +30,8 @@ def proposal_view(p: dict) -> Group:
         parts.append(Text(f"verifier: {p['verifier']}"))
     for term, basis in (p.get("terms_basis") or {}).items():
         parts.append(Text(f"  {term}: {basis}"))
+    if p.get("rule_record"):
+        parts.append(Text(f"the retrain rule's record: {p['rule_record']}"))
     parts += evidence_lines(p)
     if p.get("action") == "restart":
         econ = Table(show_header=False, box=None, pad_edge=False)

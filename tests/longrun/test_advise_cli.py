@@ -32,6 +32,7 @@ def test_advise_run_id_prints_the_live_proposal_with_its_terms(cli: App, respond
     text = capsys.readouterr().out
     assert text.startswith(f"restart at TTT={answer['suggested_ttt']}: the dry run predicts")
     assert "GPU-hours (restart, extra)" in text and "on 2 GPUs" in text
+    assert "the retrain rule's record: the retrain rule held within 10%" in " ".join(text.split())
     assert "nvlink, tp=2: sglang, chain, draft sharded at tp=2" in text and "draft AR" in text
     with pytest.raises(SystemExit) as missing:
         main(["advise", "nope0000"])

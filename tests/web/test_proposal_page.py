@@ -64,6 +64,7 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     sign_in(page, served, f"#/runs/{run_id}")
     expect(page.locator("#proposal-summary")).to_have_text(proposal["summary"])
     expect(page.locator("#proposal-restart")).to_have_text(f"Restart at TTT={ttt}…")
+    expect(page.locator("#proposal-rule-record")).to_have_text(proposal["rule_record"])  # how the rule held
     page.click("#proposal-restart")
 
     expect(page.locator("#restart-form")).to_have_attribute("open", "")
