@@ -66,7 +66,7 @@ lint: setup
 # (every test that takes a store, on PostgreSQL), browser (headless Chromium), Slurm (a throw-away cluster), the
 # README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The Slurm lane runs beside
 # the integration lane: most of its 2.5 minutes wait on Slurm (a job outlasting its 1-minute time limit), about a
-# third of one core, so beside the other it adds little to its time (docs/benchmarks.md, "The test suite's time").
+# third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md).
 # -O keeps each lane's output whole
 PYTEST := $(BIN)/python -m pytest -q
 NOT_INTEGRATION := --ignore=tests/unit --ignore=tests/web --ignore=tests/journey
