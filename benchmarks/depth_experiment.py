@@ -9,7 +9,8 @@ tokens/s predicted against the deeper draft's measured ones, and τ at depths 4,
     python benchmarks/depth_experiment.py --out OUT --preview   # a few minutes on a CPU: the shape only
 
 Writes OUT/results.json (every evaluation report, with the advisor's answers recomputed from it),
-OUT/table.md and, when matplotlib is installed, OUT/acceptance.png. results.json is rewritten after
+OUT/table.md, OUT/rule_record.txt (the prediction check as rows of server/advisor/rule_record.py) and, when
+matplotlib is installed, OUT/acceptance.png. results.json is rewritten after
 every draft, so a run cut short keeps what it measured.
 """
 
@@ -144,6 +145,13 @@ def prediction_check(results: list[dict]) -> list[dict]:
     return rows
 
 
+def record_lines(rows: list[dict], verifier: str) -> list[str]:
+    """`prediction_check` as the rows of server/advisor/rule_record.py's MEASURED, to paste there."""
+    return [f'    Checked("{verifier}", "{DATA_LABELS[x["regenerated"]]}", "{x["interconnect"]}", {x["from_ttt"]}, '
+            f'{x["to_ttt"]}, {x["predicted_gain"]:.4f}, {x["measured_gain"]:.4f}, {x["miss"]:.4f}),\n'
+            for x in rows if x["miss"] is not None and x["measured_gain"] is not None]
+
+
 def prediction_table(rows: list[dict]) -> list[str]:
     """Markdown of `prediction_check`: a miss past MISS is flagged."""
     out = ["", f"The retrain rule against the drafts trained: tokens/s it predicted for a restart at a deeper TTT "
@@ -259,6 +267,7 @@ def main() -> int:
     ordered = save(prediction_check=checks)
     table = tables(ordered, args.max_depth) + prediction_table(checks)
     (args.out / "table.md").write_text("\n".join(table) + "\n")
+    (args.out / "rule_record.txt").write_text("".join(record_lines(checks, args.size)))
     print("\n".join(table))
     print(f"total {time.time() - started:.0f}s")
     plot(ordered, args.out / "acceptance.png")

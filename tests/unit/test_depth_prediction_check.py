@@ -40,3 +40,12 @@ def test_each_predicted_restart_is_set_against_the_deeper_draft_measured_at_the_
     assert "| +4.0% |" in lines[0] and "✗" not in lines[0]  # 4 % is within the 10 % the proposal may act on
     rows[0]["miss"] = 0.25
     assert "| +25.0% ✗ |" in depth_experiment.prediction_table(rows)[-2]
+
+    # the rows as server/advisor/rule_record.py takes them, and how the proposal then judges a 3 -> 5 restart
+    from server.advisor import rule_record
+
+    record = tuple(eval(line.strip().rstrip(","), {"Checked": rule_record.Checked})  # noqa: S307 - our own output
+                   for line in depth_experiment.record_lines(rows, "toy"))
+    assert [(c.interconnect, c.from_ttt, c.to_ttt, c.miss) for c in record] == [("nvlink", 3, 5, 0.25),
+                                                                                 ("pcie", 3, 5, round(130 / 125 - 1, 4))]
+    assert rule_record.judge(3, 5, "nvlink", record)[0] is False and rule_record.judge(3, 5, "pcie", record)[0] is True
