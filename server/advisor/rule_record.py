@@ -4,8 +4,8 @@ trained and decoded, so that a proposal says "cannot tell" where the rule has mi
 `benchmarks/depth_experiment.py` trains drafts at TTT 1, 3, 5 and 7 on identical steps and decodes each out to depth
 16; for each draft and each deeper TTT the experiment also trained, it compares the tokens/s the rule predicted for
 that restart (the advisor's frontier) with the deeper draft's own decoding at the depth it would serve (its
-`prediction_check`). Those rows are copied here, with the verifier and the data they came from (docs/benchmarks.md
-has the tables, the command and the machine). A proposal to restart from TTT=T to TTT=N reads the rows from T to
+`prediction_check`, written as these rows in OUT/rule_record.txt). They are pasted here, with the verifier and the
+data they came from (docs/benchmarks.md has the tables, the command and the machine). A proposal to restart from TTT=T to TTT=N reads the rows from T to
 every TTT up to N (the rule's track record on the way there): where one missed by more than MISS, the rule is not
 trusted to price this restart and the proposal says it cannot tell; where none was measured, it says so.
 """
