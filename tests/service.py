@@ -147,7 +147,7 @@ def toy_spec(steps: int = 40, sleep: float = 0.05, nproc: int = 2, real_torchrun
     """The toy job as a run spec, started by the stand-in launcher of tests/stubrun unless `real_torchrun` (or an
     `env` of the caller's own, which replaces the spec's)."""
     args = ["--steps", str(steps), "--sleep", str(sleep)] + extra.pop("args", [])
-    env = {} if real_torchrun else {"PYTHONPATH": STUBRUN}
+    env = {} if real_torchrun else STUB_ENV
     return {"name": "toy", "host": "local", "nproc_per_node": nproc, "entrypoint": TOY, "args": args,
             "env": {**env, **extra.pop("env", {})}, **extra}
 

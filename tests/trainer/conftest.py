@@ -92,7 +92,7 @@ def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pyte
 
 
 @pytest.fixture
-def in_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
+def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[list[str]], int]]:
     """Run `trainer.train.main` in this process (no interpreter start-up), on one thread."""
     monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
     threads = torch.get_num_threads()

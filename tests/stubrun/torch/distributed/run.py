@@ -1,4 +1,4 @@
-"""A stdlib torchrun for single-node test jobs: what longrun relies on of torch 2.13's launcher, in 150 lines.
+"""A stdlib torchrun for single-node test jobs: what longrun relies on of torch 2.13's launcher.
 
 Followed: torch/distributed/run.py (its flags), elastic/multiprocessing/api.py and subprocess_handler.py (each
 worker in a session of its own, `python -u SCRIPT` or `python -u -m MODULE`; on SIGTERM/SIGINT/SIGHUP/SIGQUIT the
@@ -7,7 +7,7 @@ environment; with --max-restarts 0, the first failed worker stops the rest and t
 elastic/multiprocessing/errors/__init__.py (the failure summary, and the root cause's error file copied to the
 launcher's own TORCHELASTIC_ERROR_FILE). Workers start with this folder off PYTHONPATH, so a worker that imports
 torch gets the real one. Several nodes (--nnodes > 1) need the real rendezvous: that command line
-is handed to the real torchrun, this folder taken off PYTHONPATH.
+is handed to the real torchrun.
 """
 
 import json
@@ -100,20 +100,22 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, lambda signum, _frame: received.append(signum))
 
-    def stop(sig):
+    def signal_live(sig):
         for w in workers:
             if w.poll() is None:
                 try:
                     os.killpg(w.pid, sig)
                 except ProcessLookupError:
                     pass
+
+    def stop(sig):
+        signal_live(sig)
         deadline = time.monotonic() + GRACE_S
         while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
+        signal_live(signal.SIGKILL)
         for w in workers:
-            if w.poll() is None:
-                os.killpg(w.pid, signal.SIGKILL)
-                w.wait()
+            w.wait()
 
     while True:
         if received:
