@@ -17,6 +17,7 @@ files of 67 MB (benchmarks/bench_from_disk.py writes them; its --work is reused 
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -104,6 +105,19 @@ def startup_line(svc: Service, run_id: str, attempt: int) -> str | None:
             return line.strip()
         time.sleep(0.2)
     return None
+
+
+def compile_line(svc: Service, run_id: str, attempt: int, since: float, timeout: float = 300) -> dict[str, Any]:
+    """When the trainer's background compile handed over (rank 0's `torch.compile:` line), seconds after `since`
+    as this poll first saw it (within 0.5 s); the attempt trains eagerly until then."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = next((x for x in svc.logs(run_id, attempt=attempt, tail=2000) if "torch.compile" in x), None)
+        if line:
+            print(f"  attempt {attempt} {line.strip()}", flush=True)
+            return {"line": line.strip(), "seen_after_s": time.time() - since}
+        time.sleep(0.5)
+    return {"line": None, "seen_after_s": None}
 
 
 DISTINCT_FILES = 240
@@ -194,6 +208,8 @@ def main() -> int:
         report["submit_to_training_s"] = time.time() - t_submit
         report["attempt1_startup"] = startup_line(svc, rid, 1)
         report["attempt1_watch"] = watch(svc, rid, args.watch)
+        if os.environ.get("LONGRUN_COMPILE", "1") not in ("0", "inline"):  # restart once attempt 1 runs compiled
+            report["attempt1_compiled"] = compile_line(svc, rid, 1, t_submit)
 
         dry = svc.client.post(f"/v1/runs/{rid}/restart", params={"dry_run": "true"},
                               json={"overrides": {"ttt_steps": 5}, "clean": True})
@@ -210,6 +226,8 @@ def main() -> int:
         report["restart_to_training_s"] = time.time() - t_restart
         report["attempt2_startup"] = startup_line(svc, rid, 2)
         report["attempt2_watch"] = watch(svc, rid, args.watch)
+        if os.environ.get("LONGRUN_COMPILE", "1") not in ("0", "inline"):
+            report["attempt2_compiled"] = compile_line(svc, rid, 2, t_restart)
         sampler.stop.set()
         sampler.join()
         d1 = str(svc.workspace / ".longrun" / rid / "1")
