@@ -219,9 +219,4 @@ def test_simulated_acceptance_streams_through_the_api_for_a_bundled_trainer_run(
     streamed = [e for e in service.events(run["id"]) if "sim_tau_16" in json.dumps(e)]
     assert len(streamed) >= 1, "the run's event stream (SSE) carries them too"
 
-    off = service.submit({**spec, "name": "eagle3-nosim",
-                          "trainer": {**spec["trainer"], "output_dir": str(service.workspace / "out2"), "epochs": 1,
-                                      "sim_depth": 0}})
-    assert service.wait_status(off["id"], "succeeded", "failed", timeout=300)["status"] == "succeeded"
-    assert not any(k.startswith("sim_") for k in service.run(off["id"])["latest"])
-    assert "val_loss" in service.run(off["id"])["latest"]
+    # --sim-depth 0 turning it off: test_sim_depth_0_turns_it_off_and_a_smaller_depth_reports_that_many, in-process

@@ -68,7 +68,7 @@ def read_metrics(output_dir: Path) -> tuple[list[dict], list[dict]]:
 @pytest.mark.slow
 def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
     out = tmp_path / "out"
-    result = run(train_command(tiny, out, nproc=2, num_workers=1, epochs=10))
+    result = run(train_command(tiny, out, nproc=2, num_workers=1, epochs=5))
     assert result.returncode == 0, result.stderr[-3000:]
     train, val = read_metrics(out)
     total = train[0]["total_steps"]
@@ -81,7 +81,7 @@ def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
         assert all(0 <= record[f"acc_{k}"] <= 1 for k in range(TTT_STEPS))
     first, last = train[:20], train[-20:]
     assert sum(x["loss"] for x in last) < 0.8 * sum(x["loss"] for x in first)
-    assert total >= 200 and len(val) == 10 and val[-1]["step"] == total
+    assert total >= 100 and len(val) == 5 and val[-1]["step"] == total
     assert val[-1]["val_acc_0"] > val[0]["val_acc_0"] or val[-1]["val_loss"] < val[0]["val_loss"]
     config = json.loads((out / "config.json").read_text())
     assert config["ttt_steps"] == TTT_STEPS and config["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -130,7 +130,7 @@ def checkpoint_step(out: Path) -> int:
 @pytest.mark.slow
 def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
     out = tmp_path / "out"
-    command = train_command(tiny, out, nproc=2, epochs=8, save_every=15, scheduler="constant")
+    command = train_command(tiny, out, nproc=2, epochs=4, save_every=15, scheduler="constant")
 
     def launch():
         return subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
