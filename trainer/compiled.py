@@ -137,8 +137,8 @@ class BackgroundCompile:
                     f"({type(self.error).__name__}: {str(self.error)[:300]}); the training thread compiles instead")
         return f"torch.compile: compiled in the background in {self.seconds:.1f} s; the compiled regions run from here on"
 
-    def close(self, timeout: float = 10.0) -> None:
-        """At the end of a run: waits a while for the thread (a run shorter than its compile), and goes back to
-        compiling inline."""
-        self.thread.join(timeout)
+    def close(self) -> None:
+        """At the end of a run: back to compiling inline, without waiting for the thread. A stop must not wait for
+        a compile (the supervisor's grace is seconds; the first served run on an H100 that waited here was
+        SIGKILLed): the thread is a daemon, and a compile cut short leaves nothing half-written in the caches."""
         _inline[0] = True

@@ -315,3 +315,26 @@ def test_a_background_rehearsal_compiles_what_the_training_thread_then_runs_on_c
     torch.testing.assert_close(compiled_first[0], eager[0], rtol=2e-2, atol=2e-2)
     for a, b in zip(compiled_first[1], eager[1], strict=True):
         assert torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0) > 0.995
+
+
+STOPPED_MID_COMPILE = textwrap.dedent("""
+    import sys, time
+    from trainer.compiled import BackgroundCompile
+    background = BackgroundCompile(lambda: time.sleep(120))  # a compile that outlasts the stop
+    time.sleep(0.2)
+    background.close()
+    sys.exit(143)
+""")
+
+
+@pytest.mark.slow  # a process that imports torch
+def test_a_run_stopped_while_its_compile_runs_exits_at_once_with_its_own_code():
+    """A stop (SIGTERM, a restart's) ends the trainer within the supervisor's grace however long the background
+    compile has left: close() does not wait for it, and the process exits with the code the run chose."""
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STOPPED_MID_COMPILE], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert time.monotonic() - started < 15, "the exit waited for the compile"
