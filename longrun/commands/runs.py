@@ -336,15 +336,24 @@ def logs(
         page = client.logs(run_id, tail=tail, attempt=attempt, node=node)
         current, offset = page["attempt"], page["next_offset"]
         show(current, page["lines"])
-        while follow:
-            time.sleep(interval)
+
+        def read_more() -> bool:
+            """Show what the current attempt wrote since `offset`; whether it wrote anything."""
+            nonlocal offset
             page = client.through_restarts(lambda at=offset, number=current: client.logs(
                 run_id, since_offset=at, attempt=number, node=node), on_reconnect=_reconnecting)
             show(current, page["lines"])
             offset = page["next_offset"]
-            if page["lines"]:
+            return bool(page["lines"])
+
+        while follow:
+            time.sleep(interval)
+            if read_more():
                 continue
             run = client.through_restarts(lambda: client.get(run_id), on_reconnect=_reconnecting)
+            # lines written between that read and this answer are read before leaving the attempt
+            if (run["status"] in TERMINAL or run["attempt"] > current) and read_more():
+                continue
             if attempt is None and run["attempt"] > current:
                 current, offset = current + 1, 0
                 if not as_json:

@@ -1,7 +1,6 @@
 """The host-side agent on this machine: launch, probe, cancel and clean without the service."""
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -12,6 +11,7 @@ import pytest
 from worker.host_agent import HostAgent
 from worker.host_errors import CommandFailed
 from worker.hostside.clean import clean
+from worker.hostside.files import LOG_FILE
 from worker.hostside.procfs import pids_with_token
 from worker.local_transport import LocalTransport
 from worker.protocol import LaunchRequest, ReadFrom
@@ -61,28 +61,31 @@ def _children(pid: int) -> list[int]:
 
 def test_a_cancel_while_the_wrapper_is_still_starting_stops_the_job_it_starts(tmp_path: Path) -> None:
     """The launch answers once the wrapper is in its session, before its interpreter has started the job. A cancel
-    in that window still stops the job on request at once, not by SIGKILL when the grace period runs out."""
+    in that window still stops the job on request at once, not by SIGKILL when the grace period runs out. The
+    wrapper is held in that window, whatever the machine's load: its log is a FIFO, whose opening (after the
+    wrapper's look for a stop, before it starts the job) waits for this test to read it."""
     agent = _agent(tmp_path)
     job = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\ntime.sleep(600)\n"
-    for attempt in range(1, 6):  # freeze the wrapper before it has started its job (its interpreter takes ~30 ms)
-        d = agent.layout.attempt_dir("early", attempt)
-        wrapper = agent.launch(LaunchRequest(d, f"tok-early-{attempt}", [sys.executable, "-c", job], {})).pid
-        os.kill(wrapper, signal.SIGSTOP)
-        if not _children(wrapper):
-            break
-        os.kill(wrapper, signal.SIGCONT)
-        agent.cancel(d, grace=5)
-    else:
-        pytest.fail("the wrapper had started its job every time before the test could freeze it")
-    resume = threading.Timer(0.5, os.kill, (wrapper, signal.SIGCONT))  # after the cancel's signals went out
-    resume.start()
+    d = agent.layout.attempt_dir("early", 1)
+    Path(d).mkdir(parents=True)
+    os.mkfifo(Path(d) / LOG_FILE)
+    wrapper = agent.launch(LaunchRequest(d, "tok-early", [sys.executable, "-c", job], {})).pid
+    assert not _children(wrapper), "the wrapper waits on its log before starting the job"
+
+    def release() -> None:  # after the cancel's signals went out: the wrapper opens its log and starts the job
+        time.sleep(0.5)
+        with open(Path(d) / LOG_FILE, "rb") as log:
+            log.read()
+
+    reader = threading.Thread(target=release, daemon=True)
+    reader.start()
     started = time.monotonic()
     answer = agent.cancel(d, grace=5)
     took = time.monotonic() - started
-    resume.join()
+    reader.join(30)
     assert answer.remaining == [] and answer.exit_code == 143, answer
     assert took < 4, f"the cancel waited out the grace period ({took:.1f} s): the job it started was never told"
-    assert pids_with_token(f"tok-early-{attempt}") == []
+    assert pids_with_token("tok-early") == []
 
 
 def test_exit_code_and_partial_lines(tmp_path: Path) -> None:
