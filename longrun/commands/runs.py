@@ -351,15 +351,16 @@ def logs(
             if read_more():
                 continue
             run = client.through_restarts(lambda: client.get(run_id), on_reconnect=_reconnecting)
+            attempt_over = run["status"] in TERMINAL or run["attempt"] > current
             # lines written between that read and this answer are read before leaving the attempt
-            if (run["status"] in TERMINAL or run["attempt"] > current) and read_more():
+            if attempt_over and read_more():
                 continue
             if attempt is None and run["attempt"] > current:
                 current, offset = current + 1, 0
                 if not as_json:
                     stderr().rule(f"attempt {current}")
                 continue
-            if run["status"] in TERMINAL or run["attempt"] > current:
+            if attempt_over:
                 ended = next(a for a in run["attempts"] if a["number"] == current)
                 return outcome_code(run["status"] if run["attempt"] == current else ended["status"])
     return ExitCode.OK

@@ -5,9 +5,10 @@ trained and decoded, so that a proposal says "cannot tell" where the rule has mi
 16; for each draft and each deeper TTT the experiment also trained, it compares the tokens/s the rule predicted for
 that restart (the advisor's frontier) with the deeper draft's own decoding at the depth it would serve (its
 `prediction_check`, written as these rows in OUT/rule_record.txt). They are pasted here, with the verifier and the
-data they came from (docs/benchmarks.md has the tables, the command and the machine). A proposal to restart from TTT=T to TTT=N reads the rows from T to
-every TTT up to N (the rule's track record on the way there): where one missed by more than MISS, the rule is not
-trusted to price this restart and the proposal says it cannot tell; where none was measured, it says so.
+data they came from (docs/benchmarks.md has the tables, the command and the machine). A proposal to restart from
+TTT=T to TTT=N reads the rows from T to every TTT up to N (the rule's track record on the way there): where one
+missed by more than MISS, the rule is not trusted to price this restart and the proposal says it cannot tell; where
+none was measured, it says so.
 """
 
 from __future__ import annotations
