@@ -17,6 +17,7 @@ files of 67 MB (benchmarks/bench_from_disk.py writes them; its --work is reused 
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -106,6 +107,20 @@ def startup_line(svc: Service, run_id: str, attempt: int) -> str | None:
     return None
 
 
+def compile_line(svc: Service, run_id: str, attempt: int, since: float, timeout: float = 300) -> dict[str, Any]:
+    """When the trainer's background compile handed over (rank 0's `torch.compile:` line), seconds after `since`
+    as this poll first saw it (within 0.5 s); the attempt trains eagerly until then."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = next((x for x in svc.logs(run_id, attempt=attempt, tail=2000) if "torch.compile:" in x
+                     or "torch.compile in the background failed" in x), None)
+        if line:
+            print(f"  attempt {attempt} {line.strip()}", flush=True)
+            return {"line": line.strip(), "seen_after_s": time.time() - since}
+        time.sleep(0.5)
+    return {"line": None, "seen_after_s": None}
+
+
 DISTINCT_FILES = 240
 
 
@@ -143,6 +158,8 @@ def main() -> int:
     p.add_argument("--draft-vocab", type=int, default=4096)
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--watch", type=float, default=60)
+    p.add_argument("--compile-wait", type=float, default=300,
+                   help="seconds to wait for each attempt's background compile to hand over before going on (0: do not)")
     p.add_argument("--nproc", type=int, help="default: every GPU")
     p.add_argument("--synthetic-8b", action="store_true",
                    help="an 8B-shaped verifier and random features instead of the demo verifier and prepare")
@@ -194,6 +211,8 @@ def main() -> int:
         report["submit_to_training_s"] = time.time() - t_submit
         report["attempt1_startup"] = startup_line(svc, rid, 1)
         report["attempt1_watch"] = watch(svc, rid, args.watch)
+        if os.environ.get("LONGRUN_COMPILE", "1") not in ("0", "inline"):  # restart once attempt 1 runs compiled
+            report["attempt1_compiled"] = compile_line(svc, rid, 1, t_submit, args.compile_wait)
 
         dry = svc.client.post(f"/v1/runs/{rid}/restart", params={"dry_run": "true"},
                               json={"overrides": {"ttt_steps": 5}, "clean": True})
@@ -210,6 +229,8 @@ def main() -> int:
         report["restart_to_training_s"] = time.time() - t_restart
         report["attempt2_startup"] = startup_line(svc, rid, 2)
         report["attempt2_watch"] = watch(svc, rid, args.watch)
+        if os.environ.get("LONGRUN_COMPILE", "1") not in ("0", "inline"):
+            report["attempt2_compiled"] = compile_line(svc, rid, 2, t_restart, args.compile_wait)
         sampler.stop.set()
         sampler.join()
         d1 = str(svc.workspace / ".longrun" / rid / "1")
@@ -256,7 +277,8 @@ AIMS = {"submit_to_first_step_s": 30.0, "restart_to_first_step_s": 20.0}
 
 def verdict(report: dict[str, Any]) -> int:
     """Print the figures against their aims; exit 1 when the loop itself broke: a run that did not cancel, both
-    attempts on a GPU at once, or a process of the run left on a GPU."""
+    attempts on a GPU at once, or a process of the run left on a GPU. Each attempt's exit code is printed: 137 is a
+    SIGKILL after the grace (the attempt did not stop at a step in time)."""
     for key, aim in AIMS.items():
         value = report.get(key)
         print(f"{key}: {value if value is None else round(value, 1)} s (aim <= {aim:g} s)", flush=True)
@@ -266,6 +288,8 @@ def verdict(report: dict[str, Any]) -> int:
         broken.append(f"{handover['samples_with_both']} nvidia-smi samples held both attempts")
     if report.get("gpu_apps_after_cancel"):
         broken.append(f"processes on the GPU after the cancel: {report['gpu_apps_after_cancel']}")
+    for attempt in (report.get("server_view") or {}).get("attempts") or []:
+        print(f"attempt {attempt.get('number')}: exit code {attempt.get('exit_code')}", flush=True)
     if (report.get("server_view") or {}).get("status") != "cancelled":
         broken.append(f"the run ended {(report.get('server_view') or {}).get('status')}, not cancelled")
     for line in broken:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from trainer.compiled import compiled
+from trainer.compiled import compiled, compiling
 
 
 def ttt_attention(
@@ -178,6 +178,7 @@ class _TTTAttention(torch.autograd.Function):
                 merge = _merge_diagonal.on_cuda if q.requires_grad else _merge_diagonal
                 out, lse = merge(q, out_c, lse_c, _stack_steps(diag[:n]), _stack_steps(diag[n:]), scale)
         ctx.scale, ctx.causal, ctx.backend, ctx.state, ctx.documents = scale, causal, backend, state, documents
+        ctx.compile = compiling()  # the backward runs on autograd's thread: it compiles when this thread does
         ctx.save_for_backward(q, keys, values, out, lse, *diag)
         return out
 
@@ -198,7 +199,7 @@ class _TTTAttention(torch.autograd.Function):
             if n == 0:
                 return None, None, dq, dk, dv
             dq, d_diag_k, d_diag_v = _diagonal_backward.on_cuda(
-                grad, q, out, lse, dq, _stack_steps(diag[:n]), _stack_steps(diag[n:]), scale
+                grad, q, out, lse, dq, _stack_steps(diag[:n]), _stack_steps(diag[n:]), scale, compile=ctx.compile
             )
         return None, None, dq, dk, dv, *d_diag_k.unbind(3), *d_diag_v.unbind(3)
 

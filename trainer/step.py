@@ -7,7 +7,8 @@ from the verifier targets (so those of all micro-batches are held at once), and 
 once, on the last micro-batch (`no_sync` on the others).
 """
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.ttt import TTTObjective, add_feature_noise, batch_targets, planned_rows, trained_position_counts
 from trainer.verifier_model import VerifierHead
+
+REHEARSAL_TOKENS = 256  # positions of the first batch a compile rehearsal runs on (more where its loss starts later)
 
 
 @dataclass
@@ -86,3 +89,73 @@ class TrainingStep:
 
     def _features(self, batch: dict) -> Tensor:
         return add_feature_noise(batch["hidden_states"], self.noise_std, self.noise)
+
+
+def shadow(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose parameters are the originals' storage as leaves of their own, and whose buffers are
+    the originals: a step run on it reads the weights being trained, records nothing on theirs, and does not trip
+    over their in-place updates (each leaf has a version counter of its own). It costs no device memory."""
+    memo = {id(p): nn.Parameter(p.data, requires_grad=p.requires_grad) for p in module.parameters()}
+    memo.update({id(b): b for b in module.buffers()})
+    return copy.deepcopy(module, memo)
+
+
+def rehearsal_lengths(batch: dict) -> list[int]:
+    """Two lengths to cut a batch to, so that a compile sees the sequence length vary (Dynamo compiles static,
+    then dynamic on a second size): REHEARSAL_TOKENS, or further where the batch's first trained positions lie."""
+    s = batch["input_ids"].shape[1]
+    trained = batch["loss_mask"].bool().any(0).nonzero()
+    first = int(trained[0]) if trained.numel() else 0
+    longer = min(s, max(REHEARSAL_TOKENS, first + 96))
+    shorter = min(longer - 1, max(first + 32, longer - 48))
+    return [longer, shorter] if shorter >= 2 else [longer]
+
+
+def shortened(batch: dict, length: int) -> dict:
+    """The batch's first `length` positions (packed rows' documents cut with them), without its planned trained
+    rows (the objective finds those of the cut itself)."""
+    s = batch["input_ids"].shape[1]
+    out = {}
+    for name, value in batch.items():
+        if name in ("trained_rows", "trained_counts"):
+            continue
+        if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == s:
+            value = value[:, :length].clone()
+        elif name == "documents":
+            value = tuple(_cut_lengths(row, length) for row in value)
+        out[name] = value
+    return out
+
+
+def _cut_lengths(lengths: Sequence[int], length: int) -> tuple[int, ...]:
+    cut, total = [], 0
+    for n in lengths:
+        if total >= length:
+            break
+        cut.append(min(n, length - total))
+        total += cut[-1]
+    return tuple(cut)
+
+
+def rehearsal(objective: TTTObjective, head: VerifierHead, batch: dict) -> Callable[[], None]:
+    """A forward and backward of the TTT objective on shortened copies of `batch` (a device batch), on a
+    `shadow` of the objective, with the gradients thrown away: what `compiled.BackgroundCompile` runs on its
+    thread, so that the regions a training step calls are compiled while the training thread steps eagerly. No
+    feature noise (the training generator is the training thread's)."""
+    rehearsed = shadow(objective)
+    params = [p for p in rehearsed.parameters() if p.requires_grad]
+    batches = [shortened(batch, n) for n in rehearsal_lengths(batch)]
+    device = batch["input_ids"].device
+
+    cuda = device.type == "cuda"
+
+    def rehearse() -> None:
+        if cuda:
+            torch.cuda.set_device(device)  # the current device is per thread
+        for cut in batches:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                targets = batch_targets(head, cut)
+                loss, _ = rehearsed(cut["hidden_states"], cut["input_ids"], targets, **packing(cut))
+            torch.autograd.grad(loss, params, allow_unused=True)
+
+    return rehearse

@@ -26,9 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from trainer import series
+from trainer import compiled, series
 from trainer.checkpoint import EXPORT_FORMATS, Checkpointer, Position, latest_checkpoint
-from trainer.compiled import share_dynamic_profile
+from trainer.compiled import BackgroundCompile, share_dynamic_profile
 from trainer.config import DataConfig, ModelConfig, TrainConfig, ValidationConfig, default
 from trainer.data import BatchLoader, ReaderSizing, make_loader, prefetch_to_device, split_files
 from trainer.formats import DATA_FORMATS, open_training_data, parse_layer_ids
@@ -37,7 +37,7 @@ from trainer.metrics import MetricsReporter, StepStart, TrainingMetrics, metrics
 from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StartupClock, StepProfiler
-from trainer.step import TrainingStep
+from trainer.step import TrainingStep, rehearsal
 from trainer.trackers import TRACKERS, open_trackers, parse_report_to
 from trainer.ttt import TTTObjective, plan_trained_rows
 from trainer.validation import Validator
@@ -450,6 +450,10 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
     plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=ttt.ttt_steps,
                              pin=ctx.device.type == "cuda")
 
+    # on a GPU the regions compile on a thread of their own while the first steps run eagerly (trainer/compiled.py)
+    background = compiled.ENABLED and compiled.BACKGROUND and ctx.device.type == "cuda"
+    compiling: BackgroundCompile | None = None
+
     def stopped() -> int:
         metrics.publish()  # the step after the one that saw the request ran too
         log(f"stopping at step {position.step} on SIGTERM", flush=True)
@@ -462,10 +466,15 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
             batches = metrics.input_wait.batches(prefetch_to_device(data.train, ctx.device, dtype, plan))
             for micro_batches in optimizer_steps(batches, data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
+                if background and compiling is None:
+                    compiling = BackgroundCompile(rehearsal(objective, head, micro_batches[0]))
+                elif compiling is not None and (line := compiling.take_over()):
+                    log(f"{line} (step {position.step + 1})", flush=True)
                 started, waited = StepStart(ctx.device), metrics.input_wait.take()
                 result = train_step(micro_batches)
                 if clock is not None:
-                    clock.mark("first step" + (": torch.compile warm-up" if ctx.device.type == "cuda" else ""))
+                    warm_up = ": torch.compile warm-up" if ctx.device.type == "cuda" and compiled.ENABLED else ""
+                    clock.mark("first step" + (", eager: torch.compile runs in the background" if background else warm_up))
                     log(clock.summary(), flush=True)
                     clock = None
                 position.step += 1
@@ -498,6 +507,8 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
                               ctx.device)
         return 0
     finally:
+        if compiling is not None:
+            compiling.close()
         profiler.close()
         reporter.close()
 

@@ -281,8 +281,8 @@ class SSHTransport(Transport):
                 # stdin is sent in step with reading, so a command that writes before it reads cannot stall us
                 while True:
                     if pending and channel.send_ready():
-                        pending = pending[channel.send(pending[:READ_SIZE]):]
-                        if not pending:
+                        pending = self._send(channel, pending, connection)
+                        if not pending and not channel.closed:
                             channel.shutdown_write()
                     while channel.recv_ready():
                         out += channel.recv(READ_SIZE)
@@ -321,6 +321,21 @@ class SSHTransport(Transport):
             raise HostUnreachable(f"connection to {self.host_name} lost during a command")
         # -1: the command ended without an exit status (killed by a signal on the host)
         return CommandResult(channel.exit_status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    @staticmethod
+    def _send(channel: paramiko.Channel, pending: memoryview, connection: paramiko.Transport) -> memoryview:
+        """What is left of `pending` after one send. A command may end without reading all its input (the agent
+        reads its request line; the bytes after it are for an install it did not need): once the host has closed
+        the channel nothing more is sent, and the command's end is read as usual; a connection that went down is
+        still an error."""
+        if channel.closed:
+            return memoryview(b"")
+        try:
+            return pending[channel.send(pending[:READ_SIZE]):]
+        except OSError:
+            if not connection.is_active():
+                raise
+            return memoryview(b"")  # the host closed the channel between the look and the send
 
     def _alive(self, client: paramiko.SSHClient) -> bool:
         """Whether the connection still answers: a command may time out on a healthy one."""

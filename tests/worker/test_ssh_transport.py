@@ -59,6 +59,15 @@ def test_stdin_is_delivered(transport):
     assert transport.exec("cat").stdout == ""
 
 
+def test_a_command_that_ends_without_reading_its_input_gives_its_exit_code(transport):
+    """The host agent reads its request line and may exit without the bytes after it (an install it did not need):
+    the command's output and exit code come back, not "connection lost", however much input was still unsent."""
+    for _ in range(3):
+        result = transport.exec("head -c 5; echo; exit 3", stdin=b"hello" + os.urandom(16 << 20))
+        assert (result.returncode, result.stdout) == (3, "hello\n")
+    assert transport.exec("echo still connected").stdout == "still connected\n"
+
+
 def test_large_output_on_both_streams_comes_back_intact(transport):
     # 4 MB in, 4 MB out while reading, 4 MB on stderr: more than any SSH window or pipe buffer
     blob = os.urandom(3 << 20).hex()[: 4 << 20].encode()
