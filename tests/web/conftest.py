@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.service import Service, attempt_processes, serve_with_fake_gpus
+from tests.service import Service, serve_with_fake_gpus
 from tests.trainer.conftest import prepared_data, tiny_corpus, tiny_verifier  # noqa: F401  (fixtures)
 
 TOKEN = "web-s3cret"
@@ -57,9 +57,11 @@ def sign_in(page: Page, svc: Service, fragment: str = "#/") -> None:
 
 
 def hold_gpu(svc: Service, run: dict, utilization: int) -> None:
-    """Have the fake nvidia-smi report the run's first process on GPU 0 at `utilization` percent."""
-    pid = attempt_processes(run, run["attempt"])[0]
-    svc.gpu_state.write_text(json.dumps({"holders": {"0": pid}, "util": utilization}))  # type: ignore[attr-defined]
+    """Have the fake nvidia-smi report the run's current attempt on GPU 0 at `utilization` percent: whichever of its
+    processes lives at each sample (none once it ended; on a loaded machine it may end before the test gets here)."""
+    attempt = next(a for a in run["attempts"] if a["number"] == run["attempt"])
+    holder = f"env:LONGRUN_ATTEMPT_DIR={attempt['nodes'][0]['dir']}"
+    svc.gpu_state.write_text(json.dumps({"holders": {"0": holder}, "util": utilization}))  # type: ignore[attr-defined]
 
 
 def release_gpus(svc: Service) -> None:
