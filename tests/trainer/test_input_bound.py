@@ -11,7 +11,7 @@ import torch
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer import series
 from trainer.data import BatchLoader, HiddenStatesDataset, ReaderSizing, ShardBatchSampler
-from trainer.metrics import InputWait, progress_line
+from trainer.metrics import InputWait, StepStart, progress_line
 from trainer.prepare import expected_tokens_per_s, storage_note
 from trainer.train import main as train_main
 
@@ -71,6 +71,15 @@ def test_a_loader_slower_than_the_step_shows_the_step_waiting_for_data(train, tm
 
 
 def test_a_loader_ahead_of_the_step_shows_no_wait(train, tmp_path, monkeypatch):
+    # each step 0.1 s longer (sleeping, as a GPU step leaves the host free): the readers are ahead by construction,
+    # not by this machine's speed (at load on 2 cores, two reader threads against the step's own work once came to
+    # 20.1% waiting)
+    class SlowStart(StepStart):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            time.sleep(0.1)
+
+    monkeypatch.setattr("trainer.train.StepStart", SlowStart)
     lines = train(tmp_path / "fast", "--num-workers", "2")
     last = lines[-1]
     assert last[series.INPUT_BOUND] < 0.2, last
