@@ -320,8 +320,9 @@ def test_a_background_rehearsal_compiles_what_the_training_thread_then_runs_on_c
 STOPPED_MID_COMPILE = textwrap.dedent("""
     import sys, time
     from trainer.compiled import BackgroundCompile
-    background = BackgroundCompile(lambda: time.sleep(120))  # a compile that outlasts the stop
+    background = BackgroundCompile(lambda: time.sleep(300))  # a compile that outlasts the stop
     time.sleep(0.2)
+    print(time.monotonic(), flush=True)  # the stop: what follows is the exit alone, not the imports before it
     background.close()
     sys.exit(143)
 """)
@@ -330,11 +331,13 @@ STOPPED_MID_COMPILE = textwrap.dedent("""
 @pytest.mark.slow  # a process that imports torch
 def test_a_run_stopped_while_its_compile_runs_exits_at_once_with_its_own_code():
     """A stop (SIGTERM, a restart's) ends the trainer within the supervisor's grace however long the background
-    compile has left: close() does not wait for it, and the process exits with the code the run chose."""
+    compile has left: close() does not wait for it, and the process exits with the code the run chose. Timed from
+    the stop to the exit (CLOCK_MONOTONIC is the machine's, the same in both processes): a loaded machine's slow
+    torch import before the stop is no part of it."""
     import time
 
-    started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", STOPPED_MID_COMPILE], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=240)
+    exited = time.monotonic()
     assert done.returncode == 143, done.stderr[-2000:]
-    assert time.monotonic() - started < 15, "the exit waited for the compile"
+    assert exited - float(done.stdout.split()[-1]) < 10, "the exit waited for the compile (300 s)"
