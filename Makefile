@@ -69,7 +69,7 @@ lint: setup
 # third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md).
 # -O keeps each lane's output whole
 # bytecode cached: a test run starts some thousands of python processes (servers, host agents' wrappers, trainer
-# ranks, pytest's workers), and where PYTHONDONTWRITEBYTECODE is set (as on some CI images) each compiled the
+# ranks, pytest's workers), and where PYTHONDONTWRITEBYTECODE is set (as on the development box) each compiled the
 # project's sources and pytest's rewritten tests again: the integration lane took 980 CPU-s with it, 838 without
 # (docs/benchmarks.md). The caches go to the clone's __pycache__ directories, which git ignores
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE

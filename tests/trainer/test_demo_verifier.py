@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 import time
@@ -57,8 +56,8 @@ def test_cli_tiny_builds_then_returns_from_cache(tmp_path: Path, capsys: pytest.
     """The command's build in this process (its main: the training is the cost, not another torch import), then the
     command itself as a user runs it, which finds the build and returns."""
     argv = ["--size", "tiny", "--steps", "10", "--output-dir", str(tmp_path)]
-    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "OMP_WAIT_POLICY"):  # main sets them for its process: not this one's
-        monkeypatch.setenv(name, os.environ.get(name, "1" if name.startswith("HF") else "PASSIVE"))
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "OMP_WAIT_POLICY"):  # main sets them for its process: put back after
+        monkeypatch.delenv(name, raising=False)
     with one_cpu_thread():
         assert main(argv) == 0
     assert "verifier tiny" in capsys.readouterr().out
