@@ -54,6 +54,12 @@ _thread = _Mode()
 _inline = [True]  # False while a BackgroundCompile runs: other threads run the regions as written
 
 
+def defer() -> None:
+    """From now on every thread but a BackgroundCompile's runs the regions as written, until one takes over: the
+    steps before a BackgroundCompile starts run eagerly too, instead of compiling on the training thread."""
+    _inline[0] = False
+
+
 def compiling() -> bool:
     """Whether a region called on this thread now runs compiled (on CUDA, while training)."""
     return ENABLED and (_inline[0] or _thread.rehearsing)

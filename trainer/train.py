@@ -45,6 +45,8 @@ from trainer.verifier_model import VerifierHead, load_verifier_head, read_verifi
 from trainer.vocab import load_vocab_mapping
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+# the step the background compile starts at (0-based: after this many steps), on a GPU; see run()
+COMPILE_FROM_STEP = 2
 # the start-up clock of this process's first run, from the process's start: python's own, then these imports
 _STARTUP: StartupClock | None = StartupClock()
 _STARTUP.mark("python and imports")
@@ -450,9 +452,14 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
     plan = functools.partial(plan_trained_rows, target_to_draft=head.target_to_draft.cpu(), ttt_steps=ttt.ttt_steps,
                              pin=ctx.device.type == "cuda")
 
-    # on a GPU the regions compile on a thread of their own while the first steps run eagerly (trainer/compiled.py)
+    # on a GPU the regions compile on a thread of their own while the first steps run eagerly (trainer/compiled.py),
+    # from the third step on: the first step's line (published after step 2 is queued) is what a user waits for at a
+    # start or a restart, and a compiling thread beside it holds the interpreter (run 8 of docs/benchmarks.md: the
+    # first eager step 12.8 s beside it, 7.8 s in run 7)
     background = compiled.ENABLED and compiled.BACKGROUND and ctx.device.type == "cuda"
     compiling: BackgroundCompile | None = None
+    if background:
+        compiled.defer()  # the steps before the compile starts run eagerly, not compiling on this thread
 
     def stopped() -> int:
         metrics.publish()  # the step after the one that saw the request ran too
@@ -466,15 +473,18 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
             batches = metrics.input_wait.batches(prefetch_to_device(data.train, ctx.device, dtype, plan))
             for micro_batches in optimizer_steps(batches, data.micro_batches_per_step):
                 lr = scheduler.get_last_lr()[0]
-                if background and compiling is None:
+                if background and compiling is None and position.step >= COMPILE_FROM_STEP:
                     compiling = BackgroundCompile(rehearsal(objective, head, micro_batches[0]))
                 elif compiling is not None and (line := compiling.take_over()):
                     log(f"{line} (step {position.step + 1})", flush=True)
+                if clock is not None:
+                    clock.mark("first batch")  # the loaders' start and the first batch's way to the device
                 started, waited = StepStart(ctx.device), metrics.input_wait.take()
                 result = train_step(micro_batches)
                 if clock is not None:
                     warm_up = ": torch.compile warm-up" if ctx.device.type == "cuda" and compiled.ENABLED else ""
-                    clock.mark("first step" + (", eager: torch.compile runs in the background" if background else warm_up))
+                    clock.mark("first step" + (f", eager: torch.compile in the background from step {COMPILE_FROM_STEP + 1}" if background
+                                        else warm_up))
                     log(clock.summary(), flush=True)
                     clock = None
                 position.step += 1

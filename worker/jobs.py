@@ -1,4 +1,4 @@
-"""What a run's spec becomes on a host: the torchrun command line and its environment."""
+"""What a run's spec becomes on a host: the torchrun command line (or the bundled trainer's, for one process)."""
 
 from server.spec import RunCreate, TrainerSpec
 
@@ -18,11 +18,18 @@ def trainer_flags(trainer: TrainerSpec) -> list[str]:
 
 def job_argv(spec: RunCreate, python: str, run_id: str, node_rank: int = 0,
              master_addr: str | None = None, node_addr: str | None = None) -> list[str]:
-    """torchrun for one node of the run: standalone on one host, c10d rendezvous on the first host otherwise.
+    """torchrun for one node of the run: standalone on one host, c10d rendezvous on the first host otherwise; the
+    bundled trainer's one process on one host, on its own.
 
     `master_addr` is the first host's address, `node_addr` this node's: the addresses the nodes reach each
     other at (torchrun's own guesses, from the hostname, fail where names do not resolve across hosts)."""
     nnodes = len(spec.host_names)
+    if spec.trainer and nnodes == 1 and spec.nproc_per_node == 1:
+        # one process of the bundled trainer needs no launcher (as accelerate's `simple_launcher` runs one process
+        # without torchrun, src/accelerate/commands/launch.py): the trainer is one process without torchrun's
+        # environment (trainer/train.py Distributed), and torchrun's own start-up (its torch import, its agent, its
+        # rendezvous) came before every attempt's first step, a restart's too. -u as torchrun runs its workers
+        return [python, "-u", *program_argv(spec)]
     argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}"]
     if nnodes == 1:
         # --standalone picks a free rendezvous port, so several runs can share a host

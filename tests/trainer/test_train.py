@@ -1,6 +1,7 @@
 """`python -m trainer.train` end to end on a tiny local verifier: DDP under torchrun, metrics,
 checkpoints, exact resume, SIGTERM / SIGKILL and relaunch, --no-resume, --init-from."""
 
+import contextlib
 import json
 import os
 import re
@@ -8,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.trainer.conftest import _built_once
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.checkpoint import latest_checkpoint
 
@@ -20,15 +23,26 @@ REPO = Path(__file__).resolve().parents[2]
 TTT_STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two shared cores: more threads only contend
+def shared_across_workers(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> dict:
+    """`make(directory)` once for the whole pytest run, its xdist workers included (`_built_once`), and its (JSON)
+    result. (`--dist loadgroup` does not keep an xdist_group in one worker with pytest 9.2 and xdist 3.8,
+    pytest-xdist#1386: xdist renames the node ids to group them through an attribute pytest 9.2 no longer reads, so
+    a module-scoped fixture alone would be made once per worker that takes one of its tests.)"""
+    directory = _built_once(factory, name, lambda d: (d / "result.json").write_text(json.dumps(make(d))))
+    return json.loads((directory / "result.json").read_text())
+
+
+def build_tiny(root: Path) -> dict[str, str]:
     verifier = build_verifier(root / "verifier")
     build_dataset(verifier, root / "data", samples=48)
-    torch.set_num_threads(threads)
-    return {"verifier": root / "verifier", "data": root / "data" / "hidden_states", "vocab": root / "data" / "vocab_mapping"}
+    return {"verifier": str(root / "verifier"), "data": str(root / "data" / "hidden_states"),
+            "vocab": str(root / "data" / "vocab_mapping")}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """A tiny verifier and its features, built once for the pytest run (all its xdist workers); only read."""
+    return {k: Path(v) for k, v in shared_across_workers(tmp_path_factory, "train-tiny", build_tiny).items()}
 
 
 def train_command(tiny, output_dir, nproc=1, **flags) -> list[str]:
@@ -91,7 +105,8 @@ def test_torchrun_two_ranks_trains_reports_and_exports(tiny, tmp_path):
     startup = [line for line in result.stdout.splitlines() if line.startswith("startup:")]
     assert len(startup) == 1, result.stdout[-2000:]
     assert re.fullmatch(r"startup: [\d.]+ s to the end of step 1 \(python and imports [\d.]+ s, setup [\d.]+ s, "
-                        r"model [\d.]+ s, data [\d.]+ s, first step [\d.]+ s\)", startup[0]), startup[0]
+                        r"model [\d.]+ s, data [\d.]+ s, first batch [\d.]+ s, first step [\d.]+ s\)",
+                        startup[0]), startup[0]
 
 
 def wait_for(predicate, process, timeout=120.0):
@@ -127,26 +142,71 @@ def checkpoint_step(out: Path) -> int:
     return int(latest.name.removeprefix("step_")) if latest else 0
 
 
+# One two-rank torchrun run serves both stop tests (a torchrun launch costs about 10 CPU-s of imports before its first
+# step): it is stopped as a cancel stops a run (stop_a_run), and then relaunched, SIGKILLed and relaunched again. Both
+# tests take it through the stopped_run fixture (one run for the pytest run, whichever xdist workers they land in);
+# their group keeps them in one worker where xdist's grouping works.
+STOPPED_RUN = pytest.mark.xdist_group("torchrun_stopped_run")
+
+
+def launch(command) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def metrics_lines(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def stop_a_run(tiny, out: Path) -> dict:
+    """Start a two-rank torchrun run with data-loader threads and stop it once it has a checkpoint (step 15 or
+    later) as a cancel stops a run: SIGTERM to every process of it (torchrun, which forwards it, and both ranks).
+    Returns what the stop left, as it happened."""
+    command = train_command(tiny, out, nproc=2, num_workers=2, epochs=4, save_every=15, scheduler="constant")
+    first = launch(command)
+    try:
+        wait_for(lambda: checkpoint_step(out) >= 15, first)
+        lines = metrics_lines(out)
+        tree = process_tree(first.pid)
+        signalled = time.time()
+        for pid in tree:
+            os.kill(pid, signal.SIGTERM)
+        output = first.communicate(timeout=60)[0]
+        seconds = time.time() - signalled
+        survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+    finally:
+        if first.poll() is None:  # it failed mid-way: leave nothing running
+            for pid in process_tree(first.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            first.communicate()
+    return {"out": str(out), "command": command, "tree": tree, "lines_before": lines, "seconds": seconds,
+            "output": output, "returncode": first.returncode, "survivors": survivors,
+            "checkpoint": checkpoint_step(out)}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny, tmp_path_factory) -> dict:
+    """stop_a_run's run, once for the pytest run: test_sigterm_to_every_process_stops_both_ranks_at_a_step reads what
+    its stop left, test_killed_torchrun_run_resumes_at_its_checkpoint relaunches it from its output dir."""
+    return shared_across_workers(tmp_path_factory, "train-stopped-run",
+                                 lambda directory: stop_a_run(tiny, directory / "out"))
+
+
 @pytest.mark.slow
-def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
-    out = tmp_path / "out"
-    command = train_command(tiny, out, nproc=2, epochs=4, save_every=15, scheduler="constant")
+@STOPPED_RUN
+def test_killed_torchrun_run_resumes_at_its_checkpoint(stopped_run):
+    out, command = Path(stopped_run["out"]), stopped_run["command"]
 
-    def launch():
-        return subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-
-    # SIGTERM to torchrun (which forwards it): the workers stop after their current step, non-zero exit.
-    first = launch()
-    wait_for(lambda: checkpoint_step(out) >= 15, first)
-    first.send_signal(signal.SIGTERM)
-    output = first.communicate(timeout=60)[0]
-    assert first.returncode != 0
-    assert "stopping at step" in output
-    resume_1 = checkpoint_step(out)
+    # SIGTERM (the cancel's, to torchrun, which forwards it, and to the ranks): the workers stop after their current
+    # step, non-zero exit.
+    assert stopped_run["returncode"] != 0
+    assert "stopping at step" in stopped_run["output"]
+    resume_1 = stopped_run["checkpoint"]
 
     # SIGKILL to every process of the run, workers included: no chance to clean up.
-    second = launch()
+    second = launch(command)
     wait_for(lambda: checkpoint_step(out) >= resume_1 + 30, second)
     tree = process_tree(second.pid)
     for pid in tree:
@@ -155,7 +215,7 @@ def test_killed_torchrun_run_resumes_at_its_checkpoint(tiny, tmp_path):
     resume_2 = checkpoint_step(out)
     assert f"at step {resume_1} " in second_output
 
-    third = launch()
+    third = launch(command)
     output = third.communicate(timeout=180)[0]
     assert third.returncode == 0, output[-3000:]
     assert f"at step {resume_2} " in output
@@ -217,24 +277,16 @@ def test_prefetch_delivers_every_batch_in_order_cast_to_the_training_dtype(devic
 
 
 @pytest.mark.slow
-def test_sigterm_to_every_process_stops_both_ranks_at_a_step(tiny, tmp_path):
+@STOPPED_RUN
+def test_sigterm_to_every_process_stops_both_ranks_at_a_step(stopped_run):
     # What a cancel does: SIGTERM to every process carrying the run's token. Each rank gets it twice, from
     # here and forwarded by torchrun, while its reader threads are busy; a rank leaving mid-step would leave
-    # the other waiting in an all-reduce.
-    out = tmp_path / "out"
-    command = train_command(tiny, out, nproc=2, num_workers=2, epochs=50, scheduler="constant")
-    first = subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
-    wait_for(lambda: (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 5, first)
-    tree = process_tree(first.pid)
-    assert len(tree) >= 3, tree  # torchrun and 2 ranks
-    signalled = time.time()
-    for pid in tree:
-        os.kill(pid, signal.SIGTERM)
-    output = first.communicate(timeout=60)[0]
-    assert time.time() - signalled < 10, "a cancel would have had to SIGKILL it"
-    assert "stopping at step" in output, output[-3000:]
-    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+    # the other waiting in an all-reduce. (stopped_run: the run, and what its stop left.)
+    assert stopped_run["lines_before"] >= 5  # it was training when stopped
+    assert len(stopped_run["tree"]) >= 3, stopped_run["tree"]  # torchrun and 2 ranks
+    assert stopped_run["seconds"] < 10, "a cancel would have had to SIGKILL it"
+    assert "stopping at step" in stopped_run["output"], stopped_run["output"][-3000:]
+    assert not stopped_run["survivors"]
 
 
 def test_throughput_is_tokens_over_the_last_steps_time():
