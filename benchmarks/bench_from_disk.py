@@ -79,7 +79,10 @@ def write_data(path: Path, samples: int, seq: int, shape: dict = LLAMA_8B, store
         with torch.device(DEVICE):
             sample = {"input_ids": torch.randint(0, V, (seq,)), "loss_mask": torch.ones(seq, dtype=torch.uint8),
                       "hidden_states": torch.randn(seq, 3 * H, dtype=torch.bfloat16),
-                      "last_hidden_state": torch.randn(seq, H, dtype=torch.bfloat16)}
+                      "last_hidden_state": torch.randn(seq, H, dtype=torch.bfloat16),
+                      # as `prepare` stores it: the verifier's top-1 (uniform over the vocabulary, as a random head's
+                      # argmax is in bench_trainer.py); without it the trainer runs the full verifier head every step
+                      "verifier_top_ids": torch.randint(0, V, (seq,), dtype=torch.int32)}
             if store_dtype == "fp8":
                 for name, scale in FP8_SCALES.items():
                     sample[name], sample[scale] = quantize_fp8(sample[name])
