@@ -73,7 +73,11 @@ lint: setup
 # project's sources and pytest's rewritten tests again: the integration lane took 980 CPU-s with it, 838 without
 # (docs/benchmarks.md). The caches go to the clone's __pycache__ directories, which git ignores
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
-PYTEST := $(TEST_ENV) $(BIN)/python -m pytest -q
+# pytest plugins installed with the test dependencies that no test uses, not loaded: schemathesis' (its
+# schema.parametrize; tests/server/test_schemathesis.py calls Schemathesis itself) imported Schemathesis and Hypothesis
+# into every pytest process, about 0.45 CPU-s each; anyio's (no test is an anyio coroutine) a little more
+UNUSED_PLUGINS := -p no:schemathesis -p no:anyio
+PYTEST := $(TEST_ENV) $(BIN)/python -m pytest -q $(UNUSED_PLUGINS)
 NOT_INTEGRATION := --ignore=tests/unit --ignore=tests/web --ignore=tests/journey
 test: setup system-deps
 	$(BIN)/ruff check .
@@ -118,7 +122,7 @@ $(LOWEST_VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 test-lowest: $(LOWEST_VENV)/.installed
-	$(TEST_ENV) $(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) -m "not slow" $(LOWEST_TESTS)
+	$(TEST_ENV) $(LOWEST_VENV)/bin/python -m pytest -q $(UNUSED_PLUGINS) -p no:cacheprovider -n $(TEST_PROCESSES) -m "not slow" $(LOWEST_TESTS)
 
 # the unit lane: in-process, SQLite, no subprocess (a test there that starts one fails): the inner loop
 test-fast: setup

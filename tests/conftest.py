@@ -1,6 +1,6 @@
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 STORES = ("sqlite", "postgres")
 # the fixtures that hand a test a database in this process: every test using one runs on both stores
 IN_PROCESS_DATABASE = {"db", "api", "rig"}
+ROOT = Path(__file__).resolve().parent.parent
+# Two lanes collect less than all of tests/, leaving out only what they would deselect: importing it cost each of
+# their pytest processes seconds of CPU (torch, transformers, the trainer) for no test they keep. The other lanes
+# check that nothing they would keep is left out: a test that breaks the rule fails its module's collection.
+# The PostgreSQL lane (--stores postgres) keeps the tests that take a store, and no test under these paths takes one:
+STORELESS = tuple(ROOT / path for path in ("tests/trainer", "tests/test_benchmark_decode_tp.py"))
+# The Slurm lane (-m slurm) keeps the tests whose id names slurm (pytest_collection_modifyitems marks them): it
+# collects only the test modules whose text names it
 
 
 _ENVIRON = os.environ
@@ -40,6 +48,41 @@ def _stores(config: pytest.Config) -> set[str]:
     if unknown or not stores:
         raise pytest.UsageError(f"--stores takes {', '.join(STORES)} (comma-separated), not {sorted(unknown)}")
     return stores
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """What the PostgreSQL and the Slurm lanes would only deselect, left uncollected (STORELESS above)."""
+    if collection_path in STORELESS and _stores(config) == {"postgres"}:
+        return True
+    if (config.option.markexpr == "slurm" and collection_path.name.startswith("test_")
+            and collection_path.suffix == ".py" and "slurm" not in collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
+
+
+def _left_out(item: pytest.Function) -> str | None:
+    """Why the PostgreSQL or the Slurm lane would miss `item`, a test it keeps, not collecting its module."""
+    store = getattr(item, "callspec", None) and item.callspec.params.get("store")
+    if store is not None and any(item.path == path or path in item.path.parents for path in STORELESS):
+        return (f"{item.nodeid} takes a store, and the PostgreSQL lane does not collect {item.path.relative_to(ROOT)}: "
+                "move the test, or take its path out of STORELESS in tests/conftest.py")
+    if "slurm" in item.nodeid and "slurm" not in item.path.read_text(encoding="utf-8"):
+        return (f"{item.nodeid} is a Slurm test (its id names slurm), and the Slurm lane does not collect "
+                f"{item.path.relative_to(ROOT)}, whose text never does (tests/conftest.py)")
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+        collector: pytest.Collector) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A module holding a test that the PostgreSQL or the Slurm lane would not collect fails its collection, in every
+    lane (a collection error, which pytest-xdist reports as such)."""
+    report = yield
+    if report.passed and isinstance(collector, pytest.Module | pytest.Class):
+        left_out = [why for item in report.result if isinstance(item, pytest.Function) and (why := _left_out(item))]
+        if left_out:
+            report.outcome, report.longrepr, report.result = "failed", "\n".join(left_out), []
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

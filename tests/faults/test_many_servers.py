@@ -3,21 +3,25 @@ two `longrun serve --no-worker` and two `longrun worker` processes. Any server a
 one server sees the events of runs submitted to the other, and kill -9 of the worker driving the runs and then of
 the server streaming the events loses no run, no metric and no event."""
 
+from __future__ import annotations
+
 import json
 import signal
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from server.db import Database
 from server.models import Run
-from tests.postgres import PostgresCluster
 from tests.service import Service, kill_leftovers, start_worker, stop_processes, toy_spec
+
+if TYPE_CHECKING:  # psycopg, which tests.postgres imports, is the `postgres` fixture's to import
+    from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.slow  # two servers, two workers and torchrun jobs
 

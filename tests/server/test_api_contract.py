@@ -7,9 +7,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import shared_service as shared
 from tests.service import TOY, Service, toy_spec
 
-pytestmark = pytest.mark.slow  # each test starts a real `longrun serve`
+shared_servers, shared_service = shared.shared_servers, shared.shared_service  # fixtures
+
+# each test talks to a real `longrun serve`: the module's shared one (tests/shared_service.py) where it only submits
+# runs and reads its own back, else one of its own (it reads every run or host, or its server needs a token)
+pytestmark = pytest.mark.slow
 
 
 def _loc(response: httpx.Response) -> list[list]:
@@ -37,17 +42,17 @@ def test_bad_input_is_a_422_naming_the_field_and_writes_nothing(service: Service
     assert [h["name"] for h in c.get("/v1/hosts").json()] == ["local"]
 
 
-def test_unknown_or_invalid_override_is_a_422_and_changes_nothing(service: Service) -> None:
-    run = service.submit(toy_spec(steps=3, sleep=0.01, nproc=1))
-    service.wait_status(run["id"], "succeeded")
-    c = service.client
+def test_unknown_or_invalid_override_is_a_422_and_changes_nothing(shared_service: Service) -> None:
+    run = shared_service.submit(toy_spec(steps=3, sleep=0.01, nproc=1))
+    shared_service.wait_status(run["id"], "succeeded")
+    c = shared_service.client
     assert ["body", "overrides", "ttt_stepz"] in _loc(
         c.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_stepz": 5}}))
     assert ["body", "overrides", "ttt_steps"] in _loc(
         c.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"ttt_steps": 5}}))
     assert ["body", "overrides", "nproc_per_node"] in _loc(
         c.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {"nproc_per_node": 0}}))
-    after = service.run(run["id"])
+    after = shared_service.run(run["id"])
     assert after["status"] == "succeeded" and after["attempt"] == 1
 
 
@@ -81,10 +86,10 @@ def test_runs_are_listed_newest_first_in_pages(service: Service) -> None:
     assert len(done) == 5
 
 
-def test_events_stream_status_changes_and_metrics(service: Service) -> None:
-    run = service.submit(toy_spec(steps=10, sleep=0.05, nproc=1))
+def test_events_stream_status_changes_and_metrics(shared_service: Service) -> None:
+    run = shared_service.submit(toy_spec(steps=10, sleep=0.05, nproc=1))
     kinds, statuses = set(), []
-    with service.client.stream("GET", f"/v1/runs/{run['id']}/events", timeout=60) as r:
+    with shared_service.client.stream("GET", f"/v1/runs/{run['id']}/events", timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         event = None
         for line in r.iter_lines():
@@ -99,42 +104,43 @@ def test_events_stream_status_changes_and_metrics(service: Service) -> None:
     assert statuses == ["queued", "launching", "running", "succeeded"]
 
 
-def test_clean_outside_the_workspace_is_refused_and_deletes_nothing(service: Service, tmp_path: Path) -> None:
+def test_clean_outside_the_workspace_is_refused_and_deletes_nothing(shared_service: Service, tmp_path: Path) -> None:
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "keep.txt").write_text("data")
-    inside = service.workspace / "out"
+    mine = shared_service.workspace / tmp_path.name  # the workspace is the module's: this test's paths in it
+    inside = mine / "out"
     inside.mkdir(parents=True)
     (inside / "old.ckpt").write_text("x")
-    link = service.workspace / "escape"
+    link = mine / "escape"
     os.symlink(outside, link)
 
-    run = service.submit(toy_spec(steps=2, sleep=0, nproc=1, output_dir=str(inside)))
-    service.wait_status(run["id"], "succeeded")
-    c = service.client
+    run = shared_service.submit(toy_spec(steps=2, sleep=0, nproc=1, output_dir=str(inside)))
+    shared_service.wait_status(run["id"], "succeeded")
+    c = shared_service.client
     r = c.post(f"/v1/runs/{run['id']}/restart", json={"clean": True})
     assert r.status_code == 202, r.text
-    assert service.wait_status(run["id"], "succeeded", "failed")["status"] == "succeeded"
+    assert shared_service.wait_status(run["id"], "succeeded", "failed")["status"] == "succeeded"
     assert not (inside / "old.ckpt").exists(), "clean inside the workspace empties the output dir"
 
     spec = toy_spec(steps=2, sleep=0, nproc=1, output_dir=str(outside))
-    other = service.submit(spec)
-    service.wait_status(other["id"], "succeeded")
+    other = shared_service.submit(spec)
+    shared_service.wait_status(other["id"], "succeeded")
     r = c.post(f"/v1/runs/{other['id']}/restart", json={"clean": True})
     assert ["body", "clean"] in _loc(r) and "outside the workspace" in r.text
 
     # a path inside the workspace that is a symlink out: only the host can tell; it refuses there
-    escape = service.submit(toy_spec(steps=2, sleep=0, nproc=1, output_dir=str(link)))
-    service.wait_status(escape["id"], "succeeded")
+    escape = shared_service.submit(toy_spec(steps=2, sleep=0, nproc=1, output_dir=str(link)))
+    shared_service.wait_status(escape["id"], "succeeded")
     r = c.post(f"/v1/runs/{escape['id']}/restart", json={"clean": True})
     assert r.status_code == 202, r.text
-    failed = service.wait_status(escape["id"], "failed", "succeeded")
+    failed = shared_service.wait_status(escape["id"], "failed", "succeeded")
     assert failed["status"] == "failed" and "outside the host workspace" in failed["message"]
     assert (outside / "keep.txt").read_text() == "data"
 
 
-def test_openapi_documents_the_contract(service: Service) -> None:
-    paths = service.client.get("/openapi.json").json()["paths"]
+def test_openapi_documents_the_contract(shared_service: Service) -> None:
+    paths = shared_service.client.get("/openapi.json").json()["paths"]
     for path in ["/v1/hosts", "/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/cancel",
                  "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics", "/v1/runs/{run_id}/logs",
                  "/v1/runs/{run_id}/events", "/healthz"]:

@@ -4,8 +4,13 @@ read from what it prints, through the real service (`local` host, torchrun)."""
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from server.log_patterns import total_from_arguments
+from tests import shared_service as shared
 from tests.service import STUB_ENV, Service
+
+shared_servers, shared_service = shared.shared_servers, shared.shared_service  # fixtures
 
 FOREIGN = str(Path(__file__).resolve().parent.parent / "fixtures" / "trainer_logs" / "foreign_trainer.py")
 
@@ -15,37 +20,39 @@ def foreign_spec(steps: int, sleep: float, *args: str, **extra: object) -> dict:
             "args": ["--steps", str(steps), "--sleep", str(sleep), *args], "env": STUB_ENV, **extra}
 
 
-def test_a_tqdm_bar_and_log_lines_give_progress_loss_and_eta(service: Service) -> None:
-    run = service.submit(foreign_spec(60, 0.1))
-    running = service.wait(run["id"], lambda r: r["status"] == "running" and 0.2 < (r["progress"] or 0) < 0.8
-                           and r["eta_seconds"] is not None, what="progress and an ETA from the log")
+@pytest.mark.slow  # on the module's shared server (tests/shared_service.py): `service` marks its own
+def test_a_tqdm_bar_and_log_lines_give_progress_loss_and_eta(shared_service: Service) -> None:
+    run = shared_service.submit(foreign_spec(60, 0.1))
+    running = shared_service.wait(run["id"], lambda r: r["status"] == "running" and 0.2 < (r["progress"] or 0) < 0.8
+                                  and r["eta_seconds"] is not None, what="progress and an ETA from the log")
     step = running["latest"]["step"]
     assert running["latest"]["total_steps"] == 60 and running["progress"] == step / 60
     # 0.1 s a step: the ETA is about the steps left at that pace
     assert 0 < running["eta_seconds"] < (60 - step) * 0.1 * 3 + 2
     assert running["latest"]["loss"] > 0
-    done = service.wait_status(run["id"], "succeeded", "failed")
+    done = shared_service.wait_status(run["id"], "succeeded", "failed")
     assert done["status"] == "succeeded", done
     assert done["progress"] == 1.0 and done["eta_seconds"] == 0.0
     attempt = done["attempts"][0]
     assert attempt["last_step"] == 60 and attempt["total_steps"] == 60
     assert 0.05 < attempt["seconds_per_step"] < 0.3, attempt["seconds_per_step"]
-    loss = service.series(run["id"], "loss")
+    loss = shared_service.series(run["id"], "loss")
     steps = [p["step"] for p in loss]
     assert steps == sorted(steps) and steps[-1] == 60 and len(set(steps)) > 20
     assert abs(loss[-1]["value"] - 4.0 / 60) < 1e-4 and done["latest"]["loss"] == loss[-1]["value"]
     # the logging lines printed into the bar's line: one point each, at its step
-    assert [p["step"] for p in service.series(run["id"], "grad_norm")] == [10, 20, 30, 40, 50, 60]
-    assert not service.series(run["id"], "lr"), "the configuration line is no progress"
-    assert any("INFO done" in line for line in service.logs(run["id"], tail=20))
+    assert [p["step"] for p in shared_service.series(run["id"], "grad_norm")] == [10, 20, 30, 40, 50, 60]
+    assert not shared_service.series(run["id"], "lr"), "the configuration line is no progress"
+    assert any("INFO done" in line for line in shared_service.logs(run["id"], tail=20))
 
 
-def test_a_pattern_reads_a_format_of_the_runs_own(service: Service) -> None:
+@pytest.mark.slow  # on the module's shared server (tests/shared_service.py): `service` marks its own
+def test_a_pattern_reads_a_format_of_the_runs_own(shared_service: Service) -> None:
     pattern = r"it (?P<step>\d+) of (?P<total_steps>\d+) \| objective (?P<objective>\S+)"
-    run = service.submit(foreign_spec(30, 0.05, "--style", "custom", log_metrics={"patterns": [pattern]}))
-    done = service.wait_status(run["id"], "succeeded", "failed")
+    run = shared_service.submit(foreign_spec(30, 0.05, "--style", "custom", log_metrics={"patterns": [pattern]}))
+    done = shared_service.wait_status(run["id"], "succeeded", "failed")
     assert done["status"] == "succeeded" and done["progress"] == 1.0
-    objective = service.series(run["id"], "objective")
+    objective = shared_service.series(run["id"], "objective")
     assert [p["step"] for p in objective] == list(range(1, 31))
     assert objective[0]["value"] == 4.0 and done["latest"]["objective"] == round(4.0 / 30, 4)
 
@@ -79,19 +86,21 @@ def test_a_bad_pattern_or_a_pattern_on_a_trainer_run_is_a_422_naming_the_field(s
     assert service.client.get("/v1/runs").json()["items"] == []
 
 
-def test_the_total_comes_from_the_trainers_arguments_else_the_answer_says_how_to_give_one(service: Service) -> None:
-    run = service.submit(foreign_spec(400, 0.05, "--style", "untotalled", "--max-steps", "40"))
-    running = service.wait(run["id"], lambda r: r["status"] == "running" and 0 < (r["progress"] or 0) < 1,
-                           what="progress from --max-steps")
+@pytest.mark.slow  # on the module's shared server (tests/shared_service.py): `service` marks its own
+def test_the_total_comes_from_the_trainers_arguments_else_the_answer_says_how_to_give_one(
+        shared_service: Service) -> None:
+    run = shared_service.submit(foreign_spec(400, 0.05, "--style", "untotalled", "--max-steps", "40"))
+    running = shared_service.wait(run["id"], lambda r: r["status"] == "running" and 0 < (r["progress"] or 0) < 1,
+                                  what="progress from --max-steps")
     assert running["latest"]["total_steps"] == 40 and running["progress_note"] is None
-    assert service.wait_status(run["id"], "succeeded", "failed")["attempts"][0]["last_step"] == 40
+    assert shared_service.wait_status(run["id"], "succeeded", "failed")["attempts"][0]["last_step"] == 40
 
-    run = service.submit(foreign_spec(400, 0.05, "--style", "untotalled"))
-    running = service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) > 2,
-                           what="steps without a total")
+    run = shared_service.submit(foreign_spec(400, 0.05, "--style", "untotalled"))
+    running = shared_service.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) > 2,
+                                  what="steps without a total")
     assert running["progress"] is None and "log_metrics.total_steps" in running["progress_note"]
-    service.client.post(f"/v1/runs/{run['id']}/cancel")
-    service.wait_status(run["id"], "cancelled", "failed")
+    shared_service.client.post(f"/v1/runs/{run['id']}/cancel")
+    shared_service.wait_status(run["id"], "cancelled", "failed")
 
 
 def test_totals_read_from_speculators_and_specforge_arguments() -> None:

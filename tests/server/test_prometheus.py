@@ -9,11 +9,28 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.service import Service, attempt_processes, serve_with_fake_gpus, toy_spec
+from tests.service import STUB_ENV, Service, attempt_processes, serve_with_fake_gpus, toy_spec
 
 pytestmark = pytest.mark.slow  # a real server running torchrun
 
 TOKEN = "prom-s3cret"
+# A stand-in job, stdlib only as examples/toy_train.py is: rank 0 writes a metric line a step, about 10 steps a second,
+# until the file its second argument names exists; then each rank runs its remaining steps at once and exits 0. The test
+# lets the run end once it has seen what it asserts of a running run, however long that took on this machine (a job of
+# a fixed length has to outlast a loaded machine's slowest reads, and is then waited for to its end: 30 s at 300 steps).
+STEPPER = """
+import json, os, sys, time
+from pathlib import Path
+
+steps, finish = int(sys.argv[1]), Path(sys.argv[2])
+out = open(os.environ["LONGRUN_METRICS_FILE"], "a") if int(os.environ.get("RANK", "0")) == 0 else None
+for n in range(1, steps + 1):
+    if not finish.exists():
+        time.sleep(0.1)
+    if out:
+        out.write(json.dumps({"step": n, "total_steps": steps, "time": time.time(), "loss": 1.0 / n}) + "\\n")
+        out.flush()
+"""
 
 
 @pytest.fixture
@@ -35,14 +52,17 @@ def run_sample(samples: dict, name: str, run_id: str) -> float | None:
     return next((v for (n, labels), v in samples.items() if n == name and ("run_id", run_id) in labels), None)
 
 
-def test_metrics_follow_a_run_from_running_to_succeeded(gpu_service: tuple[Service, Path]) -> None:
+def test_metrics_follow_a_run_from_running_to_succeeded(gpu_service: tuple[Service, Path], tmp_path: Path) -> None:
     svc, gpus = gpu_service
     assert httpx.get(f"{svc.url}/metrics").status_code == 401
     before = scrape(svc)
     assert before[("longrun_runs", (("state", "running"),))] == 0
     assert before[("longrun_metric_points_ingested_total", ())] == 0
 
-    run = svc.submit(toy_spec(steps=300, sleep=0.1))
+    job, finish = tmp_path / "stepper.py", tmp_path / "finish"
+    job.write_text(STEPPER)
+    run = svc.submit({"name": "toy", "host": "local", "nproc_per_node": 2, "entrypoint": str(job),
+                      "args": ["300", str(finish)], "env": STUB_ENV})
     running = svc.wait(run["id"], lambda r: r["status"] == "running" and (r["latest"].get("step") or 0) >= 10,
                        what="ten steps")
     # the fake nvidia-smi reports the run's first process as holding GPU 0 at 37%
@@ -65,6 +85,7 @@ def test_metrics_follow_a_run_from_running_to_succeeded(gpu_service: tuple[Servi
     assert run_sample(later, "longrun_run_progress_ratio", run["id"]) > run_sample(early, "longrun_run_progress_ratio", run["id"])
     assert later[("longrun_metric_points_ingested_total", ())] > early[("longrun_metric_points_ingested_total", ())]
 
+    finish.touch()  # the job's remaining steps at once, and its end
     assert svc.wait_status(run["id"], "succeeded", "failed")["status"] == "succeeded"
     done = scrape(svc)
     assert done[("longrun_runs", (("state", "running"),))] == 0

@@ -3,15 +3,20 @@ none echoes a secret. Bounded to fit CI: EXAMPLES per operation (about 15 operat
 Then Hypothesis alone over what the document's bounds leave out: integers far out of range and lone surrogates in
 every route's parameters and body fields."""
 
+# Schemathesis and Hypothesis are imported by the tests, not at collection (about 0.4 s of CPU in each pytest process
+# that collects this module, most of which never run it). The functions Hypothesis runs keep their source and
+# signature, from which derandomize seeds them: the names they use now come from the enclosing test
+
 import json
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from tests.inprocess import App
+
+if TYPE_CHECKING:
+    import schemathesis
 
 EXAMPLES = 15
 SECRET = "s3cret-value"
@@ -19,6 +24,8 @@ SECRET = "s3cret-value"
 
 @pytest.mark.slow  # generates hundreds of requests
 def test_no_generated_request_is_a_server_error(api: App) -> None:
+    import schemathesis
+
     api.submit(env={"HF_TOKEN": SECRET})  # a run to list, so listings build real answers
     schema = schemathesis.openapi.from_dict(api.client.get("/openapi.json").json())
     schema.app = api.app  # called in-process, over ASGI
@@ -31,7 +38,10 @@ def test_no_generated_request_is_a_server_error(api: App) -> None:
     assert {200, 404, 422} <= set(statuses), "valid requests as well as refused ones"
 
 
-def _fuzz(operation: schemathesis.APIOperation, statuses: list[int]) -> None:
+def _fuzz(operation: "schemathesis.APIOperation", statuses: list[int]) -> None:
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
     @given(case=operation.as_strategy())
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
@@ -47,14 +57,19 @@ def _fuzz(operation: schemathesis.APIOperation, statuses: list[int]) -> None:
     no_server_error()
 
 
-# out of range for every integer column and type on the way: int32, int64, a float's exact integers, far beyond
-HUGE = st.sampled_from([2**31 - 1, 2**31, -2**31 - 1, 2**53 + 1, 2**63 - 1, 2**63, -2**63 - 1, 10**30, -10**30])
-# text a request can carry and a terminal or an encoder chokes on: lone surrogates, control characters
-SURROGATES = st.text(st.characters(categories=("Cs",)), min_size=1, max_size=3)
-HOSTILE_TEXT = st.one_of(SURROGATES, st.text(st.characters(categories=("Cs", "Cc", "Zl", "Lo")), min_size=1,
-                                             max_size=6).map(lambda s: s + "\ud800"))
-HOSTILE = st.one_of(HUGE, HOSTILE_TEXT, HOSTILE_TEXT.map(lambda s: [s]), HOSTILE_TEXT.map(lambda s: {s: s}),
-                    HOSTILE_TEXT.map(lambda s: {"a": s}))
+def _hostile():
+    """(HUGE, HOSTILE_TEXT, HOSTILE): the strategies of the out-of-range test."""
+    from hypothesis import strategies as st
+
+    # out of range for every integer column and type on the way: int32, int64, a float's exact integers, far beyond
+    HUGE = st.sampled_from([2**31 - 1, 2**31, -2**31 - 1, 2**53 + 1, 2**63 - 1, 2**63, -2**63 - 1, 10**30, -10**30])
+    # text a request can carry and a terminal or an encoder chokes on: lone surrogates, control characters
+    SURROGATES = st.text(st.characters(categories=("Cs",)), min_size=1, max_size=3)
+    HOSTILE_TEXT = st.one_of(SURROGATES, st.text(st.characters(categories=("Cs", "Cc", "Zl", "Lo")), min_size=1,
+                                                 max_size=6).map(lambda s: s + "\ud800"))
+    HOSTILE = st.one_of(HUGE, HOSTILE_TEXT, HOSTILE_TEXT.map(lambda s: [s]), HOSTILE_TEXT.map(lambda s: {s: s}),
+                        HOSTILE_TEXT.map(lambda s: {"a": s}))
+    return HUGE, HOSTILE_TEXT, HOSTILE
 VALID_BODIES = {"RunCreate": {"name": "fuzz", "host": "local", "entrypoint": "/opt/train.py"},
                 "HostCreate": {"name": "fuzzbox", "address": "10.0.0.9", "workspace": "/srv/ws"},
                 "HostUpdate": {"python": "python3"}, "RestartRequest": {"overrides": {}},
@@ -83,6 +98,10 @@ def test_out_of_range_integers_and_lone_surrogates_in_any_parameter_are_never_a_
     """Every route's integer parameters (query, path, header) far out of range, its strings holding lone
     surrogates (in a URL: their UTF-8 bytes, percent-encoded), and each field of each JSON body set to either, one
     at a time on a request that is otherwise valid: a 4xx every time, with a JSON answer that decodes."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    HUGE, HOSTILE_TEXT, HOSTILE = _hostile()
     run = api.submit()
     document = api.client.get("/openapi.json").json()
     operations = _parameters(document)

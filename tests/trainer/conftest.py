@@ -1,4 +1,8 @@
-"""Session fixtures for trainer tests: a tiny verifier, a tiny corpus and its prepared features."""
+"""Session fixtures for trainer tests: a tiny verifier, a tiny corpus and its prepared features.
+
+torch, the preparation and the trainer are imported where they are used, not at collection: every pytest process that
+collects a test under tests/trainer loads this file (the browser tests' conftest imports it too), and most of them
+(the PostgreSQL, Slurm and browser lanes' processes) never run a test that needs them."""
 
 import os
 import shutil
@@ -7,12 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
 from filelock import FileLock
 
 from trainer.demo_verifier import VerifierPreset, build_verifier, stdlib_root
-from trainer.prepare import prepare
-from trainer.train import main as train_main
 
 # Small stdlib modules present in every CPython 3.11+; a few kilobytes to a few tens each.
 TOKENIZER_SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py")
@@ -39,6 +40,8 @@ PREPARED_MAX_SAMPLES = 24
 @contextmanager
 def one_cpu_thread() -> Iterator[None]:
     """Tiny shapes gain nothing from more threads, and on a busy machine spinning OpenMP threads cost 10x."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -86,6 +89,8 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Output dir of `prepare` on the tiny verifier and corpus: hidden_states/, vocab_mapping/, prepare.json."""
+    from trainer.prepare import prepare
+
     return _built_once(tmp_path_factory, "prepared", lambda directory: prepare(
         tiny_verifier, tiny_corpus, directory, max_seq_len=PREPARED_MAX_SEQ_LEN, draft_vocab_size=PREPARED_DRAFT_VOCAB,
         max_samples=PREPARED_MAX_SAMPLES, batch_size=8, device="cpu"))
@@ -94,6 +99,10 @@ def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pyte
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[list[str]], int]]:
     """Run `trainer.train.main` in this process (no interpreter start-up), on one thread."""
+    import torch
+
+    from trainer.train import main as train_main
+
     monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

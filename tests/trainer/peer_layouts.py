@@ -20,14 +20,19 @@ drives vLLM; SpecForge's in scripts/prepare_hidden_states.py and drives SGLang),
   holds {"d2t", "t2d"}.
 """
 
+from __future__ import annotations
+
 import gzip
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import LlamaForCausalLM
+
+if TYPE_CHECKING:  # for the annotations only: transformers' Llama costs a collecting pytest process seconds of CPU
+    from transformers import LlamaForCausalLM
 
 SPECFORGE_FILE_GROUP = 2000
 

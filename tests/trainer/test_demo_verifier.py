@@ -6,8 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
-from transformers import AutoTokenizer, LlamaConfig
 
 from tests.trainer.conftest import TINY_VERIFIER_PRESET, TOKENIZER_SOURCES, one_cpu_thread
 from trainer.demo_verifier import STAMP_FILE, build_verifier, main, stdlib_root
@@ -22,6 +20,11 @@ HF_FILES = (
 
 
 def _check_verifier_dir(directory: Path) -> None:
+    # imported here, not at collection: transformers' Llama and tokenizers cost a pytest process that never runs
+    # these tests some seconds of CPU
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, LlamaConfig
+
     for name in (*HF_FILES, STAMP_FILE, "corpus/train.jsonl", "corpus/heldout.txt"):
         assert (directory / name).is_file(), name
     config = LlamaConfig.from_pretrained(directory)

@@ -2,13 +2,16 @@
 Kimi-K2 family default) and a YaRN-scaled verifier's RoPE, carried into the export and equal to the verifier's own
 past its original 4k context."""
 
+# transformers' DeepSeek-V3 and Llama are imported by the tests that build them, not at collection (some seconds of
+# CPU in every pytest process that collects this module)
+from __future__ import annotations
+
 import json
 import math
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 from trainer.model import (
@@ -21,6 +24,9 @@ from trainer.model import (
 )
 from trainer.train import main as train_main
 
+if TYPE_CHECKING:
+    from transformers import DeepseekV3ForCausalLM
+
 # DeepSeek-V3's (and Kimi-K2's) rope parameters; the shapes are shrunk but for the rotary dimension
 YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
@@ -28,6 +34,8 @@ POSITIONS = torch.tensor([0, 1, 100, 2047, 4095, 4096, 5000, 8191, 16384, 65536,
 
 
 def tiny_deepseek(rope: dict) -> DeepseekV3ForCausalLM:
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
     config = DeepseekV3Config(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
@@ -50,6 +58,9 @@ def test_a_deepseek_verifier_gets_the_draft_shape_the_engines_serve():
 @pytest.mark.parametrize("rope", [YARN, {k: v for k, v in YARN.items() if not k.startswith("mscale")}],
                          ids=["deepseek-mscale", "plain-yarn"])
 def test_yarn_rope_is_exported_and_equals_the_verifiers_own_past_4k(tmp_path, rope):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
     verifier = tiny_deepseek(rope)
     # 4 heads of 128 (the family's head_dim): transformers' LlamaConfig wants the hidden size a multiple of the heads
     draft = EagleDraft(DraftConfig.from_verifier(verifier.config.to_dict(), 32, 1, num_heads=4, num_kv_heads=2))

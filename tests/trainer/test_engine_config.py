@@ -24,16 +24,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tests.trainer.conftest import one_cpu_thread
 from trainer.formats import open_training_data
 from trainer.model import DraftConfig, EagleDraft, read_draft_config, save_draft
-from trainer.prepare import prepare
 from trainer.verifier_model import read_verifier_config
+
+# transformers (and trainer.prepare, which imports it) where used, not at collection: seconds of CPU in each pytest
+# process that collects this module
 
 
 def vllm_capture_layers(draft_dir: Path, verifier_layers: int) -> list[int]:
+    from transformers import LlamaConfig
+
     hf_config = LlamaConfig.from_pretrained(draft_dir)
     layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)
     if not (layer_ids and isinstance(layer_ids, list | tuple)):
@@ -45,6 +48,8 @@ def vllm_capture_layers(draft_dir: Path, verifier_layers: int) -> list[int]:
 
 
 def sglang_capture_layers(draft_dir: Path, verifier_layers: int) -> list[int]:
+    from transformers import LlamaConfig
+
     hf_config = LlamaConfig.from_pretrained(draft_dir)
     try:
         layer_ids = hf_config.eagle_config["eagle_aux_hidden_state_layer_ids"]
@@ -65,6 +70,10 @@ def export_draft_trained_on(data_dir: Path, verifier: Path, out: Path) -> Path:
 
 @pytest.mark.parametrize("layer_ids", [None, [1, 3, 6]], ids=["default", "custom"])
 def test_each_engine_captures_the_features_the_draft_was_trained_on(tiny_verifier, tiny_corpus, tmp_path, layer_ids):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.prepare import prepare
+
     with one_cpu_thread():
         metadata = prepare(tiny_verifier, tiny_corpus, tmp_path / "data", max_seq_len=32, draft_vocab_size=32,
                            max_samples=2, layer_ids=layer_ids, device="cpu")

@@ -1,9 +1,9 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from tests.trainer.conftest import (
     one_cpu_thread,
 )
 from trainer.corpus import iter_samples, tokenize_chat
+from trainer.prepare import main as prepare_main
 from trainer.prepare import prepare
 from trainer.ttt import verifier_targets
 from trainer.verifier_model import capture_hidden_states, default_layer_ids, load_verifier_head
@@ -211,37 +212,49 @@ def test_bad_layer_ids_are_refused(tiny_verifier: Path, tiny_corpus: Path, tmp_p
         prepare(tiny_verifier, tiny_corpus, tmp_path, layer_ids=[2, 4, 8], device="cpu")
 
 
-KILLED_MAX_SAMPLES = 40  # of the corpus's ~390: the kill comes at 12 or more, with the rest left to resume
+KILLED_MAX_SAMPLES = 20  # of the corpus's ~390: the kill comes at the 12th sample written, the rest left to resume
 KILLED_AT = 12
+# trainer.prepare's command line (`python -c KILLED_PREPARE ARGS`), SIGKILLed by itself (as `kill -9` would: no handler,
+# no clean-up) the moment its KILLED_AT-th sample file is renamed into place, while its other writer threads may be
+# mid-write: a real prepare process killed mid-run at a point that does not depend on the machine's speed (a kill from
+# outside, on a count of files polled for every 5 ms, could come after the last sample on a slow or busy machine)
+KILLED_PREPARE = f"""
+import os, signal, sys, threading
+import trainer.prepare as prepare
+save, lock, saved = prepare._save_sample, threading.Lock(), []
+def save_then_die(path, tensors):
+    save(path, tensors)
+    with lock:
+        saved.append(path)
+        if len(saved) == {KILLED_AT}:
+            os.kill(os.getpid(), signal.SIGKILL)
+prepare._save_sample = save_then_die
+sys.exit(prepare.main(sys.argv[1:]))
+"""
 
 
-def _prepare_command(verifier: Path, corpus: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "trainer.prepare", "--verifier-path", str(verifier), "--corpus", str(corpus),
-            "--output-dir", str(out), "--max-seq-len", "32", "--batch-size", "1", "--draft-vocab-size", "64",
-            "--max-samples", str(KILLED_MAX_SAMPLES), "--device", "cpu"]
+def _prepare_args(verifier: Path, corpus: Path, out: Path) -> list[str]:
+    return ["--verifier-path", str(verifier), "--corpus", str(corpus), "--output-dir", str(out), "--max-seq-len", "32",
+            "--batch-size", "1", "--draft-vocab-size", "64", "--max-samples", str(KILLED_MAX_SAMPLES), "--device", "cpu"]
 
 
 @pytest.mark.slow  # kills a real prepare process
-def test_killed_prepare_resumes_skipping_the_samples_written(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+def test_killed_prepare_resumes_skipping_the_samples_written(tiny_verifier: Path, tiny_corpus: Path, tmp_path: Path,
+                                                             capsys) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_prepare_command(tiny_verifier, tiny_corpus, killed), cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while len(list((killed / "hidden_states").glob("sample_*.safetensors"))) < KILLED_AT and time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
-        time.sleep(0.005)
-    process.kill()
-    process.wait()
+    process = subprocess.run([sys.executable, "-c", KILLED_PREPARE, *_prepare_args(tiny_verifier, tiny_corpus, killed)],
+                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert process.returncode == -signal.SIGKILL, process.stderr.decode()[-2000:]
     written = sorted((killed / "hidden_states").glob("sample_*.safetensors"))
     assert len(written) >= KILLED_AT and not (killed / "prepare.json").exists()
 
-    resumed = subprocess.run(_prepare_command(tiny_verifier, tiny_corpus, killed), cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # the relaunch reads what the killed process left on disk: in this process (no second torch start-up)
+    with one_cpu_thread():
+        assert prepare_main(_prepare_args(tiny_verifier, tiny_corpus, killed)) == 0
     metadata = json.loads((killed / "prepare.json").read_text())
     assert metadata["resumed_samples"] == len(written) < metadata["num_samples"] == KILLED_MAX_SAMPLES
-    assert f"{len(written)} already written" in resumed.stdout
+    assert f"{len(written)} already written" in capsys.readouterr().out
     assert not list((killed / "hidden_states").glob("*.tmp"))
 
     with one_cpu_thread():

@@ -1,5 +1,9 @@
-"""The bundled trainer driven through the service on the `local` host, as a user would: a TTT=3 run
-with live per-step metrics, the dry run, a restart at TTT=5, and the evaluation and advice it feeds."""
+"""The bundled trainer driven through the service on the `local` host, as a user would: a warm restart, and a
+restart mid-run that stops the trainer at a step.
+
+The TTT=3 run with live per-step metrics, the dry run, a restart at TTT=5 and the evaluation and advice it feeds are
+checked through the API by the browser test that drives the same served run from the page
+(tests/web/test_trainer_page.py): one served trainer run for both, not two."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,54 +25,13 @@ def _trainer_spec(verifier: Path, data: Path, out: Path, corpus: Path) -> dict:
                         "eval_new_tokens": 16}}
 
 
-def test_ttt3_run_then_restart_at_ttt5_through_the_service(
-        service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
-    spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
-    run = service.submit(spec)
-    # an ETA needs a step rate, so at least two metric reads: wait for it rather than race the first one
-    live = service.wait(run["id"], lambda r: r["status"] == "running" and "acc_2" in r["latest"]
-                        and r["eta_seconds"] is not None, what="live metrics with an ETA")
-    assert {"loss_0", "loss_1", "loss_2", "cond_acc_2", "lr", "grad_norm", "tokens_per_s"} <= set(live["latest"])
-    assert "loss_3" not in live["latest"], "a TTT=3 draft reports exactly three steps"
-    assert live["eta_seconds"] is not None and live["progress"] is not None
-
-    first = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
-    assert first["status"] == "succeeded", service.logs(run["id"], tail=40)
-    losses = service.series(run["id"], "loss", attempt=1)
-    assert losses[-1]["value"] < losses[0]["value"], "training lowers the loss"
-    report = service.client.get(f"/v1/runs/{run['id']}/evaluation").json()
-    assert report["attempt"] == 1 and report["ttt_steps"] == 3
-    taus = [row["mean_accepted"] for row in report["by_depth"]]
-    assert len(taus) == 4 and 1.0 <= taus[0] <= 2.0 and taus == sorted(taus)
-
-    change = {"overrides": {"ttt_steps": 5}, "clean": True}
-    dry = service.client.post(f"/v1/runs/{run['id']}/restart", params={"dry_run": "true"}, json=change).json()
-    measured = first["attempts"][0]["seconds_per_step"]
-    assert dry["predicted_duration_seconds"] > first["attempts"][0]["total_steps"] * measured, \
-        "two more TTT steps per step cost more than the measured pace"
-    assert "TTT=3" in dry["basis"]
-
-    restarted = service.client.post(f"/v1/runs/{run['id']}/restart", json=change)
-    assert restarted.status_code == 202, restarted.text
-    second = service.wait(run["id"], lambda r: r["attempt"] == 2 and "loss_4" in r["latest"], timeout=120,
-                          what="attempt 2 reporting loss_4")
-    assert second["attempts"][1]["spec"]["trainer"]["ttt_steps"] == 5
-    done = service.wait_status(run["id"], "succeeded", "failed", timeout=300)
-    assert done["status"] == "succeeded"
-    assert done["attempts"][1]["prediction_error"] is not None
-    assert {r["ttt_steps"] for r in service.client.get(f"/v1/runs/{run['id']}/evaluation").json()["by_attempt"]} == {3, 5}
-    for link in ("pcie", "nvlink"):
-        advice = service.client.get(f"/v1/runs/{run['id']}/advice", params={"interconnect": link, "tp": 8})
-        assert advice.status_code == 200, advice.text
-        body = advice.json()
-        assert body["attempt"] == 2 and body["recommended_depth"] in range(0, 5)
-        assert body["retrain"]["trained_ttt"] == 5
-
-
 def test_warm_restart_starts_from_the_last_draft_even_with_clean(
         service: Service, tiny_verifier: Path, prepared_data: Path, tiny_corpus: Path) -> None:
     spec = _trainer_spec(tiny_verifier, prepared_data, service.workspace / "out", tiny_corpus)
-    spec["trainer"].update(epochs=3, report_to="tensorboard")
+    # one epoch (22 steps on one rank) is enough: the draft's loss_0 falls from about 5.2 to its plateau of about 4.4
+    # within the first 10 steps, so attempt 2's first loss_0 tells a warm start from a cold one just as well as after
+    # three epochs; each further epoch (and its validation) only cost both attempts time
+    spec["trainer"].update(epochs=1, report_to="tensorboard")
     spec["nproc_per_node"] = 1  # what it asserts holds for one rank as for two; two ranks are the other tests'
     del spec["trainer"]["eval_corpus"]
     run = service.submit(spec)

@@ -2,14 +2,18 @@
 capture layers, and their forward gives longrun's logits at every TTT step; EAGLE 3.1 (`--fc-norm`,
 `--norm-output`) is trained, exported in each convention and read back."""
 
+# speculators is imported by the test that loads its classes: its import runs torch.compile's decorators (about 4 s of
+# CPU), which every pytest process collecting this module paid, most of them never running it
+from __future__ import annotations
+
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
 from tests.trainer.test_train import TTT_STEPS, tiny, train_command  # noqa: F401 (fixtures)
 from trainer.formats import open_training_data
@@ -17,6 +21,9 @@ from trainer.model import load_draft
 from trainer.ttt import unroll
 from trainer.verifier_model import load_verifier_head
 from trainer.vocab import load_vocab_mapping
+
+if TYPE_CHECKING:
+    from speculators.models.eagle3 import Eagle3DraftModel
 
 
 def train(in_process, tiny: dict[str, Path], out: Path, eagle31: bool = False, **flags) -> Path:  # noqa: F811
@@ -43,6 +50,8 @@ def speculators_step_logits(model: Eagle3DraftModel, features: torch.Tensor, ids
 
 @pytest.mark.parametrize("eagle31", [False, True], ids=["eagle3", "eagle3.1"])
 def test_speculators_loads_the_export_and_matches_longruns_logits(tiny, tmp_path, in_process, eagle31):  # noqa: F811
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
     out = train(in_process, tiny, tmp_path / "out", eagle31)
     layer_ids = open_training_data(tiny["data"], "auto", 8).layer_ids
 

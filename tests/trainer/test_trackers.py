@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.trainer.test_train import read_metrics, tiny, train_command  # noqa: F401 (fixtures)
 from trainer.trackers import Trackers, parse_report_to, tracked_run
@@ -14,6 +13,8 @@ from trainer.train import parse_args
 
 
 def scalars(directory: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # not at collection
+
     events = EventAccumulator(str(directory))
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]

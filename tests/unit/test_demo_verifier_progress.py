@@ -4,14 +4,16 @@
 import re
 from dataclasses import replace
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from trainer import demo_verifier
 from trainer.demo_verifier import PRESETS, _train
 
 
 def test_the_verifiers_training_prints_its_progress_and_an_eta(capsys, monkeypatch) -> None:
+    # torch and transformers' Llama here, not at collection: some seconds of CPU in every pytest process that collects
+    # this module, most of which never run it
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     clock = iter(range(0, 10_000, 4))  # each look at the clock 4 s later: a slow, busy machine
     monkeypatch.setattr(demo_verifier.time, "monotonic", lambda: next(clock))
     config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

@@ -3,19 +3,19 @@
 copies made from them here: every good export is accepted by each engine release that reads it, every broken one is
 refused with its reason, per engine and release."""
 
+# torch, safetensors' torch API and the trainer's model are imported where the exports are written and read, not at
+# collection: the pytest processes that collect this module and never run it (the PostgreSQL lane's) skip torch
+
 import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from longrun.cli import main
 from longrun.commands.check_draft import check
 from longrun.draft_rules import READ_RELEASES, parse_version, read, safetensors_header
-from trainer.model import DraftConfig, EagleDraft, save_draft, save_speculators_draft
 
 VERIFIER = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
@@ -26,6 +26,10 @@ TRAINED = [2, 4, 5]  # longrun's default for 8 layers: (2, N/2, N-3)
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, Path]:
+    import torch
+
+    from trainer.model import DraftConfig, EagleDraft, save_draft, save_speculators_draft
+
     root = tmp_path_factory.mktemp("draft_rules")
     (root / "verifier").mkdir()
     (root / "verifier" / "config.json").write_text(json.dumps(VERIFIER))
@@ -45,16 +49,20 @@ def readings(directory: Path, engine: str, verifier: Path, version: str | None =
 
 
 def variant(src: Path, dst: Path, *, rename: dict[str, str] | None = None, drop: tuple[str, ...] = (),
-            add: dict[str, torch.Tensor] | None = None, reshape: dict[str, Callable] | None = None,
+            add: dict[str, tuple[int, ...]] | None = None, reshape: dict[str, Callable] | None = None,
             config: Callable[[dict], None] | None = None) -> Path:
-    """A copy of the export `src` with tensors renamed, dropped, added or reshaped and its config edited."""
+    """A copy of the export `src` with tensors renamed, dropped, added (`add`: name -> shape, a tensor of ones) or
+    reshaped and its config edited."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("speculators"))
     state = load_file(str(dst / "model.safetensors"))
     for old, new in (rename or {}).items():
         state[new] = state.pop(old)
     for name in drop:
         del state[name]
-    state.update(add or {})
+    state.update({name: torch.ones(shape) for name, shape in (add or {}).items()})
     for name, change in (reshape or {}).items():
         state[name] = change(state[name]).contiguous()
     save_file(state, str(dst / "model.safetensors"))
@@ -124,7 +132,7 @@ ENGINE_BROKEN = {
     "missing_lm_head": (dict(drop=("lm_head.weight",)), {
         "sglang": ["model.safetensors has no lm_head.weight"],
         "vllm": ["model.safetensors has no lm_head.weight: vLLM shares the verifier's lm_head"]}),
-    "extra_tensor": (dict(add={"midlayer.self_attn.q_norm.weight": torch.ones(8)}), {
+    "extra_tensor": (dict(add={"midlayer.self_attn.q_norm.weight": (8,)}), {
         "sglang": ["midlayer.self_attn.q_norm.weight is not a parameter", "SGLang skips it without a word"],
         "vllm": ["midlayer.self_attn.q_norm.weight is not a parameter", "vLLM stops at load"]}),
     "wrong_shape": (dict(reshape={"lm_head.weight": lambda t: t[: DRAFT_VOCAB - 1]}), {
@@ -178,6 +186,8 @@ def test_vllm_reads_tied_embeddings_right_and_says_it_ignores_the_flag(exports, 
 def test_speculators_layer_names_are_skipped_by_sglang_before_0_5_12(exports, tmp_path):
     """Some trainers write the engine export's layer as `layers.0.*`: vLLM and SGLang >= 0.5.12 map `midlayer` to it,
     SGLang 0.5.11 has only `midlayer` and skips those names without a word."""
+    from safetensors.torch import load_file
+
     state = load_file(str(exports["eagle3"] / "model.safetensors"))
     renamed = {n: n.replace("midlayer.", "layers.0.") for n in state if n.startswith("midlayer.")}
     bad = variant(exports["eagle3"], tmp_path / "layers0", rename=renamed)
@@ -194,7 +204,7 @@ SPECULATORS_BROKEN = {
                         "from_pretrained drops it", "model.safetensors has no layers.0.self_attn.q_proj.weight"]),
     "missing_lm_head": (dict(drop=("lm_head.weight",)),
                         ["model.safetensors has no lm_head.weight: speculators fills it with the verifier's lm_head"]),
-    "extra_tensor": (dict(add={"layers.0.extra.weight": torch.ones(4)}), ["layers.0.extra.weight is not a parameter"]),
+    "extra_tensor": (dict(add={"layers.0.extra.weight": (4,)}), ["layers.0.extra.weight is not a parameter"]),
     "wrong_shape": (dict(reshape={"fc.weight": lambda t: t[:, :64]}), ["fc.weight is [32, 64]", "it needs [32, 96]"]),
     "wrong_vocab": (dict(config=lambda c: c["transformer_layer_config"].update(vocab_size=120)),
                     ["the draft's vocab_size is 120 and the verifier's 100", "embed_tokens.weight is [100, 32]"]),

@@ -3,13 +3,14 @@ come from the same opening (they were two, each listing and checking every sampl
 
 from pathlib import Path
 
-import torch
-
-import trainer.train
 from tests.trainer.tiny_setup import build_dataset, build_verifier
 
 
 def test_a_run_opens_its_data_and_reads_its_verifier_config_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    import torch  # here, not at collection: the unit lane's processes that never run this test skip torch's import
+
+    import trainer.train
+
     monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -2,6 +2,7 @@
 other field for field: the same names, types and defaults, and every value a spec can hold reaching the trainer as
 that value through the flags the worker writes (worker/jobs.py `trainer_flags`) and the parser reads."""
 
+import argparse
 import json
 import types
 from dataclasses import MISSING, fields
@@ -12,7 +13,6 @@ from pydantic import BaseModel, Field, create_model
 
 from server.spec import TrainerSpec
 from trainer.config import FLAG_SECTIONS, SECTIONS, TrainConfig, flag_field
-from trainer.train import build_parser, parse_args
 from worker.jobs import trainer_flags
 
 # trainer settings a run spec deliberately cannot set, each with the reason (none today: every flag is exposed)
@@ -23,6 +23,20 @@ ENCODED = {"layer_ids": ("2,16,29", [2, 16, 29]), "export_format": ("engine,spec
 # flags the trainer refuses together (argparse's mutually exclusive group; --init-from with an lm_head of its own)
 EXCLUSIVE = (("global_batch_size", "global_batch_tokens"), ("init_from", "init_lm_head_from_verifier"))
 REQUIRED = ["--verifier-path", "/v", "--data-dir", "/d", "--vocab-mapping-dir", "/m", "--output-dir", "/o"]
+
+
+# trainer.train's parser, imported at first use: trainer.train imports torch, which a pytest process collecting this
+# module and never running it (the PostgreSQL lane's) would pay for nothing
+def build_parser() -> argparse.ArgumentParser:
+    from trainer.train import build_parser
+
+    return build_parser()
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    from trainer.train import parse_args
+
+    return parse_args(argv)
 
 
 def trainer_type(name: str) -> object:

@@ -4,7 +4,6 @@ measurement (here one of the shape a probe answers) read back prices the verifie
 import json
 
 import pytest
-import torch
 
 from server.advisor import CostModel
 from server.advisor.tables import NVLINK_ALLREDUCE_US
@@ -13,7 +12,13 @@ from tests.unit.test_verifier_cost import KIMI
 from worker import verifier_probe
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this box has a GPU: the probe would measure")
+def cuda_available() -> bool:
+    import torch  # at the test's setup (the skipif below is a string, evaluated then), not at collection
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif("cuda_available()", reason="this box has a GPU: the probe would measure")
 def test_the_probe_refuses_with_no_gpu_on_the_host(capsys: pytest.CaptureFixture[str]) -> None:
     assert verifier_probe.main(["--config", str(KIMI), "--tp", "8"]) == verifier_probe.CANNOT_MEASURE
     answer = json.loads(capsys.readouterr().out)

@@ -1,5 +1,7 @@
 """The bundled trainer watched and restarted from the page: acc_k per TTT step live, the evaluation and the
-advisor's answers, and a restart at TTT=5 (the form's first field) through the dry run into attempt 2.
+advisor's answers, and a restart at TTT=5 (the form's first field) through the dry run into attempt 2. Beside the
+page it checks the API's side of the same run (live metrics and ETA, the evaluation, the dry run's prediction, the
+advice at TTT=5): the integration lane's served TTT=3 -> TTT=5 run was this run again, and is no longer run there.
 
 With LONGRUN_SCREENSHOTS=DIR it also saves the runs list and the run page there (docs/ holds them)."""
 
@@ -33,6 +35,12 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     spec["trainer"]["epochs"] = 12
     run = web.submit(spec)
     sign_in(page, web, f"#/runs/{run['id']}")
+    # an ETA needs a step rate, so at least two metric reads: wait for it rather than race the first one
+    live = web.wait(run["id"], lambda r: r["status"] == "running" and "acc_2" in r["latest"]
+                    and r["eta_seconds"] is not None, timeout=180, what="live metrics with an ETA")
+    assert {"loss_0", "loss_1", "loss_2", "cond_acc_2", "lr", "grad_norm", "tokens_per_s"} <= set(live["latest"])
+    assert "loss_3" not in live["latest"], "a TTT=3 draft reports exactly three steps"
+    assert live["eta_seconds"] is not None and live["progress"] is not None
     wait_for_points(page, "acc", 3, timeout=180_000)
     hold_gpu(web, web.run(run["id"]), 87)
     assert "acc_2" in legend(page, "acc") and "acc_3" not in legend(page, "acc")
@@ -42,9 +50,15 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     assert "sim_acc · attempt 1" in legend(page, "sim")
     expect(page.locator("#sim-tau")).to_have_text(re.compile(r"^\d+(\.\d+)?$"))
 
-    done = web.wait_status(run["id"], "succeeded", "failed", timeout=300)
-    assert done["status"] == "succeeded", (done["message"], web.logs(run["id"], tail=60))
+    first = web.wait_status(run["id"], "succeeded", "failed", timeout=300)
+    assert first["status"] == "succeeded", (first["message"], web.logs(run["id"], tail=60))
     release_gpus(web)
+    losses = web.series(run["id"], "loss", attempt=1)
+    assert losses[-1]["value"] < losses[0]["value"], "training lowers the loss"
+    report = web.client.get(f"/v1/runs/{run['id']}/evaluation").json()
+    assert report["attempt"] == 1 and report["ttt_steps"] == 3
+    taus = [row["mean_accepted"] for row in report["by_depth"]]
+    assert len(taus) == 4 and 1.0 <= taus[0] <= 2.0 and taus == sorted(taus)
     expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=30_000)
     wait_for_points(page, "acceptance", 3)
     wait_for_points(page, "tau", 3)
@@ -57,7 +71,14 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     assert page.locator("#restart-form input").first.get_attribute("id") == "restart-ttt", "TTT depth comes first"
     page.fill("#restart-ttt", "5")
     page.check("#restart-clean")
-    page.click("#restart-preview")
+    with page.expect_response(lambda r: "/restart?" in r.url and "dry_run" in r.url) as dry_run:
+        page.click("#restart-preview")
+    assert dry_run.value.request.post_data_json == {"overrides": {"ttt_steps": 5}, "clean": True, "init_from_last": False}
+    dry = dry_run.value.json()
+    measured = first["attempts"][0]["seconds_per_step"]
+    assert dry["predicted_duration_seconds"] > first["attempts"][0]["total_steps"] * measured, \
+        "two more TTT steps per step cost more than the measured pace"
+    assert "TTT=3" in dry["basis"]
     expect(page.locator("#predicted-duration")).to_have_text(re.compile(r"^\d+(s|m \d+s|h \d+m)$"))
     expect(page.locator("#restart-prediction")).to_contain_text("trainer.ttt_steps: 3 → 5")
     expect(page.locator("#restart-prediction")).to_contain_text("TTT=3")  # the basis: attempt 1's measured pace
@@ -65,6 +86,7 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     page.click("#restart-confirm")
 
     expect(page.locator("#attempt")).to_have_text("2", timeout=30_000)
+    assert web.run(run["id"])["attempts"][1]["spec"]["trainer"]["ttt_steps"] == 5
     expect(page.locator("#attempts tr[data-attempt='2']")).to_contain_text("trainer.ttt_steps: 3 → 5")
     page.wait_for_function("() => document.querySelector('#chart-acc .u-legend')?.textContent.includes('acc_4 · attempt 2')",
                            timeout=180_000)
@@ -89,6 +111,14 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     done = web.wait_status(run["id"], "succeeded", "failed", timeout=300)
     assert done["status"] == "succeeded", (done["message"], web.logs(run["id"], tail=60))
     release_gpus(web)
+    assert done["attempts"][1]["prediction_error"] is not None
+    assert {r["ttt_steps"] for r in web.client.get(f"/v1/runs/{run['id']}/evaluation").json()["by_attempt"]} == {3, 5}
+    for link in ("pcie", "nvlink"):
+        advice = web.client.get(f"/v1/runs/{run['id']}/advice", params={"interconnect": link, "tp": 8})
+        assert advice.status_code == 200, advice.text
+        body = advice.json()
+        assert body["attempt"] == 2 and body["recommended_depth"] in range(0, 5)
+        assert body["retrain"]["trained_ttt"] == 5
     page.wait_for_function("() => document.querySelector('#chart-acceptance .u-legend')?.textContent.includes('attempt 2')",
                            timeout=30_000)
     # whether to retrain is the run's one verdict (its proposal), said beside the per-interconnect advice

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from server.layout import HostLayout
 from worker.host_agent import HostAgent
@@ -154,9 +153,17 @@ def test_the_sweep_script_stands_alone_and_refuses_bad_arguments() -> None:
     assert no_gpu.returncode == 3 and json.loads(no_gpu.stdout)["gpu_count"] == 0
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is None or not torch.cuda.is_available(),
+def cuda_available() -> bool:
+    import torch  # only where nvidia-smi is (the skipif below asks it second), not at every collection
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None or not cuda_available(),
                     reason="needs GPUs, nvidia-smi and CUDA torch")
 def test_on_a_gpu_host_the_probe_measures_every_gpu_and_refuses_one_more(tmp_path: Path) -> None:
+    import torch
+
     count = torch.cuda.device_count()
     answer = probe_locally(tmp_path, "all", {})
     measured = measurement(answer.topo, answer.sweep, "all")
