@@ -14,7 +14,7 @@ LOWEST_VENV ?= .venv-lowest
 TEST_PROCESSES ?= 3
 
 .PHONY: setup test test-fast test-lowest lint demo demo-quick system-deps clean gpu-check test-unit \
-	test-integration test-postgres test-browser test-slurm test-journey test-beside
+	test-integration test-postgres test-browser test-slurm test-journey
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,11 +64,10 @@ lint: setup
 # the suite in lanes by cost, each its own pytest run (as Prefect runs its stores as separate jobs): unit
 # (in-process, SQLite, no subprocess), integration (servers, sshd, torchrun, the host matrix, on SQLite), PostgreSQL
 # (every test that takes a store, on PostgreSQL), browser (headless Chromium), Slurm (a throw-away cluster), the
-# README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The other lanes run one
-# after another beside the integration lane (test-beside), which is the longest and waits on its jobs' sleeps, servers
-# and sshd: most of the Slurm lane's 3 minutes wait on Slurm (a job outlasting its 1-minute time limit), the browser
-# lane on a trainer run and Chromium. Slurm beside it and the rest after: 666 s for the whole .ci/run; all beside it:
-# docs/benchmarks.md. -O keeps each lane's output whole
+# README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The Slurm lane runs beside
+# the integration lane: most of its 2.5 minutes wait on Slurm (a job outlasting its 1-minute time limit), about a
+# third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md).
+# -O keeps each lane's output whole
 # bytecode cached: a test run starts some thousands of python processes (servers, host agents' wrappers, trainer
 # ranks, pytest's workers), and where PYTHONDONTWRITEBYTECODE is set (as on the development box) each compiled the
 # project's sources and pytest's rewritten tests again: the integration lane took 980 CPU-s with it, 838 without
@@ -83,11 +82,8 @@ NOT_INTEGRATION := --ignore=tests/unit --ignore=tests/web --ignore=tests/journey
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(MAKE) test-unit
-	$(MAKE) -j2 -O test-integration test-beside
-
-# the lanes but unit and integration, one after another (-j1), beside the integration lane
-test-beside:
-	$(MAKE) -j1 test-slurm test-postgres test-browser test-journey test-lowest
+	$(MAKE) -j2 -O test-integration test-slurm
+	$(MAKE) test-postgres test-browser test-journey test-lowest
 
 # the unit lane on every core (-n auto): on 2 cores 27.6 s against 39.7 s in one process
 test-unit:
