@@ -66,7 +66,8 @@ lint: setup
 # (every test that takes a store, on PostgreSQL), browser (headless Chromium), Slurm (a throw-away cluster), the
 # README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The Slurm lane runs beside
 # the integration lane: most of its 2.5 minutes wait on Slurm (a job outlasting its 1-minute time limit), about a
-# third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md).
+# third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md). The
+# other lanes beside it too gained nothing (the whole run 660.8 s against 666 s, with 8 % more CPU): they run after.
 # -O keeps each lane's output whole
 # bytecode cached: a test run starts some thousands of python processes (servers, host agents' wrappers, trainer
 # ranks, pytest's workers), and where PYTHONDONTWRITEBYTECODE is set (as on the development box) each compiled the
