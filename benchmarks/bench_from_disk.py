@@ -32,15 +32,10 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_trainer import LLAMA_8B, TINY, random_vocab_mapping  # noqa: E402
+from benchmarks.bench_trainer import KIMI_K2, LLAMA_8B, TINY, random_vocab_mapping  # noqa: E402
 from trainer.data import FP8_SCALES, quantize_fp8  # noqa: E402
 from trainer.vocab import save_vocab_mapping  # noqa: E402
 
-# a DeepSeek-V3 / Kimi-K2 verifier's width and vocabulary, 61 layers; the draft attention SpecForge uses for it
-KIMI_K2 = dict(
-    hidden_size=7168, intermediate_size=18432, num_attention_heads=56, num_key_value_heads=8, head_dim=128,
-    vocab_size=163840, draft_vocab_size=32000, rope_theta=50000.0, rope_scaling=None, num_hidden_layers=61,
-)
 SHAPES = {"llama-8b": LLAMA_8B, "kimi-k2": KIMI_K2, "tiny": TINY}
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random tensors are drawn

@@ -41,6 +41,11 @@ LLAMA_8B = dict(
     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192},
 )
+# a DeepSeek-V3 / Kimi-K2 verifier's width and vocabulary, 61 layers; the draft attention SpecForge uses for it
+KIMI_K2 = dict(
+    hidden_size=7168, intermediate_size=18432, num_attention_heads=56, num_key_value_heads=8, head_dim=128,
+    vocab_size=163840, draft_vocab_size=32000, rope_theta=50000.0, rope_scaling=None, num_hidden_layers=61,
+)
 TINY = dict(
     hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
     vocab_size=512, draft_vocab_size=128, rope_theta=10000.0, rope_scaling=None,
@@ -57,7 +62,7 @@ def random_vocab_mapping(vocab: int, draft_vocab: int) -> tuple[torch.Tensor, to
 
 def make_config(shape: dict, ttt_steps: int) -> DraftConfig:
     return DraftConfig(
-        **shape, rms_norm_eps=1e-5, target_hidden_size=shape["hidden_size"], aux_hidden_state_layer_ids=[2, 16, 29],
+        **{k: v for k, v in shape.items() if k != "num_hidden_layers"}, rms_norm_eps=1e-5, target_hidden_size=shape["hidden_size"], aux_hidden_state_layer_ids=[2, 16, 29],
         max_position_embeddings=131072, ttt_steps=ttt_steps,
     )
 
@@ -224,6 +229,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("configs", nargs="*", help="SEQxTTT, e.g. 2048x3 (default: the peer script's list)")
     p.add_argument("--tiny", action="store_true", help="a tiny draft (CPU smoke test)")
+    p.add_argument("--shape", choices=("llama-8b", "kimi-k2"), default="llama-8b",
+                   help="the verifier's and draft's shape (bench_from_disk.py's --shape)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--documents", type=int, default=1, help="samples packed in each sequence (1: not packed)")
@@ -238,7 +245,7 @@ def main(argv=None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
         p.error("no GPU here: pass --tiny for a CPU smoke test")
-    shape = TINY if args.tiny else LLAMA_8B
+    shape = TINY if args.tiny else {"llama-8b": LLAMA_8B, "kimi-k2": KIMI_K2}[args.shape]
     configs = [tuple(map(int, c.split("x"))) for c in args.configs] or (
         [(2048, t) for t in (1, 3, 5, 7, 10, 16)] + [(4096, t) for t in (3, 5, 10)]
     )
