@@ -16,9 +16,9 @@ is checked against on the GPU. A host whose compiler fails (no C compiler for Tr
 once and runs eagerly rather than stopping the run.
 
 `BackgroundCompile` takes the compile off a training run's critical path: a thread of its own compiles every
-region (it rehearses a step on shortened copies of the first batch), while the training thread runs the regions
-as written from its first step; at a step boundary once the thread is done (`take_over`) the training thread
-switches to the compiled regions. Cold, on a fresh machine, the compile is most of a first step (32-43 s on an
+region (it rehearses a step on shortened copies of a batch), while the training thread runs the regions as written
+(from its first step: `defer()`, the trainer starting the thread after its first two steps); at a step boundary once
+the thread is done (`take_over`) the training thread switches to the compiled regions. Cold, on a fresh machine, the compile is most of a first step (32-43 s on an
 H100, docs/benchmarks.md); this way the run trains, and says so, from the start. Without one the training
 thread compiles on its own first call, as `LONGRUN_COMPILE=inline` asks.
 
