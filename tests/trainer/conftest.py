@@ -99,12 +99,8 @@ def prepared_data(tiny_verifier: Path, tiny_corpus: Path, tmp_path_factory: pyte
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[list[str]], int]]:
     """Run `trainer.train.main` in this process (no interpreter start-up), on one thread."""
-    import torch
-
     from trainer.train import main as train_main
 
     monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield lambda command: train_main(command[command.index("trainer.train") + 1 :])
-    torch.set_num_threads(threads)
+    with one_cpu_thread():
+        yield lambda command: train_main(command[command.index("trainer.train") + 1 :])
