@@ -48,7 +48,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must n
 from tests.service import TOY, Service  # noqa: E402
 from tests.sshd import SshServer  # noqa: E402
 
-VERB = re.compile(r"hostside-[0-9a-f]+\.pyz (\w+) '(.*)'$")
+VERB = re.compile(r"hostside-[0-9a-f]+ (\w+) '(.*)'$")
 
 
 class LoggingSshServer(SshServer):

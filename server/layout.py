@@ -1,6 +1,6 @@
 """Where longrun keeps its records on a host, defined once for the server and the worker:
 
-    <workspace>/.longrun/bin/                      the host agent (hostside-<sha>.pyz: worker/hostside/ as one zipapp)
+    <workspace>/.longrun/bin/                      the host agent (hostside-<sha>/: worker/hostside/, unpacked)
     <workspace>/.longrun/<run_id>/<attempt>/       one attempt (node 0; node i in node<i>/)
     <workspace>/.longrun/<run_id>/draft-before-attempt-<n>/   a draft kept aside by a clean restart
     <workspace>/.longrun/<run_id>/tracking/        the trainer's one tracker run for all attempts (trainer/trackers.py)

@@ -4,9 +4,10 @@
 The agent travels as one zipapp built here from the package (`hostside_zipapp`: fixed timestamps, sorted entries,
 so the same code is the same bytes and the same name), and runs with the host's python, so a host needs nothing
 installed. The request travels on stdin, never in argv (its env values and the attempt token would show in `ps`):
-stdin is the request as one JSON line, then the zipapp. The agent installs itself from it on first use
-(content-addressed under <workspace>/.longrun/bin), inside the same single command, so every
-action stays one round trip. Its answer is untrusted input: anything but one JSON object of the expected
+stdin is the request as one JSON line, then the zipapp. The agent installs itself from it on first use, unpacked
+into a directory named by its content under <workspace>/.longrun/bin, inside the same single command, so every
+action stays one round trip. Unpacked, the host's python caches the agent's bytecode beside it once: run from the
+zipapp, every call compiled its modules again (61 against 32 ms of CPU a probe, docs/benchmarks.md). Its answer is untrusted input: anything but one JSON object of the expected
 shape, within MAX_ANSWER_BYTES, is a CommandFailed that says so.
 """
 
@@ -56,17 +57,20 @@ def hostside_zipapp(package: Path = Path(__file__).parent / "hostside") -> bytes
 
 
 HOSTSIDE_ZIPAPP = hostside_zipapp()
-HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}.pyz"
+# the directory the agent is unpacked into on a host (python runs its __main__.py)
+HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}"
 # ssh's own exit status when the connection failed: the host never ran the command
 SSH_FAILED = 255
 # a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
 MAX_ANSWER_BYTES = 64 << 20
-# run when the agent is not installed yet: install it from stdin (after the request line), then run it (run_path
-# runs a zipapp's __main__.py with the archive first on sys.path). Given the workspace and its real path when the
-# host was registered (argv 3 and 4), it first checks that the directory it installs into still leads inside
-# that: a workspace swapped for a symlink to / since would have it write /.longrun/bin
+# run when the agent is not installed yet: install it from stdin (after the request line), then run it. It unpacks the
+# zipapp into a staging directory and renames that into place, so a directory at the path is always whole (of two
+# first calls at once, the second's rename fails and it runs the first's); run_path runs the directory's __main__.py
+# with the directory first on sys.path. Given the workspace and its real path when the host was registered (argv 3
+# and 4), it first checks that the directory it installs into still leads inside that: a workspace swapped for a
+# symlink to / since would have it write /.longrun/bin
 INSTALL_AND_RUN = (
-    "import io, json, os, runpy, sys\n"
+    "import io, json, os, runpy, shutil, sys, zipfile\n"
     "path, verb = sys.argv[1], sys.argv[2]\n"
     "request, source = sys.stdin.buffer.readline(), sys.stdin.buffer.read()\n"
     "if len(sys.argv) == 5:\n"
@@ -81,9 +85,12 @@ INSTALL_AND_RUN = (
     "            sys.exit(2)\n"
     "umask = os.umask(0o077)\n"
     "os.makedirs(os.path.dirname(path), exist_ok=True)\n"
-    "with open(path + '.%d' % os.getpid(), 'wb') as f:\n"
-    "    f.write(source)\n"
-    "os.replace(path + '.%d' % os.getpid(), path)\n"
+    "staging = path + '.%d' % os.getpid()\n"
+    "zipfile.ZipFile(io.BytesIO(source)).extractall(staging)\n"
+    "try:\n"
+    "    os.rename(staging, path)\n"
+    "except OSError:\n"
+    "    shutil.rmtree(staging, ignore_errors=True)\n"
     "os.umask(umask)\n"
     "sys.argv, sys.stdin = [path, verb], io.TextIOWrapper(io.BytesIO(request), encoding='utf-8')\n"
     "runpy.run_path(path, run_name='__main__')\n"
@@ -132,14 +139,13 @@ class HostAgent:
 
     def call(self, request: Request, timeout: float | None = None) -> Any:
         """Send `request`; its answer comes back as `request.answer`. Raises HostUnreachable, CommandFailed."""
-        script = shlex.quote(self.script)
         # -S: the agent needs only the standard library, and a venv's site hooks would double its start-up;
         # -X utf8 (AGENT_FLAGS): its paths, files and pipes are UTF-8 whatever the host's locale
         run = shlex.join([self.python, *AGENT_FLAGS, self.script, request.verb])
         registered = [self.layout.workspace, self.registered_real] if self.registered_real else []
         install = shlex.join([self.python, *AGENT_FLAGS, "-c", INSTALL_AND_RUN, self.script, request.verb,
                               *registered])
-        command = f"if [ -f {script} ]; then exec {run}; else exec {install}; fi"
+        command = f"if [ -f {shlex.quote(self.script + '/__main__.py')} ]; then exec {run}; else exec {install}; fi"
         wire = request.to_wire()
         if self.registered_real:
             wire[WORKSPACE_CHECK] = {"path": self.layout.workspace, "real": self.registered_real}

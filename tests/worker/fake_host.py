@@ -1,6 +1,6 @@
 """An in-memory host: a Transport that answers the host agent's verbs (worker/hostside/) from a model of processes and files.
 
-It reads the very command HostAgent sends (`... exec python -S hostside-….pyz VERB`, the request on stdin), so the worker's
+It reads the very command HostAgent sends (`... exec python -S hostside-… VERB`, the request on stdin), so the worker's
 client, protocol and services run unchanged; only the host is imagined. Tests drive the host with
 `write_metrics`, `finish`, `vanish`, `go_down` and `hold_gpu`.
 """

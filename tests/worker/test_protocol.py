@@ -1,12 +1,15 @@
 """The host protocol's two ends agree: the worker's typed requests are what the host agent (worker/hostside/)
 reads, and its answers read back as the typed answers; the attempt layout's file names are the ones it writes;
-it ships as one zipapp named by its content."""
+it ships as one zipapp named by its content, unpacked on the host once."""
 
 import hashlib
+import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,17 +53,32 @@ def test_requests_go_on_the_wire_with_hostsides_field_names() -> None:
     assert set(sweep) == {"tp", "sweep_path", "sweep_source", "sizes", "timeout"}
 
 
-def test_the_agent_ships_as_one_zipapp_named_by_its_content(tmp_path: Path) -> None:
+def test_the_agent_ships_as_one_zipapp_named_by_its_content_and_installs_compiled_once(tmp_path: Path) -> None:
     assert hostside_zipapp() == HOSTSIDE_ZIPAPP, "the same code builds the same bytes"
-    assert HOSTSIDE_NAME == f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}.pyz"
+    assert HOSTSIDE_NAME == f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}"
     agent = HostAgent(LocalTransport(), str(tmp_path), sys.executable)
     agent.probe(agent.layout.attempt_dir("r1", 1), ReadFrom())
-    shipped = Path(agent.script)
-    assert shipped.read_bytes() == HOSTSIDE_ZIPAPP and zipfile.is_zipfile(shipped)
-    # installed, it runs alone with -S: no site-packages, nothing of the worker on its path
-    done = subprocess.run([sys.executable, "-S", "-I", str(shipped), "probe"], input='{"dir": "/nonexistent/x"}\n',
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    installed = Path(agent.script)
+    with zipfile.ZipFile(io.BytesIO(HOSTSIDE_ZIPAPP)) as shipped:
+        assert {p.relative_to(installed).as_posix() for p in installed.rglob("*.py")} == set(shipped.namelist())
+        assert all((installed / name).read_bytes() == shipped.read(name) for name in shipped.namelist())
+    assert not list(installed.parent.glob(f"{HOSTSIDE_NAME}.*")), "no staging directory is left behind"
+    # installed, it runs alone with -S: no site-packages, nothing of the worker on its path; its bytecode is cached
+    # beside it even where the environment says not to write any, so the next call compiles nothing
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-S", "-I", str(installed), "probe"], input='{"dir": "/nonexistent/x"}\n',
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
     assert json.loads(done.stdout)["state"] == "missing", done.stderr
+    cached = {p.name.split(".")[0] for p in (installed / "hostside" / "__pycache__").glob("*.pyc")}
+    assert {"agent", "attempt", "files", "launch"} <= cached
+
+
+def test_two_first_calls_at_once_install_one_agent_and_both_answer(tmp_path: Path) -> None:
+    agents = [HostAgent(LocalTransport(), str(tmp_path), sys.executable) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda a: a.probe(a.layout.attempt_dir("r1", 1), ReadFrom()), agents))
+    assert [a.state for a in answers] == ["missing"] * 4
+    assert sorted(p.name for p in Path(agents[0].layout.bin_dir).iterdir()) == [HOSTSIDE_NAME]
 
 
 def test_a_probe_of_a_directory_never_launched_answers_missing(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """The host-side agent: the only code longrun runs on a host, stdlib only, Python >= 3.8.
 
-worker/host_agent.py ships this package to a host as one zipapp, hostside-<sha>.pyz (the package as `hostside/`
-and its __main__.py at the top; imports inside are relative). Each call is one command, `python3 -S hostside-<sha>.pyz
-VERB`, reading its request as one JSON line on stdin
+worker/host_agent.py ships this package to a host as one zipapp (the package as `hostside/` and its __main__.py at
+the top; imports inside are relative), unpacked there once into hostside-<sha>. Each call is one command,
+`python3 -S hostside-<sha> VERB`, reading its request as one JSON line on stdin
 (never argv: env values and the attempt token must not show in `ps`) and answering one JSON line on
 stdout, so every action is a single round trip over the transport and needs no state on the host
 beyond the files in the attempt directory the worker names (server/layout.py decides where it is):

@@ -54,7 +54,7 @@ def main(argv, stdin=None):
         wrap(argv[1], argv[2])
         return 0
     if len(argv) != 1 or argv[0] not in VERBS:
-        answer({"error": f"usage: hostside-<sha>.pyz {'|'.join(VERBS)} < JSON"})
+        answer({"error": f"usage: hostside-<sha> {'|'.join(VERBS)} < JSON"})
         return 2
     try:
         request = read_request(stdin or sys.stdin.buffer)

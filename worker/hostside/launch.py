@@ -62,11 +62,14 @@ def _interface_with(address):
 
 
 def _agent_path():
-    """What runs this agent again: the zipapp it was started from (hostside-<sha>.pyz, as worker/host_agent.py ships
-    it), or, from the source tree, the package directory (python runs its __main__.py)."""
+    """What runs this agent again: the installed agent it was started from (hostside-<sha>, the zipapp
+    worker/host_agent.py ships, unpacked; or a zipapp), or, from the source tree, the package directory (python runs
+    its __main__.py)."""
     package = os.path.dirname(os.path.abspath(__file__))
-    archive = os.path.dirname(package)
-    return archive if os.path.isfile(archive) else package
+    installed = os.path.dirname(package)
+    if os.path.isfile(installed) or os.path.isfile(os.path.join(installed, "__main__.py")):
+        return installed
+    return package
 
 
 def _start_wrapper(d, env, cwd, layer):
