@@ -37,13 +37,17 @@ def test_a_job_writing_no_time_is_measured_by_when_its_lines_are_read_and_its_re
     first = service.wait_status(run["id"], "succeeded", "failed", timeout=180)
     assert first["status"] == "succeeded", first
     _within_15_percent_of_its_own_pace(first["attempts"][0], 60)
+    # priced by what the job took: the restart runs the same steps at the same pace. Not set against what the
+    # restart then takes: on a busy machine that is a race (a disk flush stalled one such restart 17 s, 0.96 over)
     predicted = _dry_run(service, run["id"])
+    took = first["attempts"][0]["actual_duration_seconds"]
+    assert abs(predicted - took) <= 0.15 * took, (predicted, took)
     assert service.client.post(f"/v1/runs/{run['id']}/restart", json={"overrides": {}}).status_code == 202
     done = service.wait_status(run["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded" and len(done["attempts"]) == 2, done
     second = done["attempts"][1]
     assert second["predicted_duration_seconds"] == pytest.approx(predicted, rel=0.01)
-    assert abs(second["prediction_error"]) <= 0.15, (predicted, second["actual_duration_seconds"])
+    assert second["prediction_error"] == pytest.approx((second["actual_duration_seconds"] - predicted) / predicted)
 
 
 def test_a_job_that_ends_while_the_server_is_down_keeps_its_own_duration_and_prices_the_next_attempt(
