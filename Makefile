@@ -67,7 +67,9 @@ lint: setup
 # README's journey, and the floors. Every lane runs in CI; each prints its 25 slowest tests. The Slurm lane runs beside
 # the integration lane: most of its 2.5 minutes wait on Slurm (a job outlasting its 1-minute time limit), about a
 # third of one core: side by side both took 561.6 s, one after another about 680 + 158 s (docs/benchmarks.md). The
-# other lanes beside it too gained nothing (the whole run 660.8 s against 666 s, with 8 % more CPU): they run after.
+# other lanes beside it too gained nothing (the whole run 660.8 s against 666 s, with 8 % more CPU): they run after,
+# together: the browser and the journey lanes wait on Chromium and on their trainers about a third of their time and
+# the PostgreSQL lane on its server, so side by side the four took 168.5 s against about 223 s one after another.
 # -O keeps each lane's output whole
 # bytecode cached: a test run starts some thousands of python processes (servers, host agents' wrappers, trainer
 # ranks, pytest's workers), and where PYTHONDONTWRITEBYTECODE is set (as on the development box) each compiled the
@@ -84,7 +86,7 @@ test: setup system-deps
 	$(BIN)/ruff check .
 	$(MAKE) test-unit
 	$(MAKE) -j2 -O test-integration test-slurm
-	$(MAKE) test-postgres test-browser test-journey test-lowest
+	$(MAKE) -j4 -O test-postgres test-browser test-journey test-lowest
 
 # the unit lane on every core (-n auto): on 2 cores 27.6 s against 39.7 s in one process
 test-unit:
