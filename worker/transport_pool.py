@@ -4,7 +4,6 @@ import threading
 from typing import Any, Protocol
 
 from worker.local_transport import LocalTransport
-from worker.ssh_transport import SSHTransport
 from worker.transport_interface import Transport
 
 LOCAL_ADDRESS = "local"
@@ -31,6 +30,10 @@ def transport_for(host: HostSettings, **options: Any) -> Transport:
     address, port, username, key_path, host_key = settings_of(host)
     if address == LOCAL_ADDRESS:
         return LocalTransport()
+    # imported here: paramiko (and the cryptography it loads) is a fifth of a server's start-up, which a server with
+    # only the `local` host never needs
+    from worker.ssh_transport import SSHTransport
+
     return SSHTransport(address, port or 22, username=username, key_path=key_path, host_key=host_key,
                         name=getattr(host, "name", None), **options)
 
