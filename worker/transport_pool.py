@@ -30,8 +30,8 @@ def transport_for(host: HostSettings, **options: Any) -> Transport:
     address, port, username, key_path, host_key = settings_of(host)
     if address == LOCAL_ADDRESS:
         return LocalTransport()
-    # imported here: paramiko (and the cryptography it loads) is a fifth of a server's start-up, which a server with
-    # only the `local` host never needs
+    # imported here: a server with only the `local` host never loads paramiko and the cryptography under it (about
+    # 0.05-0.1 of a server start's 0.9-1 CPU-s, docs/benchmarks.md)
     from worker.ssh_transport import SSHTransport
 
     return SSHTransport(address, port or 22, username=username, key_path=key_path, host_key=host_key,
