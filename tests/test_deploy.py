@@ -44,15 +44,27 @@ def environment(service: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def build_context(destination: Path) -> Path:
-    """A copy of the tree without what .dockerignore keeps out of the build context."""
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    """A copy of the tree without what .dockerignore keeps out of the build context, read as Docker reads it: a path
+    is matched by a pattern when it or a folder above it is (`**/` at any depth), the last pattern it matches decides,
+    and `!` lets it in."""
+    rules = [(line.startswith("!"), line.removeprefix("!")) for line in map(str.strip, (ROOT / ".dockerignore")
+             .read_text().splitlines()) if line and not line.startswith("#")]
+
+    def matches(parts: tuple[str, ...], pattern: str) -> bool:
+        if pattern.startswith("**/"):
+            return any(fnmatch.fnmatchcase(part, pattern.removeprefix("**/")) for part in parts)
+        return any(fnmatch.fnmatchcase("/".join(parts[:n]), pattern) for n in range(1, len(parts) + 1))
+
+    def left_out(parts: tuple[str, ...]) -> bool:
+        out = False
+        for allow, pattern in rules:
+            if matches(parts, pattern):
+                out = not allow
+        return out
 
     def ignored(directory: str, names: list[str]) -> set[str]:
-        relative = Path(directory).relative_to(ROOT)
-        return {n for n in names for p in patterns
-                if fnmatch.fnmatch(str(relative / n), p.removeprefix("**/")) or
-                (p.startswith("**/") and fnmatch.fnmatch(n, p.removeprefix("**/")))}
+        relative = Path(directory).relative_to(ROOT).parts
+        return {name for name in names if left_out((*relative, name))}
 
     shutil.copytree(ROOT, destination, ignore=ignored)
     return destination
@@ -165,9 +177,10 @@ def test_the_build_context_holds_the_package_and_none_of_the_repositorys_bulk(tm
     context = build_context(tmp_path / "context")
     assert (context / "pyproject.toml").exists() and (context / "README.md").exists()
     assert (context / "server" / "api" / "app.py").exists() and (context / "migrations" / "env.py").exists()
-    for left_out in (".git", ".venv", "tests", "benchmarks", "docs"):
-        assert not (context / left_out).exists(), left_out
-    assert not list(context.rglob("__pycache__"))
+    # the package and what pip needs to build it, nothing else: no venv (.venv, the floors' .venv-lowest), tests or docs
+    assert {p.name for p in context.iterdir()} == {"pyproject.toml", "README.md", "longrun", "server", "worker",
+                                                   "migrations", "trainer"}
+    assert not list(context.rglob("__pycache__")) and not list(context.rglob("*.egg-info"))
 
 
 @pytest.mark.slow
