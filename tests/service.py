@@ -34,11 +34,12 @@ class Service:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # the worker's tick at 0.5 s: each tick asks the host agent about every running attempt (a python process on
-        # the `local` host, about 0.05 CPU-s); the integration lane took 838 CPU-s at 0.2 s, 802 at 0.5 s (with one
-        # served run fewer, docs/benchmarks.md)
+        # the worker's tick at its default, 1 s: each tick asks the host agent about every running attempt (a python
+        # process on the `local` host, about 0.03 CPU-s) and stores what the attempt wrote; a server running a toy job
+        # took 0.125 CPU-s a second at a 0.5 s tick, 0.07 at 1 s (docs/benchmarks.md)
         self.env = {**os.environ, "LONGRUN_HOME": str(home), "LONGRUN_PORT": str(self.port),
-                    "LONGRUN_POLL_INTERVAL": "0.5", "LONGRUN_CANCEL_GRACE": "5", "LONGRUN_LEASE_SECONDS": "3"}
+                    "LONGRUN_CANCEL_GRACE": "5", "LONGRUN_LEASE_SECONDS": "3"}
+        self.env.pop("LONGRUN_POLL_INTERVAL", None)
         self.env.pop("LONGRUN_DATABASE_URL", None)
         self.env.pop("LONGRUN_API_TOKEN", None)
         if database_url:
