@@ -19,7 +19,7 @@ from tests.service import Service, kill_leftovers, toy_spec
 pytestmark = pytest.mark.sqlite_only
 
 CLIENTS = 100
-ROUNDS = 3
+ROUNDS = 2  # 1,200 requests, a hundred at a time
 
 
 def _requests(client: httpx.Client, index: int, running: str, ended: str, key: str) -> list[httpx.Response]:
