@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,11 +15,16 @@ from typing import Any
 
 import httpx
 
+from tests.server_fork import Forked, Forks
+
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "examples" / "toy_train.py")
 # a stdlib `torch.distributed.run` (tests/stubrun): toy jobs started through it skip the real launcher's torch import
 STUBRUN = str(ROOT / "tests" / "stubrun")
 STUB_ENV = {"PYTHONPATH": STUBRUN}  # the `env` of a spec whose job is stdlib only
+
+
+FORKS = Forks()  # this pytest process's forking process, started on first use
 
 
 def free_port() -> int:
@@ -62,9 +66,9 @@ class Service:
         return self.home / "workspace"
 
     def start(self, worker: bool = True) -> "Service":
-        log = open(self.home / "server.log", "ab")
-        argv = [sys.executable, "-m", "longrun.cli", "serve"] + ([] if worker else ["--no-worker"])
-        self.proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        # `python -m longrun.cli serve`, forked from a process that imported it once (tests/server_fork.py)
+        self.proc = FORKS.spawn(["serve"] + ([] if worker else ["--no-worker"]), self.env, ROOT,
+                                self.home / "server.log")
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -140,13 +144,12 @@ class Service:
         return r.json()["lines"]
 
 
-def start_worker(svc: Service, name: str) -> subprocess.Popen:
+def start_worker(svc: Service, name: str) -> Forked:
     """A `longrun worker` process on the service's database and LONGRUN_HOME, logging to <home>/<name>.log."""
-    return subprocess.Popen([sys.executable, "-m", "longrun.cli", "worker"], env=svc.env, cwd=ROOT,
-                            stdout=open(svc.home / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
+    return FORKS.spawn(["worker"], svc.env, ROOT, svc.home / f"{name}.log")
 
 
-def stop_processes(processes: list[subprocess.Popen]) -> None:
+def stop_processes(processes: list[subprocess.Popen | Forked]) -> None:
     """SIGTERM, and SIGKILL for any still there 10 s later."""
     for p in processes:
         if p.poll() is None:
