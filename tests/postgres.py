@@ -99,10 +99,10 @@ class PostgresCluster:
     def _connect(self, database: str = "postgres") -> psycopg.Connection:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=database, autocommit=True)
 
-    def execute(self, sql: str) -> None:
+    def execute(self, statement: str) -> None:
         """One statement outside a transaction (CREATE / DROP DATABASE need that)."""
         with self._connect() as conn:
-            conn.execute(sql)
+            conn.execute(statement)
 
     def _make_template(self) -> None:
         # imported here: the GPU host runs the trainer tests without SQLAlchemy
@@ -120,10 +120,9 @@ class PostgresCluster:
         copy of the template) or empty."""
         name = f"test_{uuid.uuid4().hex[:12]}"
         if migrated and self._spare:
-            with self._connect() as conn:
-                conn.execute(f"ALTER DATABASE {self._spare.pop()} RENAME TO {name}")
-            return self.url(name)
-        self.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {TEMPLATE}" if migrated else ""))
+            self.execute(f"ALTER DATABASE {self._spare.pop()} RENAME TO {name}")
+        else:
+            self.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {TEMPLATE}" if migrated else ""))
         return self.url(name)
 
     def drop_database(self, url: str) -> None:
@@ -143,7 +142,7 @@ class PostgresCluster:
                 conn.execute(close_others, (name,))
                 tables = [row[0] for row in conn.execute(
                     "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")]
-                if not tables or conn.execute(SCHEMA_QUERY).fetchone()[0] != self._schema:
+                if conn.execute(SCHEMA_QUERY).fetchone()[0] != self._schema:
                     return False
                 conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
                     sql.SQL(", ").join(map(sql.Identifier, tables))))

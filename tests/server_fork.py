@@ -58,12 +58,6 @@ class Forks:
     def status(self, pid: int) -> int | None:
         return self._ask({"op": "status", "pid": pid})["returncode"]
 
-    def close(self) -> None:
-        with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
-                self._proc.stdin.close()  # type: ignore[union-attr]
-                self._proc.wait(10)
-
 
 class Forked:
     """A forked child, as much of `subprocess.Popen` as the tests use."""
