@@ -19,7 +19,6 @@ event gets its id: events commit in id order, as they do on SQLite, where writer
 
 import contextlib
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -73,7 +72,7 @@ def make_engine(url: str) -> Engine:
         # let SQLAlchemy's begin event decide how transactions start
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
+        _write_ahead_log(cur)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_SECONDS * 1000)}")
         # a write-ahead log that grew (a large transaction, one that failed for want of room) shrinks back to this
@@ -88,6 +87,23 @@ def make_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _write_ahead_log(cur: sqlite3.Cursor) -> None:
+    """Put the file in WAL mode (kept in the file: later connections find it so). The switch needs the file to
+    itself, and SQLite answers "database is locked" at once, without its busy handler, while another process holds
+    it (a server migrating the fresh file this one also starts on): tried again until WRITE_WAIT_SECONDS."""
+    deadline = time.monotonic() + WRITE_WAIT_SECONDS
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class WriteTurns:
@@ -243,36 +259,17 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-# a fresh SQLite database is built under this name beside its own, then renamed into place
-MIGRATING_SUFFIX = ".migrating-"
-
-
 def upgrade(url: str, revision: str = "head", on_version_apply: Any = None) -> None:
-    """Bring the database to `revision`. A fresh SQLite file is built whole or not at all: SQLite's DDL runs outside
-    a transaction under alembic, so a process killed in the middle would leave a schema half made that no later
-    start could finish; the migrations run on a file of this process's own beside it, renamed into place once at
-    `revision` (what such a kill left behind is removed at the next start). `on_version_apply`: alembic's hook,
-    called after each migration (tests land a kill there)."""
+    """Bring the database to `revision`, all of it or nothing: the whole upgrade is one transaction, on SQLite too
+    (migrations/env.py says how), so a process killed in the middle leaves the schema as it was, and the next start
+    upgrades it again. Chosen over building the upgrade on a copy and renaming it into place: a copy of a large
+    file costs its size in time and disk at every upgrade, and two servers starting together on a fresh file each
+    built their own and unlinked the other's; one transaction is SQLite's own way to serialise them. The transaction
+    takes the write lock first, so servers starting together migrate one at a time (on PostgreSQL an advisory lock
+    does), the later ones finding the schema new. `on_version_apply`: alembic's hook, called after each migration
+    (tests land a kill there)."""
     cfg = alembic_config(url)
     cfg.attributes["on_version_apply"] = on_version_apply
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        command.upgrade(cfg, revision)
-        return
-    path = Path(url.removeprefix("sqlite:///"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for left in path.parent.glob(f"{path.name}{MIGRATING_SUFFIX}*"):
-        left.unlink(missing_ok=True)  # a fresh build a killed process left: never in use
-    if path.exists() and path.stat().st_size > 0:
-        command.upgrade(cfg, revision)
-        return
-    building = path.with_name(f"{path.name}{MIGRATING_SUFFIX}{os.getpid()}")
-    cfg = alembic_config(f"sqlite:///{building}")
-    cfg.attributes["on_version_apply"] = on_version_apply
-    try:
-        command.upgrade(cfg, revision)
-        try:
-            os.link(building, path)  # into place only if no other process put its own there meanwhile
-        except FileExistsError:
-            command.upgrade(alembic_config(url), revision)  # that one's: at `revision` already, or brought there
-    finally:
-        building.unlink(missing_ok=True)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(cfg, revision)
