@@ -267,6 +267,50 @@ def test_a_host_answer_of_another_shape_fails_the_run_with_a_message_and_escapes
     run = rig.run(run_id)
     assert run.status == "failed"
     assert run.message.startswith("probe: the host's answer is not of the expected shape (TypeError: pid is str")
+    # the failed run leaves no job behind: the reaper stops it
+    attempt = run.attempts[0]
+    assert attempt.abandoned and rig.supervisor.reaper.run_once() == [attempt.id]
+    rig.hosts["a"].garble = None
+    rig.supervisor.reaper.stop(attempt.id)
+    assert not rig.hosts["a"].job(run_id, 1).alive and not rig.attempt(run_id, 1).abandoned
+
+
+def test_an_unreadable_host_answer_is_asked_again_and_the_run_keeps_running(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    host.write_metrics(host.job(run_id, 1), {"step": 1, "loss": 0.9})
+    for lost in ("NOT JSON\n", "", '{"state": "running", "exit_co'):  # a stray line; an agent killed mid-answer
+        host.garble, host.garble_left = lost, 1
+        rig.step(run_id)
+        run = rig.run(run_id)
+        assert (run.status, run.host_reachable, run.message) == ("running", True, "attempt 1 running"), lost
+    assert run.latest["loss"] == 0.9 and host.job(run_id, 1).alive
+
+
+def test_an_agent_that_keeps_answering_garbage_is_a_host_away_then_the_run_fails_and_its_job_is_stopped(
+        rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    host.garble = "NOT JSON\n"
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "running" and run.host_reachable is False
+    assert run.message.startswith("host not answering since 12:00:00 UTC: probe: no readable answer from the host "
+                                  "agent (exit 0): 'NOT JSON' (3 tries in a row)"), run.message
+    rig.clock.advance(UNREACHABLE_DEADLINE + 1)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "failed" and run.message.startswith(
+        f"host unreachable for more than {UNREACHABLE_DEADLINE:.0f}s: probe: no readable answer"), run.message
+    attempt = run.attempts[0]
+    assert attempt.abandoned and host.job(run_id, 1).alive
+    rig.supervisor.reaper.stop(attempt.id)
+    assert rig.attempt(run_id, 1).abandoned, "no readable answer yet: tried again later"
+    host.garble = None
+    rig.supervisor.reaper.stop(attempt.id)
+    assert not host.job(run_id, 1).alive and not rig.attempt(run_id, 1).abandoned
 
 
 def test_a_refused_key_fails_the_run_at_once(rig: Rig) -> None:
