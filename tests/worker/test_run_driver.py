@@ -10,6 +10,7 @@ from server.lifecycle import NodeState, nodes_of
 from server.models import Host, MetricPoint, Run
 from tests.worker.conftest import GPU_WAIT_DEADLINE, UNREACHABLE_DEADLINE, Rig
 from worker.host_errors import AuthRefused
+from worker.run_driver import INGEST_READ_BYTES
 
 
 def test_a_run_goes_from_queued_through_launching_to_running(rig: Rig) -> None:
@@ -433,3 +434,22 @@ def test_a_workspace_that_leads_to_the_root_on_its_host_fails_the_run_before_any
     assert host.verbs() == ["workspace"], "nothing launched, nothing installed"
     with rig.db.reading() as s:
         assert s.scalar(select(Host).where(Host.name == "a")).workspace_real == "/"
+
+
+def test_a_backlog_of_metrics_is_stored_in_short_transactions_one_after_another(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    job = host.job(run_id, 1)
+    lines = 4 * INGEST_READ_BYTES // 40  # lines of 40 to 50 bytes
+    host.write_metrics(job, *({"step": i, "loss": 1.0 / i} for i in range(1, lines + 1)))
+    assert len(job.metrics) > 3 * INGEST_READ_BYTES
+    stored, more = [], True
+    while more:
+        more = rig.supervisor.driver.step(run_id)  # True: the next step follows at once, not a tick later
+        stored.append(rig.attempt(run_id, 1).metrics_lines)
+    assert len(stored) >= 4 and stored[-1] == lines
+    assert all(0 < b - a <= INGEST_READ_BYTES // 30 for a, b in zip([0, *stored], stored[:-1], strict=False)), \
+        "each transaction stored at most INGEST_READ_BYTES of lines"
+    assert [r["limit"] for verb, r in host.calls if verb == "probe"][-len(stored):] == [INGEST_READ_BYTES] * len(stored)
+    assert rig.run(run_id).latest["step"] == lines and rig.run(run_id).status == "running"
