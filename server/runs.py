@@ -121,6 +121,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name)."""
     body = spec_dict(spec)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    _lock_names(session)  # first: a repeat sent while the first is being written finds it once it is
     if idempotency_key:
         existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
         if existing is not None:
@@ -129,7 +130,6 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
             return get_run(session, existing.id), False
     _check_scheduler(spec, _check_hosts(session, spec))
     _check_launch_size(body)
-    _lock_names(session)
     name = _run_name(session, spec.name, name_suffix)
     if name != spec.name:
         spec = spec.model_copy(update={"name": name})
