@@ -6,20 +6,22 @@ shapes cannot show: a random draft, a square weight stored transposed, features 
 No tokenizer is needed: the prompt is token ids (`--prompt-ids`), the text of `--prompt` where the verifier has a
 tokenizer, else the verifier's BOS token alone; the verifier's greedy continuation is what the draft must predict.
 
-The floor. The decode counts, over its verifier passes, how often the verifier accepted the draft's first proposal.
-A draft that does not predict the verifier (random weights, a transposed o_proj, another layer's features) is right
-about as often as chance, 1 in the draft vocabulary (under 1e-3 for any real one): over 16 or more passes it is
-accepted next to never. A trained EAGLE-3 draft is accepted at its first position 60-80 % of the time (the EAGLE-3
-paper's acceptance lengths of 3-6 tokens per pass; longrun's tiny test drafts reach over 90 % on their verifier's
-regular text). The floor is a first-position rate of 0.25: below it a draft adds at most 1 + 0.25 / 0.75 = 1.33
-tokens per pass, not what serving it is for, and a draft at 0.6 falls under it in 16 passes with a probability of
-3e-4 (binomial), while a chance-level draft passes it with a probability under 1e-12.
+The floor. The decode counts, over its verifier passes (16 to 64: 64 new tokens at depth 3), how often the verifier
+accepted the draft's first proposal. A draft that does not predict the verifier at all (random weights, features of
+other layers) is right about as often as chance, 1 in the draft vocabulary: next to never. A trained EAGLE-3 draft
+served in production accepts 3-6 tokens per pass (the EAGLE-3 paper), a first-position rate of 0.7-0.85; longrun's
+tiny test drafts reach 0.83-1.0. A draft read wrongly in one weight does not always fall to chance: in the tiny test
+setup (tests/trainer/test_check_draft.py) a square o_proj stored transposed, or zeroed, still gets 0.40-0.46, since fc
+and the MLP carry much of the prediction. The floor is a first-position rate of 0.5: a draft under it adds at most
+1 / (1 - 0.5) = 2 tokens per pass at any depth, under what a working EAGLE-3 draft gives, and a draft of a true 0.75
+falls under it in 20 passes with a probability of 0.4 % (binomial). An early checkpoint may lie under it and still be
+read right: `--acceptance-floor` lowers it, and the figures are in the answer either way.
 """
 
 import json
 from pathlib import Path
 
-ACCEPTANCE_FLOOR = 0.25
+ACCEPTANCE_FLOOR = 0.5
 SMOKE_DEPTH = 3
 SMOKE_NEW_TOKENS = 64  # at least 16 passes at depth 3
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -91,9 +93,10 @@ def prompt_ids(verifier: Path, prompt: str | None, ids: list[int] | None) -> tup
 
 
 def smoke_decode(directory: Path, verifier: Path, capture: list[int], prompt: str | None = None,
-                 ids: list[int] | None = None, depth: int = SMOKE_DEPTH, new_tokens: int = SMOKE_NEW_TOKENS) -> dict:
+                 ids: list[int] | None = None, floor: float = ACCEPTANCE_FLOOR, depth: int = SMOKE_DEPTH,
+                 new_tokens: int = SMOKE_NEW_TOKENS) -> dict:
     """One greedy speculative decode with the draft fed the layers the engine captures: the tokens accepted per
-    verifier pass, the first proposal's acceptance rate and whether it clears ACCEPTANCE_FLOOR. Loads torch,
+    verifier pass, the first proposal's acceptance rate and whether it clears `floor`. Loads torch,
     transformers and the trainer here, not at import."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
@@ -113,4 +116,4 @@ def smoke_decode(directory: Path, verifier: Path, capture: list[int], prompt: st
     first = stats.position_acceptance(depth)[0] if stats.passes else 0.0
     return {"prompt": how, "prompt_tokens": len(tokens), "new_tokens": len(out), "passes": stats.passes,
             "mean_accepted": round(stats.mean_accepted(depth), 3), "depth": depth,
-            "first_acceptance": round(first, 3), "floor": ACCEPTANCE_FLOOR, "passed": first >= ACCEPTANCE_FLOOR}
+            "first_acceptance": round(first, 3), "floor": floor, "passed": first >= floor}

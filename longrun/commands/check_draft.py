@@ -80,7 +80,8 @@ def _describe(reading: EngineReading, path: Path) -> str:
     return "\n".join(lines)
 
 
-def _smoke(reading: EngineReading, path: Path, verifier: Path, prompt: str | None, ids: list[int] | None) -> dict | None:
+def _smoke(reading: EngineReading, path: Path, verifier: Path, prompt: str | None, ids: list[int] | None,
+           floor: float) -> dict | None:
     """The smoke decode's answer (None where there is no engine export to decode), its failure or an acceptance
     under the floor added to the reading's refusals."""
     engine_dir = path.parent if "speculators_model_type" in json.loads((path / "config.json").read_text()) else path
@@ -88,13 +89,13 @@ def _smoke(reading: EngineReading, path: Path, verifier: Path, prompt: str | Non
         reading.notes.append("no smoke decode: no engine export beside this speculators export")
         return None
     try:
-        smoke = smoke_decode(engine_dir, verifier, reading.capture_layers, prompt, ids)
+        smoke = smoke_decode(engine_dir, verifier, reading.capture_layers, prompt, ids, floor)
     except Exception as exc:  # noqa: BLE001 - whatever breaks the decode is the reason the export is refused
         reading.refuse(f"the smoke decode failed: {type(exc).__name__}: {exc}", SMOKE_SOURCE)
         return None
     if not smoke["passed"]:
         reading.refuse(f"the smoke decode accepted the draft's first proposal in {smoke['first_acceptance']:.0%} of "
-                       f"{smoke['passes']} verifier passes, under the floor of {ACCEPTANCE_FLOOR:.0%}: the engine "
+                       f"{smoke['passes']} verifier passes, under the floor of {floor:.0%}: the engine "
                        "would run a draft that does not predict this verifier (random or misread weights, "
                        "features of other layers)", SMOKE_SOURCE)
     return smoke
@@ -129,6 +130,9 @@ def check_draft(
                                                "tokenizer; without one the verifier's BOS token).")] = None,
     prompt_ids: Annotated[str | None, typer.Option(help="The smoke decode's prompt as token ids, e.g. 1,450,22 "
                                                    "(no tokenizer needed).", metavar="IDS")] = None,
+    acceptance_floor: Annotated[float, typer.Option(
+        help="The smoke decode's floor: the share of verifier passes that must accept the draft's first proposal "
+             f"(default {ACCEPTANCE_FLOOR}; why: longrun/draft_smoke.py).", min=0.0, max=1.0)] = ACCEPTANCE_FLOOR,
     as_json: JsonFlag = False,
 ) -> int:
     """Replay how vLLM, SGLang and speculators (at a release) read an exported draft; refuse one they would misread."""
@@ -155,13 +159,13 @@ def check_draft(
     for reading, path in checked:
         smoke = None
         if verifier is not None and not reading.refused:
-            smoke = _smoke(reading, path, verifier, prompt, ids)
+            smoke = _smoke(reading, path, verifier, prompt, ids, acceptance_floor)
         answers.append({**asdict(reading), "directory": str(path), **({"smoke_decode": smoke} if smoke else {})})
     refused = any(r.refused for r, _ in checked)
     human = "\n".join(escape(_describe(r, p)) + (
         f"\n  smoke decode: {a['smoke_decode']['mean_accepted']} tokens per verifier pass over "
         f"{a['smoke_decode']['passes']} passes, first proposal accepted in {a['smoke_decode']['first_acceptance']:.0%} "
-        f"(floor {ACCEPTANCE_FLOOR:.0%})" if "smoke_decode" in a else "")
+        f"(floor {acceptance_floor:.0%})" if "smoke_decode" in a else "")
         for (r, p), a in zip(checked, answers, strict=True))
     emit({"directory": str(directory), "engines": answers, "ok": not refused}, as_json, human)
     if refused:
