@@ -47,10 +47,9 @@ def specforge_export(root: Path, name: str, *, eagle_ids: list[int] | None = Non
     (save_pretrained of the state without the embedding, then apply_legacy_rope_scaling); `embed` keeps the
     embedding as export/to_hf.py does; `eagle_ids`: a draft config with eagle_config's capture layers."""
     import torch
-    from transformers import LlamaConfig
-
     from specforge.export.checkpoint_io import apply_legacy_rope_scaling
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+    from transformers import LlamaConfig
 
     fields = {k: VERIFIER[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                        "num_key_value_heads", "vocab_size", "rms_norm_eps",
@@ -121,7 +120,7 @@ def _vllm_v1_llama(version: str) -> bool:
 
 # draft -> (how it is made, {engine: verdict, or version -> verdict}); engines not named refuse it for its format
 # (SGLang: speculators' format; speculators: the engine format)
-Q, O = "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.o_proj.weight"
+Q, O_PROJ = "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.o_proj.weight"
 DRAFTS: dict[str, tuple[Callable[[Path, dict], Path], dict]] = {
     # valid
     "longrun eagle3": (lambda r, b: b["eagle3"], {"vllm": PASS, "sglang": PASS}),
@@ -186,7 +185,7 @@ DRAFTS: dict[str, tuple[Callable[[Path, dict], Path], dict]] = {
                                                        tensors=lambda s: s.pop("embed_tokens.weight")), {
         "vllm": PASS, "speculators": REFUSE}),
     # misreads no name or shape shows: refused by the smoke decode (tests/trainer/test_check_draft.py)
-    "square o_proj transposed": (lambda r, b: edit(b["eagle3"], r / "transposed", tensors=_transpose(O)), {
+    "square o_proj transposed": (lambda r, b: edit(b["eagle3"], r / "transposed", tensors=_transpose(O_PROJ)), {
         "vllm": SMOKE, "sglang": SMOKE}),
     "random weights": (lambda r, b: edit(b["eagle3"], r / "random", tensors=_randomise), {
         "vllm": SMOKE, "sglang": SMOKE}),
