@@ -10,7 +10,7 @@ column's buffers only (worker/hostside/arrow.py). Anything it cannot read is
 an `unreadable` reason in the answer, never a guess and never an exception.
 
 The request (`totals`, worker/protocol.py TotalsQuery):
-  {"trainer": "speculators" | "specforge", "cwd": DIR, "config": PATH | null,
+  {"trainer": "speculators" | "specforge" | "specforge_script", "cwd": DIR, "config": PATH | null,
    "flags": {name: value}, "overrides": ["section.key=value", ...]}
 """
 
@@ -24,6 +24,8 @@ from .arrow import Unreadable, arrow_column
 
 # a config of more is not a training recipe
 MAX_CONFIG_BYTES = 1 << 20
+# more rows than this are not counted (the total stays unknown; a run that large states it)
+MAX_ROWS = 50_000_000
 # SpecForge's offline feature files counted at most (os.walk of the hidden-states directory)
 MAX_FEATURE_FILES = 10_000_000
 FEATURE_SUFFIXES = (".ckpt", ".ckpt.gz")  # specforge/runtime/data_plane/offline_reader.py _FEATURE_SUFFIXES
@@ -336,6 +338,33 @@ def specforge_facts(req, cwd):
     return facts
 
 
+def data_rows(path):
+    """The non-empty lines of a JSON Lines file (the rows `load_dataset("json", ...)` reads), at most MAX_ROWS."""
+    if not os.path.isfile(path):
+        raise Unreadable(f"the training data {path} is not a file")
+    rows = 0
+    with open(path, "rb") as f:
+        for line in f:
+            rows += bool(line.strip())
+            if rows > MAX_ROWS:
+                raise Unreadable(f"more than {MAX_ROWS} rows in {path}")
+    return rows
+
+
+def specforge_script_facts(req, cwd):
+    """SpecForge's scripts/train_eagle3.py (server/torchrun_launch.py): its flags as given, and the size of its data:
+    the offline feature files under --train-hidden-states-path, else the rows of --train-data-path."""
+    flags = {k: v for k, v in (req.get("flags") or {}).items() if isinstance(v, (int, str))}
+    facts = {"settings": flags}
+    if flags.get("hidden_states_path"):
+        facts["feature_files"] = feature_files(_resolve(cwd, str(flags["hidden_states_path"])))
+    elif flags.get("train_data_path"):
+        facts["rows"] = data_rows(_resolve(cwd, str(flags["train_data_path"])))
+    else:
+        raise Unreadable("no --train-hidden-states-path or --train-data-path")
+    return facts
+
+
 def totals(req, default_cwd="."):
     """The facts of the request's trainer, or {"unreadable": why}; relative paths are the job's, from its `cwd` (a
     launch's: the attempt directory where the run names none)."""
@@ -348,6 +377,8 @@ def totals(req, default_cwd="."):
             return speculators_facts(req, cwd)
         if trainer == "specforge":
             return specforge_facts(req, cwd)
+        if trainer == "specforge_script":
+            return specforge_script_facts(req, cwd)
         return {"unreadable": f"no trainer {trainer!r}"}
     except Unreadable as exc:
         return {"unreadable": str(exc)}
