@@ -44,13 +44,18 @@ def _capture(reading: EngineReading, ids, source: str, verifier: Verifier | None
         reading.capture_source = "the verifier's default (2, N/2, N-3)"
 
 
-def _vllm_runner(release: VllmRelease, verifier: Verifier | None) -> str:
-    """The model runner vLLM serves with by default (VLLM_USE_V2_MODEL_RUNNER unset), config/vllm.py."""
-    if release.v2_everywhere:
-        return "v2"
-    if verifier is not None and set(verifier.architectures) & release.v2_architectures:
-        return "v2"
-    return "v1"
+def _vllm_runner(release: VllmRelease, verifier: Verifier | None) -> str | None:
+    """The model runner vLLM serves with by default (VLLM_USE_V2_MODEL_RUNNER unset; config/vllm.py), or None where
+    that depends on the verifier and there is none."""
+    rule = release.v2_default
+    if rule in ("never", "always"):
+        return "v2" if rule == "always" else "v1"
+    if verifier is None:
+        return None
+    listed = bool(set(verifier.architectures) & release.v2_architectures)
+    v2 = {"listed_dense": listed and not verifier.moe and not verifier.quantized, "listed": listed,
+          "listed_or_dense": listed or not verifier.moe}[rule]
+    return "v2" if v2 else "v1"
 
 
 def _vllm_ids(config: dict, release: VllmRelease, runner: str) -> tuple[list[int] | None, str]:
@@ -94,21 +99,26 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
         reading.notes.append("tie_word_embeddings is not read: vLLM loads the draft's own lm_head.weight")
 
     runner = _vllm_runner(release, verifier)
-    ids, source = _vllm_ids(config, release, runner)
+    readings = {r: _vllm_ids(config, release, r) for r in ("v1", "v2") if not (r == "v1" and release.v1_gone)}
+    if runner is None and len({str(ids) for ids, _ in readings.values()}) > 1:
+        reading.refuse(f"vllm {version} captures {readings['v1'][0]} with its V1 model runner and "
+                       f"{readings['v2'][0] or 'the default layers'} with V2, and which one serves depends on the "
+                       "verifier's architecture: pass --verifier", SRC["vllm_runner"])
+    ids, source = readings[runner or "v1"]
     _capture(reading, ids, source, verifier)
-    other = "v2" if runner == "v1" else ("v1" if not release.v1_gone else None)
-    if other is not None and _vllm_ids(config, release, other)[0] != ids:
-        reading.notes.append(f"the {other.upper()} model runner (VLLM_USE_V2_MODEL_RUNNER="
-                             f"{int(other == 'v2')}) would capture "
-                             f"{_vllm_ids(config, release, other)[0] or 'the default layers'} instead")
-    reading.notes.append(f"serves with the {runner.upper()} model runner (vllm {version} config/vllm.py "
-                         "use_v2_model_runner)")
+    if runner is not None:
+        other = "v2" if runner == "v1" else "v1"
+        if other in readings and readings[other][0] != ids:
+            reading.notes.append(f"the {other.upper()} model runner (VLLM_USE_V2_MODEL_RUNNER={int(other == 'v2')}) "
+                                 f"would capture {readings[other][0] or 'the default layers'} instead")
+        reading.notes.append(f"serves with the {runner.upper()} model runner (vllm {version} config/vllm.py "
+                             "use_v2_model_runner)")
     if release.fc_norm and not speculators:
         counted = eagle_config.get("eagle_aux_hidden_state_layer_ids")
         aux = config.get("num_aux_hidden_states") or (len(counted) if counted else 3)
     else:
         aux = 3
-    capture_source = SRC["vllm_capture_v2" if runner == "v2" else "vllm_capture_v1"]
+    capture_source = SRC["vllm_capture_v2" if runner == "v2" else "vllm_capture_v1"]  # None: both disagree above
     check_capture(reading, aux, verifier, 0, 0, SRC["vllm_config"], SRC["vllm_range"])
     check_layers(reading, config, parent, verifier, capture_source)
     check_rope(reading, layer, verifier, _training_layer(parent) if speculators else None, SRC["vllm_rope"])

@@ -2,7 +2,7 @@
 from. longrun/draft_engines.py applies them; a release between two read ones follows the older, and a release newer
 than the newest read (or older than the oldest) is reported as unverified, never assumed.
 
-vLLM (wheels of 0.21.0, 0.22.0, 0.24.0, 0.25.0, 0.27.0, 0.28.0, 0.29.0, 0.30.0, 0.34.0 unpacked):
+vLLM (wheels of 0.21.0, 0.22.0, 0.23.0, 0.24.0, 0.25.0, 0.26.0, 0.27.0, 0.28.0, 0.29.0, 0.30.0, 0.34.0 unpacked):
 - model_executor/models/llama_eagle3.py: the draft it builds from config.json and how load_weights maps names
   (`midlayer.` -> `layers.0.`, q/k/v and gate/up stacked, `t2d` dropped, `d2t` -> draft_id_to_target_id, a name
   without `lm_head` gets `model.` put before it, so `model.fc.weight` becomes `model.model.fc.weight`: unknown);
@@ -20,9 +20,11 @@ vLLM (wheels of 0.21.0, 0.22.0, 0.24.0, 0.25.0, 0.27.0, 0.28.0, 0.29.0, 0.30.0, 
   get_eagle3_aux_layers_from_config) reads the top-level key, from 0.25.0 `target_layer_ids` (+1), from 0.27.0
   `eagle_config.layer_ids`, never `eagle_config.eagle_aux_hidden_state_layer_ids`; without ids both take
   models/interfaces.py get_eagle3_default_aux_hidden_state_layers: (2, N // 2, N - 3). Which runner serves
-  (config/vllm.py use_v2_model_runner, VLLM_USE_V2_MODEL_RUNNER unset): through 0.28.0 V2 only for the verifier
-  architectures of DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES; from 0.29.0 V2 for every architecture on CUDA; 0.34.0
-  ships no V1 runner;
+  (config/vllm.py use_v2_model_runner and _is_default_v2_model_runner_model, VLLM_USE_V2_MODEL_RUNNER unset; MoE
+  is model_config.is_moe: num_experts, moe_num_experts, n_routed_experts or num_local_experts in the verifier's
+  config): 0.21.0 V1 (envs.py: off); 0.22.0 and 0.23.0 V2 for a listed architecture (0.22.0: Qwen3ForCausalLM;
+  0.23.0: also Llama and Mistral) that is neither MoE nor quantized; 0.24.0 for a listed one; 0.25.0 to 0.28.0 for
+  a listed one or any verifier that is not MoE; from 0.29.0 for every verifier on CUDA; 0.34.0 ships no V1;
 - RoPE: models/llama.py LlamaAttention get_rope(rope_parameters) after transformers_utils/config.py
   patch_rope_parameters: the draft's own rope_theta / rope_scaling / rope_parameters, transformers' LlamaConfig
   default (rope_theta 10000, no scaling) where it has none.
@@ -65,26 +67,33 @@ class VllmRelease:
     v1_eagle_config_ids: bool  # the V1 runner falls back to eagle_config.eagle_aux_hidden_state_layer_ids
     v2_layer_ids: bool  # the V2 runner falls back to eagle_config.layer_ids
     v2_target_layer_ids: bool  # the V2 runner reads target_layer_ids (+1)
-    v2_everywhere: bool  # V2 is the default runner for every architecture
+    v2_default: str  # when V2 serves (config/vllm.py use_v2_model_runner, VLLM_USE_V2_MODEL_RUNNER unset):
+    # "never"; "listed_dense": a listed verifier architecture, not MoE, not quantized; "listed"; "listed_or_dense":
+    # a listed architecture or any verifier that is not MoE; "always" (CUDA)
     v1_gone: bool  # no V1 runner ships
     full_vocab_d2t_fails: bool  # no draft_id_to_target_id where draft vocab == target vocab
-    v2_architectures: frozenset = frozenset()  # the verifiers V2 serves by default (config/vllm.py)
+    v2_architectures: frozenset = frozenset()  # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
 
 
-V2_027 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
-                    "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
-                    "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
+V2_022 = frozenset({"Qwen3ForCausalLM"})
+V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
+V2_024 = V2_023 | {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}
+V2_025 = frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})
+V2_026 = V2_025 | {"InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"}
+V2_027 = V2_026 | {"KimiK3ForConditionalGeneration"}
 VLLM = {  # release read -> what it does
-    "0.21.0": VllmRelease(False, False, False, False, False, False, False, False, frozenset({"Qwen3ForCausalLM"})),
-    "0.22.0": VllmRelease(True, False, True, False, False, False, False, False, frozenset({"Qwen3ForCausalLM"})),
-    "0.24.0": VllmRelease(True, False, True, False, False, False, False, False, frozenset({"Qwen3ForCausalLM"})),
-    "0.25.0": VllmRelease(True, True, True, False, True, False, False, False,
-                          frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})),
-    "0.27.0": VllmRelease(True, True, True, True, True, False, False, False, V2_027),
-    "0.28.0": VllmRelease(True, True, True, True, True, False, False, False, V2_027 | {"DeepseekV4ForCausalLM"}),
-    "0.29.0": VllmRelease(True, True, True, True, True, True, False, False),
-    "0.30.0": VllmRelease(True, True, True, True, True, True, False, True),
-    "0.34.0": VllmRelease(True, True, True, True, True, True, True, True),
+    "0.21.0": VllmRelease(False, False, False, False, False, "never", False, False),
+    "0.22.0": VllmRelease(True, False, True, False, False, "listed_dense", False, False, V2_022),
+    "0.23.0": VllmRelease(True, False, True, False, False, "listed_dense", False, False, V2_023),
+    "0.24.0": VllmRelease(True, False, True, False, False, "listed", False, False, V2_024),
+    "0.25.0": VllmRelease(True, True, True, False, True, "listed_or_dense", False, False, V2_025),
+    "0.26.0": VllmRelease(True, True, True, False, True, "listed_or_dense", False, False, V2_026),
+    "0.27.0": VllmRelease(True, True, True, True, True, "listed_or_dense", False, False, V2_027),
+    "0.28.0": VllmRelease(True, True, True, True, True, "listed_or_dense", False, False,
+                          V2_027 | {"DeepseekV4ForCausalLM"}),
+    "0.29.0": VllmRelease(True, True, True, True, True, "always", False, False),
+    "0.30.0": VllmRelease(True, True, True, True, True, "always", False, True),
+    "0.34.0": VllmRelease(True, True, True, True, True, "always", True, True),
 }
 
 
@@ -118,6 +127,7 @@ SRC = {
     "vllm_residual": "vllm {v} llama_eagle3.py LlamaDecoderLayer.__init__ (norm_before_residual)",
     "vllm_capture_v1": "vllm {v} v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config",
     "vllm_capture_v2": "vllm {v} v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config",
+    "vllm_runner": "vllm {v} config/vllm.py use_v2_model_runner (_is_default_v2_model_runner_model)",
     "vllm_range": "vllm {v} models/llama.py LlamaModel.forward (_maybe_add_hidden_state at 0..N)",
     "vllm_algos": "vllm {v} transformers_utils/configs/speculators/algos.py update_eagle3",
     "vllm_rope": "vllm {v} models/llama.py LlamaAttention get_rope + transformers_utils/config.py "

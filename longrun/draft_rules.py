@@ -45,14 +45,19 @@ class Verifier:
     num_layers: int | None
     architectures: tuple[str, ...] = ()
     rope: tuple | None = None  # (rope_theta, scaling) as draft_misreads.rope_of reads them
+    moe: bool = False  # vLLM's model_config.is_moe: an expert count in its config
+    quantized: bool = False  # a quantization_config
 
     @classmethod
     def from_config(cls, config: dict) -> "Verifier":
         from longrun.draft_misreads import rope_of  # noqa: PLC0415 - draft_misreads imports this module
 
         text = config.get("text_config") or config
+        experts = next((text[k] for k in ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+                        if text.get(k)), 0)
         return cls(text.get("hidden_size"), text.get("vocab_size"), text.get("num_hidden_layers"),
-                   tuple(config.get("architectures") or ()), rope_of(text))
+                   tuple(config.get("architectures") or ()), rope_of(text), bool(experts),
+                   bool(config.get("quantization_config") or text.get("quantization_config")))
 
 
 def read_verifier(directory: Path | None) -> Verifier | None:

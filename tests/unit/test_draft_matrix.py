@@ -113,9 +113,11 @@ def _ids(top: list[int], eagle: list[int]):
     return change
 
 
-def _vllm_v1_llama(version: str) -> bool:
-    """A Llama verifier is served by vLLM's V1 model runner (through 0.28.0: not in DEFAULT_V2_MODEL_RUNNER_ARCHS)."""
-    return v(version) < v("0.29.0")
+def _vllm_v1_eagle_ids(version: str, moe: bool = False) -> bool:
+    """vLLM's default runner reads eagle_config.eagle_aux_hidden_state_layer_ids (the V1 runner from 0.22.0) for a
+    dense Llama verifier only in 0.22.0 (V2 serves listed architectures, Llama from 0.23.0, and from 0.25.0 any
+    verifier that is not MoE); for an MoE verifier not listed, 0.22.0 to 0.28.0 (V2 everywhere from 0.29.0)."""
+    return v("0.22.0") <= v(version) < (v("0.29.0") if moe else v("0.23.0"))
 
 
 # draft -> (how it is made, {engine: verdict, or version -> verdict}); engines not named refuse it for its format
@@ -136,7 +138,7 @@ DRAFTS: dict[str, tuple[Callable[[Path, dict], Path], dict]] = {
     "SpecForge stock (to_hf, embedding)": (lambda r, b: b["specforge_hf"], {"vllm": PASS, "sglang": PASS}),
     "SpecForge default ids in eagle_config": (lambda r, b: b["specforge_ids"], {
         # V1 reads eagle_config's ids from 0.22.0 as inputs of layers: one layer early; V2 takes the default
-        "vllm": lambda x: REFUSE if v("0.22.0") <= v(x) and _vllm_v1_llama(x) else PASS, "sglang": PASS}),
+        "vllm": lambda x: REFUSE if _vllm_v1_eagle_ids(x) else PASS, "sglang": PASS}),
     "model.-prefixed names": (lambda r, b: edit(b["eagle3"], r / "prefixed", tensors=_prefix_model), {
         "vllm": REFUSE, "sglang": PASS}),
     "float d2t": (lambda r, b: edit(b["eagle3"], r / "float_d2t", tensors=lambda s: s.__setitem__(
@@ -242,8 +244,8 @@ def test_no_valid_draft_is_refused_and_no_refused_draft_passes(matrix):
     assert wrong == []
     counts = Counter((want, got) for _, _, _, want, got, _ in rows)
     # the summary in docs/check-draft.md
-    assert len(matrix) == 33 and len(rows) == 33 * 15
-    assert counts == {(PASS, PASS): 149, (REFUSE, REFUSE): 318, (SMOKE, PASS): 28}, counts
+    assert len(matrix) == 33 and len(rows) == 33 * 17
+    assert counts == {(PASS, PASS): 176, (REFUSE, REFUSE): 353, (SMOKE, PASS): 32}, counts
 
 
 def test_each_refusal_names_the_engine_code_it_follows(matrix):
@@ -257,7 +259,7 @@ def test_each_refusal_names_the_engine_code_it_follows(matrix):
     ("longrun full vocab with d2t", "vllm", "0.30.0", "There is no module or parameter named 'draft_id_to_target_id'"),
     ("float d2t", "sglang", "0.5.23", "d2t is F32: SGLang adds it to arange() without a cast"),
     ("norm_before_residual true (engine)", "vllm", "0.34.0", "runs hidden_norm before the residual"),
-    ("SpecForge default ids in eagle_config", "vllm", "0.27.0",
+    ("SpecForge default ids in eagle_config", "vllm", "0.22.0",
      "captures layers [1, 3, 4] (eagle_config.eagle_aux_hidden_state_layer_ids) but the draft was trained on "
      "[2, 4, 5]"),
     ("SpecForge custom ids in eagle_config", "vllm", "0.34.0",
@@ -270,6 +272,20 @@ def test_each_refusal_names_the_engine_code_it_follows(matrix):
 def test_a_refusal_gives_the_engines_reason(matrix, draft, engine, version, words):
     ((reading, _),) = check(matrix[draft], (engine,), Verifier.from_config(VERIFIER), version)
     assert any(words in r for r in reading.refused), reading.refused
+
+
+def test_ids_only_in_eagle_config_for_an_moe_verifier_follow_vllms_runner(matrix):
+    """An MoE verifier (Kimi-K2.5's family) is served by the V1 runner through 0.28.0, which reads eagle_config's
+    ids as inputs of layers; without --verifier the runner is not known where the two runners disagree."""
+    moe = Verifier.from_config({**VERIFIER, "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 8})
+    assert moe.moe and not Verifier.from_config(VERIFIER).moe
+    for version in READ_RELEASES["vllm"]:
+        ((reading, _),) = check(matrix["SpecForge default ids in eagle_config"], ("vllm",), moe, version)
+        assert bool(reading.refused) == _vllm_v1_eagle_ids(version, moe=True), (version, reading.refused)
+    ((reading, _),) = check(matrix["SpecForge default ids in eagle_config"], ("vllm",), None, "0.25.0")
+    assert any("depends on the verifier's architecture: pass --verifier" in r for r in reading.refused)
+    ((reading, _),) = check(matrix["SpecForge default ids in eagle_config"], ("vllm",), None, "0.30.0")
+    assert reading.capture_default and "pass --verifier to compare them" in reading.refused[0]
 
 
 def test_stock_specforge_exports_pass_without_a_verifier_too(matrix):

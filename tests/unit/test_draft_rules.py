@@ -247,7 +247,7 @@ def test_versions_parse_and_releases_outside_those_read_are_named():
     assert newer.rules.startswith("vllm 0.34.0") and "newer than the newest release read (0.34.0)" in newer.unverified
     assert newer.refused[-1] == newer.unverified  # not assumed to read drafts as 0.34.0 does: refused
     assert "older than the oldest release read" in read("sglang", config, {}, None, "0.4.0").refused[-1]
-    assert read("vllm", config, {}, None, "0.23.1").rules == "vllm 0.22.0 (the release read nearest to 0.23.1)"
+    assert read("vllm", config, {}, None, "0.23.1").rules == "vllm 0.23.0 (the release read nearest to 0.23.1)"
     assert read("vllm", config, {}, None, "0.34.0").unverified is None
 
 
