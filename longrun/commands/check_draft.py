@@ -123,8 +123,9 @@ def check_draft(
         help="The engine's release to check for, e.g. 0.22.0 (needs --engine; default: the newest release the rules "
              "were read from: vllm " + default_version("vllm") + ", sglang " + default_version("sglang")
              + ", speculators " + default_version("speculators") + ").", metavar="X")] = None,
-    verifier: Annotated[Path | None, typer.Option(help="The verifier's Hugging Face directory: its sizes and layer "
-                                                  "count, and a one-prompt smoke decode on the CPU.", exists=True,
+    verifier: Annotated[Path | None, typer.Option(help="The verifier's Hugging Face directory: its sizes, RoPE, layer "
+                                                  "count and architecture, and a one-prompt smoke decode (a GPU "
+                                                  "where there is one) with an acceptance floor.", exists=True,
                                                   file_okay=False)] = None,
     prompt: Annotated[str | None, typer.Option(help="The smoke decode's prompt, as text (needs the verifier's "
                                                "tokenizer; without one the verifier's BOS token).")] = None,

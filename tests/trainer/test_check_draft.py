@@ -109,6 +109,25 @@ def test_a_random_or_transposed_draft_fails_the_smoke_decode_floor(partial, tmp_
         assert code == 0 and answer["engines"][0]["smoke_decode"]["floor"] == 0
 
 
+def test_a_draft_in_specforges_layout_decodes_as_the_engines_read_it(exports, tmp_path, capsys):
+    """A stock SpecForge export: no layer ids (the engines' default, the layers trained on here), RoPE only in
+    rope_parameters (transformers 5's LlamaConfig), no longrun keys; for SGLang with `model.`-prefixed names."""
+    bad = copy(exports["eagle3"], tmp_path / "specforge")
+    config = json.loads((bad / "config.json").read_text())
+    assert config["aux_hidden_state_layer_ids"] == [2, 4, 5]  # the tiny verifier's default (8 layers)
+    for key in ("aux_hidden_state_layer_ids", "ttt_steps", "eagle_aux_hidden_state_layer_ids", "eagle_config",
+                "target_hidden_size", "fc_norm", "norm_output"):
+        config.pop(key)
+    config["rope_parameters"] = {"rope_theta": config.pop("rope_theta"), "rope_type": "default"}
+    (bad / "config.json").write_text(json.dumps(config))
+    state = load_file(str(bad / "model.safetensors"))
+    save_file({(n if n.startswith("lm_head") or n in ("d2t", "t2d") else "model." + n): t for n, t in state.items()},
+              str(bad / "model.safetensors"))
+    code, answer = check(capsys, bad, "--engine", "sglang", "--verifier", exports["verifier"])
+    (reading,) = answer["engines"]
+    assert code == 0 and reading["capture_default"] and reading["smoke_decode"]["passed"], reading
+
+
 def test_the_smoke_decode_needs_no_tokenizer(exports, tmp_path, capsys):
     verifier = shutil.copytree(exports["verifier"], tmp_path / "verifier",
                                ignore=shutil.ignore_patterns("tokenizer*"))
@@ -201,6 +220,20 @@ def test_the_speculators_export_without_its_embedding_is_refused(exports, tmp_pa
     save_file(state, str(bad / "model.safetensors"))
     code, answer = check(capsys, bad, "--engine", "speculators")
     assert code == 2 and "embed_tokens.weight" in answer["engines"][0]["refused"][0]
+
+
+def test_the_committed_specforge_drafts_are_what_specforge_writes(tmp_path):
+    """tests/unit/test_draft_matrix.py reads drafts SpecForge 0.2.0 wrote (committed, so that the unit lane need not
+    import it); written again, they hold the same config and the same tensor names, dtypes and shapes."""
+    from longrun.draft_rules import safetensors_header
+    from tests.fixtures.specforge_drafts.write import HERE, write
+
+    for name, directory in write(tmp_path).items():
+        config, committed = (json.loads((d / "config.json").read_text()) for d in (directory, HERE / name))
+        config.pop("transformers_version"), committed.pop("transformers_version")
+        assert config == committed
+        assert safetensors_header(directory / "model.safetensors") == safetensors_header(HERE / name /
+                                                                                         "model.safetensors")
 
 
 def test_the_cli_loads_no_torch_for_its_other_commands():

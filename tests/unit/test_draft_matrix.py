@@ -1,6 +1,6 @@
 """check-draft's matrix: valid and one-defect drafts against every engine release read (vLLM 0.21.0-0.34.0, SGLang
 0.5.11-0.5.23, speculators 0.9.0). The drafts are written by longrun's own exporter and by SpecForge 0.2.0's own
-draft model and export helper, at a tiny size; each verdict is set against what that release's loader does with the
+draft model and export helper (committed: tests/fixtures/specforge_drafts/write.py), at a tiny size; each verdict is set against what that release's loader does with the
 draft (read from its wheel, longrun/draft_releases.py), written here independently of the rules: 0 valid drafts
 refused, 0 refused drafts passed, and the misreads passed only where neither the files nor anything but the smoke
 decode can show them (docs/check-draft.md names them and holds this summary)."""
@@ -21,6 +21,7 @@ VERIFIER = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
             "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
             "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "max_position_embeddings": 256}
 DRAFT_VOCAB = 40
+SPECFORGE_DRAFTS = Path(__file__).resolve().parents[1] / "fixtures" / "specforge_drafts"
 PASS, REFUSE, SMOKE = "pass", "refuse", "smoke"  # SMOKE: a misread only the smoke decode shows
 
 
@@ -42,27 +43,17 @@ def longrun_export(root: Path, name: str, *, eagle31: bool = False, draft_vocab:
 
 
 def specforge_export(root: Path, name: str, *, eagle_ids: list[int] | None = None, embed: bool = False,
-                     rope_theta: float = VERIFIER["rope_theta"]) -> Path:
-    """A draft written by SpecForge 0.2.0's code: its LlamaForCausalLMEagle3 saved as export/to_sglang.py saves it
-    (save_pretrained of the state without the embedding, then apply_legacy_rope_scaling); `embed` keeps the
-    embedding as export/to_hf.py does; `eagle_ids`: a draft config with eagle_config's capture layers."""
-    import torch
-    from specforge.export.checkpoint_io import apply_legacy_rope_scaling
-    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
-    from transformers import LlamaConfig
-
-    fields = {k: VERIFIER[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                       "num_key_value_heads", "vocab_size", "rms_norm_eps",
-                                       "max_position_embeddings")}
-    config = LlamaConfig(**fields, num_hidden_layers=1, rope_theta=rope_theta, tie_word_embeddings=False)
-    config.draft_vocab_size, config.architectures = DRAFT_VOCAB, ["LlamaForCausalLMEagle3"]
+                     rope_theta: float | None = None) -> Path:
+    """A draft written by SpecForge 0.2.0's code (tests/fixtures/specforge_drafts/write.py: export/to_sglang.py's
+    way, or with `embed` export/to_hf.py's), its draft config given eagle_config's capture layers (`eagle_ids`, as
+    SpecForge's LlamaConfig writes them) or another rope_theta."""
+    shutil.copytree(SPECFORGE_DRAFTS / ("to_hf" if embed else "to_sglang"), root / name)
+    config = json.loads((root / name / "config.json").read_text())
     if eagle_ids is not None:
-        config.eagle_config = {"eagle_aux_hidden_state_layer_ids": eagle_ids, "use_aux_hidden_state": True}
-    torch.manual_seed(0)
-    model = LlamaForCausalLMEagle3(config)
-    state = {k: v for k, v in model.state_dict().items() if embed or "embed" not in k.lower()}
-    model.save_pretrained(str(root / name), state_dict=state)
-    apply_legacy_rope_scaling(str(root / name))
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": eagle_ids, "use_aux_hidden_state": True}
+    if rope_theta is not None:
+        config["rope_theta"] = config["rope_parameters"]["rope_theta"] = rope_theta
+    (root / name / "config.json").write_text(json.dumps(config))
     return root / name
 
 
