@@ -75,7 +75,7 @@ def _vllm_ids(config: dict, release: VllmRelease, runner: str) -> tuple[list[int
 
 
 def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: str, release: VllmRelease,
-              parent: dict | None = None) -> EngineReading:
+              parent: dict | None = None, training: dict | None = None) -> EngineReading:
     reading = EngineReading("vllm", version)
     speculators = "speculators_model_type" in config
     eagle_config = config.get("eagle_config") or {}
@@ -121,7 +121,7 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
     capture_source = SRC["vllm_capture_v2" if runner == "v2" else "vllm_capture_v1"]  # None: both disagree above
     check_capture(reading, aux, verifier, 0, 0, SRC["vllm_config"], SRC["vllm_range"])
     check_layers(reading, config, parent, verifier, capture_source)
-    check_rope(reading, layer, verifier, _training_layer(parent) if speculators else None, SRC["vllm_rope"])
+    check_rope(reading, layer, verifier, training, SRC["vllm_rope"])
 
     fc_norm = bool(config.get("fc_norm")) and reads_31
     expected = expected_tensors(s, aux, fc_norm, norm_before_fc, s.target_hidden)
@@ -157,11 +157,6 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
     return reading
 
 
-def _training_layer(parent: dict | None) -> dict | None:
-    """The layer config longrun trained with, from its engine export beside a speculators/ export."""
-    return parent if parent and "ttt_steps" in parent else None
-
-
 def _sglang_canonical(name: str, layers_names: bool) -> str | None:
     """The parameter SGLang loads `name` into (named as the file would: no `model.`), or None where it skips it.
     load_weights tries the name, then `model.` + name: `model.fc.weight` and `fc.weight` both load."""
@@ -176,7 +171,7 @@ def _sglang_canonical(name: str, layers_names: bool) -> str | None:
 
 
 def read_sglang(config: dict, tensors: dict, verifier: Verifier | None, version: str, release,
-                parent: dict | None = None) -> EngineReading:
+                parent: dict | None = None, training: dict | None = None) -> EngineReading:
     reading = EngineReading("sglang", version)
     if "speculators_model_type" in config or SGLANG_ARCHITECTURE not in (config.get("architectures") or []):
         reading.refuse(f"SGLang loads {SGLANG_ARCHITECTURE} drafts, not {config.get('architectures')}: "
@@ -218,7 +213,7 @@ def read_sglang(config: dict, tensors: dict, verifier: Verifier | None, version:
     aux = (config.get("num_aux_hidden_states") or (len(ids) if ids else 3)) if new else 3
     check_capture(reading, aux, verifier, 1, 1, SRC["sglang_config"], SRC["sglang_capture"])
     check_layers(reading, config, parent, verifier, SRC["sglang_capture"])
-    check_rope(reading, config, verifier, None, SRC["sglang_rope"])
+    check_rope(reading, config, verifier, training, SRC["sglang_rope"])
 
     fc_norm = bool(config.get("fc_norm") or config.get("use_aux_norm")) and new
     expected = expected_tensors(s, aux, fc_norm, norm_before_fc and release.norm_before_fc, s.target_hidden)
@@ -239,7 +234,7 @@ def read_sglang(config: dict, tensors: dict, verifier: Verifier | None, version:
 
 
 def read_speculators(config: dict, tensors: dict, verifier: Verifier | None, version: str, release,
-                     parent: dict | None = None) -> EngineReading:
+                     parent: dict | None = None, training: dict | None = None) -> EngineReading:
     reading = EngineReading("speculators", version)
     if "speculators_model_type" not in config:
         reading.refuse("not speculators' format: its converter would write eagle_aux_hidden_state_layer_ids "
@@ -257,7 +252,7 @@ def read_speculators(config: dict, tensors: dict, verifier: Verifier | None, ver
     check_capture(reading, aux, verifier, 0, 0, SRC["spec_config"], SRC["spec_config"])
     check_layers(reading, config, parent, verifier, SRC["spec_config"])
     check_residual(reading, config, bool(config.get("norm_before_residual", False)), SRC["spec_residual"])
-    check_rope(reading, layer, verifier, _training_layer(parent), SRC["spec_rope"])
+    check_rope(reading, layer, verifier, training, SRC["spec_rope"])
     if config.get("tie_word_embeddings") or layer.get("tie_word_embeddings"):
         reading.ignored.append("tie_word_embeddings")
         reading.notes.append("tie_word_embeddings is forced false by speculators (SpeculatorModel.__init__)")
@@ -292,12 +287,13 @@ READERS = {"vllm": read_vllm, "sglang": read_sglang, "speculators": read_specula
 
 
 def read(engine: str, config: dict, tensors: dict, verifier: Verifier | None = None, version: str | None = None,
-         parent: dict | None = None) -> EngineReading:
+         parent: dict | None = None, training: dict | None = None) -> EngineReading:
     """`engine`'s reading of one export (config.json as a dict, the safetensors header) at `version` (default: the
-    newest release read). `parent`: the config of the engine export a speculators/ export sits in."""
+    newest release read). `parent`: the config of the engine export a speculators/ export sits in; `training`: the
+    config the draft was trained with where the files keep it (its RoPE is compared)."""
     version = version or default_version(engine)
     rules, unverified = followed(engine, version)
-    reading = READERS[engine](config, tensors, verifier, version, RELEASES[engine][rules], parent)
+    reading = READERS[engine](config, tensors, verifier, version, RELEASES[engine][rules], parent, training)
     reading.rules = f"{engine} {rules}" + (f" (the release read nearest to {version})" if rules != version else "")
     if unverified:
         reading.unverified = unverified

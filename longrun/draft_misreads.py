@@ -49,7 +49,8 @@ def _rope_text(rope: tuple) -> str:
 def check_rope(reading: EngineReading, layer_config: dict, verifier: Verifier | None, training: dict | None,
                source: str) -> None:
     """The RoPE the engine builds for the draft against the verifier's (longrun and SpecForge's stock configs copy
-    it) and against the training config's (longrun's engine export beside its speculators/ export)."""
+    it) and against the training config's (longrun's last checkpoint's config, or its engine export beside its
+    speculators/ export)."""
     built = rope_of(layer_config)
     if training is not None and rope_of(training) != built:
         reading.refuse(f"{reading.engine} builds the draft's RoPE as {_rope_text(built)} but it was trained with "

@@ -53,6 +53,16 @@ def parent_config(path: Path, config: dict) -> dict | None:
     return None
 
 
+def training_config(path: Path, config: dict, parent: dict | None) -> dict | None:
+    """The config the draft was trained with, where longrun's files keep it: its last checkpoint's config.json
+    (checkpoints/step_N/, beside the engine export), else for a speculators/ export the engine export beside it."""
+    run = path.parent if parent is not None else path
+    steps = sorted((run / "checkpoints").glob("step_*/config.json")) if (run / "checkpoints").is_dir() else []
+    if steps:
+        return json.loads(steps[-1].read_text())
+    return parent if parent and "ttt_steps" in parent else None
+
+
 def check(directory: Path, engines: tuple[str, ...] | None = None, verifier: Path | Verifier | None = None,
           version: str | None = None) -> list[tuple[EngineReading, Path]]:
     """Each engine's reading of the export, with the directory it read (`version`: that of the one engine named)."""
@@ -60,8 +70,9 @@ def check(directory: Path, engines: tuple[str, ...] | None = None, verifier: Pat
     readings = []
     for engine, path in engine_directories(directory, engines).items():
         config = json.loads((path / "config.json").read_text())
-        reading = read(engine, config, safetensors_header(path / "model.safetensors"), verifier, version,
-                       parent_config(path, config))
+        parent = parent_config(path, config)
+        reading = read(engine, config, safetensors_header(path / "model.safetensors"), verifier, version, parent,
+                       training_config(path, config, parent))
         readings.append((reading, path))
     return readings
 

@@ -279,6 +279,24 @@ def test_ids_only_in_eagle_config_for_an_moe_verifier_follow_vllms_runner(matrix
     assert reading.capture_default and "pass --verifier to compare them" in reading.refused[0]
 
 
+def test_rope_is_checked_against_the_training_config_without_a_verifier(matrix, tmp_path):
+    """longrun keeps the config it trained with in its checkpoints (checkpoints/step_N/config.json): an export whose
+    RoPE was edited after training is refused without --verifier too; one as trained passes."""
+    run = shutil.copytree(matrix["longrun eagle3"], tmp_path / "run", ignore=shutil.ignore_patterns("speculators"))
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    shutil.copy(run / "config.json", run / "checkpoints" / "step_00000010" / "config.json")
+    for engine in ("vllm", "sglang"):
+        assert check(run, (engine,))[0][0].refused == []
+    config = json.loads((run / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64}
+    (run / "config.json").write_text(json.dumps(config))
+    for engine in ("vllm", "sglang"):
+        ((reading, _),) = check(run, (engine,))
+        assert any("llama3 scaling factor 8.0" in r and "(the training config)" in r for r in reading.refused), \
+            reading.refused
+
+
 def test_stock_specforge_exports_pass_without_a_verifier_too(matrix):
     """Without --verifier the layer count is unknown, but the engine's default is the trained default."""
     for engine in ("vllm", "sglang"):
