@@ -14,29 +14,9 @@ Who trained a draft decides what it was trained with:
   (2, N // 2, N - 3)); a top-level `eagle_aux_hidden_state_layer_ids` is taken as inputs of layers (vLLM's key).
 """
 
-from longrun.draft_rules import EngineReading, Verifier, default_layers
+from longrun.draft_rules import EngineReading, Verifier, default_layers, rope_of
 
-DEFAULT_ROPE_THETA = 10000.0  # transformers' LlamaConfig default: what every engine builds without one
-# the keys of rope_scaling that set the rotation's frequencies; attn_factor / attention_factor / mscale scale cos and
-# sin and longrun writes attn_factor for the engines (trainer/model.py engine_rope_scaling), so they are not compared
-ROPE_FREQUENCY_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-                       "beta_fast", "beta_slow")
 DEFAULT = "the verifier's default (2, N/2, N-3)"
-
-
-def rope_of(config: dict) -> tuple[float, tuple | None]:
-    """(rope_theta, the scaling's type and frequency keys or None) as an engine builds them from a Llama config:
-    rope_theta, else rope_parameters' (transformers 5), else 10000; rope_scaling, else rope_parameters where its type
-    is not `default`."""
-    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-    theta = config.get("rope_theta") or params.get("rope_theta") or DEFAULT_ROPE_THETA
-    scaling = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else None
-    if scaling is None and params.get("rope_type", "default") != "default":
-        scaling = params
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
-    if not scaling or kind in (None, "default"):
-        return float(theta), None
-    return float(theta), (kind, *((k, scaling[k]) for k in ROPE_FREQUENCY_KEYS if scaling.get(k) is not None))
 
 
 def _rope_text(rope: tuple) -> str:

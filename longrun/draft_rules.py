@@ -15,6 +15,11 @@ from pathlib import Path
 ENGINES = ("vllm", "sglang", "speculators")
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 INTEGER_DTYPES = {"I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"}
+DEFAULT_ROPE_THETA = 10000.0  # transformers' LlamaConfig default: what every engine builds without one
+# the keys of rope_scaling that set the rotation's frequencies; attn_factor / attention_factor / mscale scale cos and
+# sin and longrun writes attn_factor for the engines (trainer/model.py engine_rope_scaling), so they are not compared
+ROPE_FREQUENCY_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                       "beta_fast", "beta_slow")
 
 
 @dataclass
@@ -50,14 +55,27 @@ class Verifier:
 
     @classmethod
     def from_config(cls, config: dict) -> "Verifier":
-        from longrun.draft_misreads import rope_of  # noqa: PLC0415 - draft_misreads imports this module
-
         text = config.get("text_config") or config
         experts = next((text[k] for k in ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
                         if text.get(k)), 0)
         return cls(text.get("hidden_size"), text.get("vocab_size"), text.get("num_hidden_layers"),
                    tuple(config.get("architectures") or ()), rope_of(text), bool(experts),
                    bool(config.get("quantization_config") or text.get("quantization_config")))
+
+
+def rope_of(config: dict) -> tuple[float, tuple | None]:
+    """(rope_theta, the scaling's type and frequency keys or None) as an engine builds them from a Llama config:
+    rope_theta, else rope_parameters' (transformers 5), else 10000; rope_scaling, else rope_parameters where its type
+    is not `default`."""
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    theta = config.get("rope_theta") or params.get("rope_theta") or DEFAULT_ROPE_THETA
+    scaling = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else None
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = params
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if not scaling or kind in (None, "default"):
+        return float(theta), None
+    return float(theta), (kind, *((k, scaling[k]) for k in ROPE_FREQUENCY_KEYS if scaling.get(k) is not None))
 
 
 def read_verifier(directory: Path | None) -> Verifier | None:

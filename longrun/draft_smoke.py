@@ -30,7 +30,7 @@ QKV = ("q_proj", "k_proj", "v_proj")
 def engine_draft_config(config: dict, capture: list[int]) -> dict:
     """longrun's DraftConfig fields for the draft as the engine builds it from `config` (an engine-format Llama
     config): the engine's defaults where the config says nothing, the layers the engine captures, its RoPE."""
-    from longrun.draft_misreads import rope_of  # noqa: PLC0415
+    from longrun.draft_rules import rope_of  # noqa: PLC0415
 
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     theta, _ = rope_of(config)
