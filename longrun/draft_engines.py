@@ -7,7 +7,7 @@ Architectures: vLLM and SGLang load `LlamaForCausalLMEagle3` drafts (vLLM also s
 its own format only.
 """
 
-from longrun.draft_misreads import check_layers, check_residual, check_rope
+from longrun.draft_misreads import check_layers, check_residual, check_rope, trainer_of
 from longrun.draft_releases import (
     RELEASES,
     SRC,
@@ -121,7 +121,7 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
     capture_source = SRC["vllm_capture_v2" if runner == "v2" else "vllm_capture_v1"]  # None: both disagree above
     check_capture(reading, aux, verifier, 0, 0, SRC["vllm_config"], SRC["vllm_range"])
     check_layers(reading, config, parent, verifier, capture_source)
-    check_rope(reading, layer, verifier, training, SRC["vllm_rope"])
+    check_rope(reading, layer, verifier, training, SRC["vllm_rope"], _by_longrun(config, parent))
 
     fc_norm = bool(config.get("fc_norm")) and reads_31
     expected = expected_tensors(s, aux, fc_norm, norm_before_fc, s.target_hidden)
@@ -155,6 +155,10 @@ def read_vllm(config: dict, tensors: dict, verifier: Verifier | None, version: s
     check_against_verifier(reading, s, verifier, "embed_tokens.weight" not in tensors, s.target_hidden,
                            SRC["vllm_config"])
     return reading
+
+
+def _by_longrun(config: dict, parent: dict | None) -> bool:
+    return trainer_of(config) == "longrun" or (parent is not None and trainer_of(parent) == "longrun")
 
 
 def _sglang_canonical(name: str, layers_names: bool) -> str | None:
@@ -213,7 +217,7 @@ def read_sglang(config: dict, tensors: dict, verifier: Verifier | None, version:
     aux = (config.get("num_aux_hidden_states") or (len(ids) if ids else 3)) if new else 3
     check_capture(reading, aux, verifier, 1, 1, SRC["sglang_config"], SRC["sglang_capture"])
     check_layers(reading, config, parent, verifier, SRC["sglang_capture"])
-    check_rope(reading, config, verifier, training, SRC["sglang_rope"])
+    check_rope(reading, config, verifier, training, SRC["sglang_rope"], _by_longrun(config, parent))
 
     fc_norm = bool(config.get("fc_norm") or config.get("use_aux_norm")) and new
     expected = expected_tensors(s, aux, fc_norm, norm_before_fc and release.norm_before_fc, s.target_hidden)
@@ -252,7 +256,7 @@ def read_speculators(config: dict, tensors: dict, verifier: Verifier | None, ver
     check_capture(reading, aux, verifier, 0, 0, SRC["spec_config"], SRC["spec_config"])
     check_layers(reading, config, parent, verifier, SRC["spec_config"])
     check_residual(reading, config, bool(config.get("norm_before_residual", False)), SRC["spec_residual"])
-    check_rope(reading, layer, verifier, training, SRC["spec_rope"])
+    check_rope(reading, layer, verifier, training, SRC["spec_rope"], _by_longrun(config, parent))
     if config.get("tie_word_embeddings") or layer.get("tie_word_embeddings"):
         reading.ignored.append("tie_word_embeddings")
         reading.notes.append("tie_word_embeddings is forced false by speculators (SpeculatorModel.__init__)")

@@ -26,20 +26,26 @@ def _rope_text(rope: tuple) -> str:
     return f"rope_theta {theta:g}, {scaling[0]} scaling " + ", ".join(f"{k} {v}" for k, v in scaling[1:])
 
 
+LONGRUN_SCALINGS = ("linear", "llama3", "yarn")  # trainer/model.py DraftConfig.from_verifier: others train unscaled
+
+
 def check_rope(reading: EngineReading, layer_config: dict, verifier: Verifier | None, training: dict | None,
-               source: str) -> None:
-    """The RoPE the engine builds for the draft against the verifier's (longrun and SpecForge's stock configs copy
-    it) and against the training config's (longrun's last checkpoint's config, or its engine export beside its
-    speculators/ export)."""
+               source: str, longrun: bool = False) -> None:
+    """The RoPE the engine builds for the draft against the training config's (longrun's last checkpoint, or its
+    engine export beside its speculators/ export) or else the verifier's, which longrun and SpecForge's stock
+    configs copy (`longrun`: as longrun copies it, a scaling of another type than LONGRUN_SCALINGS dropped)."""
     built = rope_of(layer_config)
     if training is not None and rope_of(training) != built:
         reading.refuse(f"{reading.engine} builds the draft's RoPE as {_rope_text(built)} but it was trained with "
                        f"{_rope_text(rope_of(training))} (the training config): every position would be rotated "
                        "otherwise than in training", source)
-    elif verifier is not None and verifier.rope is not None and verifier.rope != built:
-        reading.refuse(f"{reading.engine} builds the draft's RoPE as {_rope_text(built)}; the verifier's is "
-                       f"{_rope_text(verifier.rope)}, which the draft is trained with: every position would be "
-                       "rotated otherwise than in training", source)
+    elif training is None and verifier is not None and verifier.rope is not None:
+        theta, scaling = verifier.rope
+        trained = (theta, None) if longrun and scaling and scaling[0] not in LONGRUN_SCALINGS else verifier.rope
+        if trained != built:
+            reading.refuse(f"{reading.engine} builds the draft's RoPE as {_rope_text(built)}; the verifier's is "
+                           f"{_rope_text(verifier.rope)}, which the draft is trained with: every position would be "
+                           "rotated otherwise than in training", source)
 
 
 def trainer_of(config: dict) -> str:

@@ -297,6 +297,16 @@ def test_rope_is_checked_against_the_training_config_without_a_verifier(matrix, 
             reading.refused
 
 
+def test_a_verifier_scaling_longrun_does_not_train_with_is_not_held_against_its_export(matrix):
+    """longrun trains a draft without a RoPE scaling of another type than linear, llama3 or yarn
+    (trainer/model.py DraftConfig.from_verifier): its export is read as trained; another trainer's is compared."""
+    dynamic = Verifier.from_config({**VERIFIER, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    ((reading, _),) = check(matrix["longrun eagle3"], ("vllm",), dynamic)
+    assert reading.refused == []
+    ((reading, _),) = check(matrix["SpecForge stock (to_sglang)"], ("vllm",), dynamic)
+    assert any("the verifier's is rope_theta 500000, dynamic scaling factor 2.0" in r for r in reading.refused)
+
+
 def test_stock_specforge_exports_pass_without_a_verifier_too(matrix):
     """Without --verifier the layer count is unknown, but the engine's default is the trained default."""
     for engine in ("vllm", "sglang"):
