@@ -23,7 +23,6 @@ nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from datetime import timedelta
 from typing import Any, Literal
@@ -33,14 +32,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server import eta, hosts, pace, views
-from server.advisor import CostModel, Drafting, advise, rule_record
+from server.advisor import Drafting, advise, rule_record
 from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
+from server.advisor.evidence import (
+    CONFIDENCE,
+    FALLBACK_NOTE,
+    STEP_NOTE,
+    Evidence,
+    interval_ends,
+    products,
+    settle_text,
+    simulation_evidence,
+    unit,
+)
 from server.advisor.results import Advice, FrontierRow, Objective
-from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
-from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
+from server.advisor.served import cost_model
 from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
-from server.models import Event, Host, MetricPoint, Run, utcnow
+from server.models import Event, MetricPoint, Run, utcnow
 from server.retrain_time import retrain_seconds, with_ttt
 from server.schemas import DryRunPublic, without_env_values
 from server.spec import RunCreate, spec_dict
@@ -52,50 +61,12 @@ log = logging.getLogger("longrun.proposal")
 SIM_ACC = series.indexed_pattern(series.SIM_ACC)
 MAX_SIM_DEPTH = 64
 # the evidence's intervals: 90% two-sided, as decoding's bootstrap (trainer/evaluate.py CONFIDENCE)
-CONFIDENCE = 0.9
-Z = 1.6448536269514722  # the standard normal's 95th percentile
 # how server/runs.py request_restart words a restart asked for by hand (its status event's message)
 HAND_RESTART_MESSAGE = "restart requested"
 # the least serving speed-up worth a restart (the advisor's min_gain)
 MIN_GAIN = 0.02
 
 Action = Literal["restart", "keep_going", "cannot_tell", "unavailable"]
-
-
-class Evidence(BaseModel):
-    """Which acceptance decided: `simulation` (the live sim_acc_k, teacher-forced on validation data) or
-    `decoding` (the newest evaluation's real decoding, which calibrates the live sim_acc_k per position)."""
-
-    source: Literal["simulation", "decoding"]
-    detail: str = Field(description="where the acceptance came from, and how it was calibrated")
-    attempt: int | None = Field(None, description="the evaluated attempt (decoding)")
-    acceptance: list[float] = Field(default_factory=list, description="[k-1]: the conditional acceptance at draft "
-                                    "position k the decision read")
-    acceptance_interval: list[list[float] | None] = Field(
-        default_factory=list, description="[k-1]: the 90% interval of acceptance[k-1]: decoding's bootstrap over "
-        "prompts carried through the calibration, or the simulation's Wilson interval over sim_rounds_k (null where "
-        "there is none)")
-    rounds: list[int] = Field(default_factory=list, description="[k-1]: the rounds behind acceptance[k-1] (decoding's "
-                              "position_rounds, or sim_rounds_k)")
-    prompts: int | None = Field(None, description="decoding: the prompts its bootstrap resampled")
-    step_acceptance: list[float] = Field(default_factory=list, description="[k-1]: sim_step_acc_k, proposal k right "
-                                         "over every round (no survivor bias), which the retrain rule reads with "
-                                         "simulation evidence")
-    step_acceptance_interval: list[list[float] | None] = Field(
-        default_factory=list, description="[k-1]: its Wilson 90% interval over sim_scored_k rounds")
-    interval: str = Field("", description="how the intervals were formed, over what, or why there are none")
-    calibration: list[float] = Field(default_factory=list, description="[k-1]: decoding / simulation of the "
-                                     "evaluated attempt at position k (beyond its depth, the deepest one's)")
-    gain_interval: list[float] | None = Field(None, description="the proposed TTT's tokens/s gain at the "
-                                              "interval's low and high ends")
-    verdicts: list[str] = Field(default_factory=list, description="the verdict (restart or keep_going) at each end "
-                                "of the interval: where they differ, the answer is cannot_tell")
-    decay_from: Literal["sim_step_acc_k", "sim_acc_k"] = Field(
-        "sim_acc_k", description="the rate the retrain rule reads the decay past the trained depth from: "
-        "sim_step_acc_k (no survivor bias) where the trainer reports it, else sim_acc_k (an older trainer's run)")
-    decay_note: str = Field("", description="why that rate, and what the fallback misses")
-    settle: str = Field("", description="what would settle a cannot_tell: more validation rounds (about how many "
-                        "times as many) or an evaluation")
 
 
 class ProposalPublic(BaseModel):
@@ -169,23 +140,6 @@ def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
     return accs, taus
 
 
-def _indexed(latest: dict[str, Any], base: str, n: int) -> list[float]:
-    """`base`_1..n from the run's latest values, or [] unless every one is there (an older trainer's run)."""
-    values = [latest.get(series.indexed(base, k)) for k in range(1, n + 1)]
-    ok = all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values)
-    return [float(v) for v in values] if ok and n else []
-
-
-def wilson(rate: float, n: float, z: float = Z) -> list[float] | None:
-    """The Wilson score interval of a binomial rate observed over n trials (None for n = 0). It stays inside
-    [0, 1] and is not degenerate at 0 or 1, unlike rate ± z·sqrt(rate(1-rate)/n)."""
-    if n <= 0:
-        return None
-    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * (rate * (1 - rate) / n + z * z / (4 * n * n)) ** 0.5
-    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
-
-
 def _sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
     """An attempt's sim_acc_1..K at its last validation (the step of its last sim_acc_1)."""
     first = series.indexed(series.SIM_ACC, 1)
@@ -200,132 +154,9 @@ def _sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
     return sim_metrics({name: value for name, value in rows})[0]
 
 
-def _unit(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1 else None
-
-
-def _products(conditional: list[float]) -> list[float]:
-    """P(tokens 1..k all accepted) from the conditional rates."""
-    out, running = [], 1.0
-    for a in conditional:
-        running *= a
-        out.append(running)
-    return out
-
-
-def _ends(values: list[float], bounds: list[list[float] | None], high: list[bool], scale: float) -> list[float]:
-    """Each value moved to its interval's high end where `high[k]`, else to its low end, `scale` of the way."""
-    return [a + scale * ((b[1] if up else b[0]) - a) if b else a
-            for a, b, up in zip(values, bounds, high, strict=False)]
-
-
-def _interval_ends(evidence: Evidence, trained: int, scale: float = 1.0) -> list[tuple[list[float], list[float] | None]]:
-    """(conditional, step) acceptance at the ends of the evidence's intervals, `scale` of the way out from the
-    measured rates (1: the interval's ends): [] where the evidence has no interval.
-
-    Each position sits at an end of its own interval, in the patterns that push the gain furthest either way: the
-    conditional rates all low, all high, high inside the trained depth and low beyond (a steeper fall: the most a
-    retrain lifts), and the reverse; the step rates (with the step rule) at the fall's steepest and its flattest
-    (u_T high, u_1 low where T > 1, low beyond; and the mirror). Every rate at an end at once is a band wider than
-    90% jointly: a cannot_tell is where even that much doubt could not change the verdict, is not reported."""
-    n = len(evidence.acceptance)
-    inside = [k < trained for k in range(n)]
-    patterns = [[False] * n, [True] * n, inside, [not x for x in inside]]
-    conditional = ([_ends(evidence.acceptance, evidence.acceptance_interval, high, scale) for high in patterns]
-                   if any(evidence.acceptance_interval) else [evidence.acceptance])
-    steps: list[list[float] | None] = [evidence.step_acceptance or None]
-    if evidence.step_acceptance and any(evidence.step_acceptance_interval):
-        steep = [k < trained and (k > 0 or trained == 1) for k in range(n)]
-        steps = [_ends(evidence.step_acceptance, evidence.step_acceptance_interval, high, scale)
-                 for high in (steep, [not x for x in steep])]
-    if len(conditional) == 1 and len(steps) == 1:
-        return []
-    return [(c, u) for c in conditional for u in steps]
-
-
-
-def _settle(evidence: Evidence, trained: int, verdict: str, verdict_on: Any) -> str:
-    """What would settle a cannot_tell: the width (as a share of the interval's now) at which every end gives the
-    measured rates' verdict, found by halving, and the rounds that take (a Wilson or bootstrap interval narrows as
-    one over the root of its sample): about 1 / share^2 times as many."""
-    agree, disagree = 0.0, 1.0
-    for _ in range(7):
-        share = (agree + disagree) / 2
-        if all(verdict_on(c, u) == verdict for c, u in _interval_ends(evidence, trained, share)):
-            agree = share
-        else:
-            disagree = share
-    times = 1 / max(agree, 1 / 128) ** 2
-    more = f"about {times:.0f}x" if times < 1000 else "over 1000x"
-    said = "restart" if verdict == "restart" else "keep going"
-    if evidence.source == "simulation":
-        return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: {more} "
-                f"the {evidence.rounds[0] if evidence.rounds else 'present'} validation rounds (trainer.sim_samples, "
-                "0 for the whole validation split), or an evaluation of the run (its eval_corpus, at the attempt's end)"
-                ", which decides over the simulation")
-    return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: an "
-            f"evaluation over {more} the {evidence.prompts or 'present'} prompts (trainer.eval_samples)")
-
-
 def _verdict(advice: Advice, trained: int) -> str:
     retrain = advice.retrain
     return "restart" if retrain.pays_off and (retrain.suggested_ttt_steps or 0) > trained else "keep_going"
-
-
-def _said(evidence: Evidence, with_gain: bool = True) -> str:
-    """The evidence as the summary's last clause: which, over how many rounds, the rule's rate, and the gain over
-    its interval."""
-    if evidence.source == "simulation":
-        sizes = (f" over {evidence.rounds[0]} validation rounds, {evidence.rounds[-1]} reaching position "
-                 f"{len(evidence.rounds)}" if evidence.rounds else "")
-        what = f"simulation (sim_acc_k{sizes}, not yet checked against decoding"
-    else:
-        sizes = (f" over {evidence.prompts} prompts, {evidence.rounds[0]} rounds" if evidence.prompts and evidence.rounds
-                 else "")
-        what = f"decoding (attempt {evidence.attempt}'s evaluation{sizes} calibrating sim_acc_k per position"
-    rule = ("the decay read from sim_step_acc_k" if evidence.decay_from == "sim_step_acc_k" else
-            "the decay read from sim_acc_k: this run reports no sim_step_acc_k")
-    spread = (f", the gain {evidence.gain_interval[0]:+.1%} to {evidence.gain_interval[1]:+.1%} over "
-              f"{'decoding' if evidence.source == 'decoding' else 'the simulation'}'s 90% intervals"
-              if evidence.gain_interval and with_gain else "")
-    return f"evidence: {what}; {rule}{spread})"
-
-
-STEP_NOTE = ("the retrain rule reads sim_step_acc_k (proposal k right over every round) for the decay past the "
-             "trained depth: sim_acc_k there is taken over the rounds that survived k-1 proposals, the easy ones, so it "
-             "climbs with depth by selection alone (survivor bias)")
-FALLBACK_NOTE = ("this run reports no sim_step_acc_k (a trainer older than it): the retrain rule falls back to "
-                 "reading the decay from sim_acc_k, whose rounds past the trained depth are the ones that survived k-1 "
-                 "proposals (survivor bias), so a draft that falls past its TTT can read as holding up; a run of the "
-                 "current trainer reports sim_step_acc_k")
-
-
-def _step_rates(latest: dict[str, Any], n: int) -> tuple[list[float], list[list[float] | None]]:
-    """sim_step_acc_1..n with their Wilson intervals over sim_scored_k, or ([], []) where not all reported."""
-    step, scored = (_indexed(latest, base, n) for base in (series.SIM_STEP_ACC, series.SIM_SCORED))
-    if not (step and scored):
-        return [], []
-    return [min(1.0, a) for a in step], [wilson(min(1.0, a), r) for a, r in zip(step, scored, strict=True)]
-
-
-def simulation_evidence(latest: dict[str, Any], accs: list[float]) -> Evidence:
-    """The live simulation as evidence: sim_acc_k with its Wilson intervals over sim_rounds_k, and sim_step_acc_k
-    (over every round: no survivor bias) with theirs over sim_scored_k, where the trainer reported them."""
-    n = len(accs)
-    rounds = _indexed(latest, series.SIM_ROUNDS, n)
-    evidence = Evidence(source="simulation", acceptance=accs, detail=(
-        "simulation: the live sim_acc_k (teacher-forced chains on validation data, not decoding; no evaluation of "
-        "this run to calibrate them yet: one comes with the end of an attempt, or --eval-every)"))
-    if rounds:
-        evidence.rounds = [int(r) for r in rounds]
-        evidence.acceptance_interval = [wilson(a, r) for a, r in zip(accs, rounds, strict=True)]
-    evidence.step_acceptance, evidence.step_acceptance_interval = _step_rates(latest, n)
-    evidence.decay_from = "sim_step_acc_k" if evidence.step_acceptance else "sim_acc_k"
-    evidence.decay_note = STEP_NOTE if evidence.step_acceptance else FALLBACK_NOTE
-    evidence.interval = (f"Wilson {CONFIDENCE:.0%} over the rounds behind each rate (sim_rounds_k, sim_scored_k), "
-                         "read as independent: rounds of one sequence are not, so the true spread is wider"
-                         if rounds else "none: this run reports no sim_rounds_k (the rounds behind sim_acc_k)")
-    return evidence
 
 
 def acceptance_evidence(session: Session, run: Run, accs: list[float],
@@ -344,7 +175,7 @@ def acceptance_evidence(session: Session, run: Run, accs: list[float],
     except Conflict:
         return simulated
     for report in reversed(reports):
-        decoded = [_unit(v) for v in report.conditional_acceptance or []]
+        decoded = [unit(v) for v in report.conditional_acceptance or []]
         sim_then = _sim_acc_of(session, run.id, report.attempt)
         depth = 0
         while depth < min(len(decoded), len(sim_then)) and decoded[depth] is not None and sim_then[depth] > 0:
@@ -361,7 +192,7 @@ def acceptance_evidence(session: Session, run: Run, accs: list[float],
     for k, (a, f) in enumerate(zip(accs, ratios, strict=False)):
         calibrated.append(min(1.0, a * f))
         bound = bounds[k] if k < depth and k < len(bounds) else None
-        low, high = (_unit(b) for b in bound) if isinstance(bound, list) and len(bound) == 2 else (None, None)
+        low, high = (unit(b) for b in bound) if isinstance(bound, list) and len(bound) == 2 else (None, None)
         intervals.append([min(1.0, a * low / sim_then[k]), min(1.0, a * high / sim_then[k])]
                          if low is not None and high is not None else None)
     # decoding's own uncertainty, relative, carried onto the calibrated step rates with the simulation's own
@@ -416,61 +247,6 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h"
 
 
-def verifier_of(session: Session, spec: RunCreate) -> tuple[VerifierShape | None, dict[str, Any] | None, str]:
-    """The served verifier's shape from its config.json (deploy.verifier, else the trainer's verifier_path), the
-    deploy host's stored probe-verifier timing of it if any, and where the config came from or why it could not
-    be read (then the built-in 70B-class default is priced, and the answer says so)."""
-    deploy = spec.deploy
-    path = deploy.verifier or (spec.trainer.verifier_path if spec.trainer else None)
-    if path is None:
-        return None, None, "no verifier path (deploy.verifier, or the trainer's verifier_path)"
-    host = session.scalar(select(Host).where(Host.name == deploy.host))
-    probe = ((host.interconnect or {}).get("verifier") if host else None) or None
-    if probe and _same_config(probe.get("path"), path) and isinstance(probe.get("config"), dict):
-        config, where = probe["config"], f"read on {deploy.host} by probe-verifier"
-    else:
-        probe = None
-        try:
-            config, where = read_config(path), "read by the server"
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return None, None, (f"{path}: {why} where the server can read it; `longrun hosts probe-verifier "
-                                f"{deploy.host} --config {path} --tp {deploy.tp or 'N'}` reads it on the deploy host")
-    try:
-        shape = VerifierShape.from_config(config, name_of(path, config))
-    except ValueError as exc:
-        return None, None, f"{path}: {exc}"
-    timed = probe if probe and probe.get("layers_ms_ok") else None
-    return shape, timed, f"{path} ({where})"
-
-
-def _same_config(a: Any, b: str) -> bool:
-    """Whether two paths name one model: a config.json or the directory holding it."""
-    def directory(p: str) -> str:
-        return p[:-len("/config.json")] if p.endswith("/config.json") else p.rstrip("/")
-    return isinstance(a, str) and directory(a) == directory(b)
-
-
-def _cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> CostModel:
-    deploy = spec.deploy
-    shape, timed, where = verifier_of(session, spec)
-    if shape is None:
-        return CostModel.for_interconnect("nvlink", tp, allreduce_us=table,
-                                          basis={"verifier_forward": f"modelled: the built-in default ({where})"})
-    ep = deploy.ep or 1
-    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1)
-    try:
-        return CostModel.for_verifier(shape, parallel, table, measured=timed,
-                                      context_tokens=deploy.context_tokens if deploy.context_tokens is not None
-                                      else DEFAULT_KV_CONTEXT_TOKENS)
-    except ValueError as exc:  # a stored timing of another tp or ep: model it, saying so
-        model = CostModel.for_verifier(shape, parallel, table)
-        again = (f"`longrun hosts probe-verifier {deploy.host} --config {timed['path'] if timed else 'PATH'} --tp {tp}"
-                 f"{f' --ep {parallel.ep}' if parallel.ep > 1 else ''}` times it")
-        return dataclasses.replace(model, basis={
-            **model.basis, "verifier_forward": f"{model.basis['verifier_forward']} ({exc}: {again})"})
-
-
 def _objective(spec: RunCreate, remaining: float | None) -> Objective:
     deploy = spec.deploy
     return Objective(serve_tokens=deploy.serve_tokens, train_gpus=spec.gpus, remaining_seconds=remaining or 0.0,
@@ -508,23 +284,23 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     try:
         tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
         links = links or UNKNOWN_LINKS
-        cost = _cost_model(session, spec, tp, table)
+        cost = cost_model(session, spec, tp, table)
         drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
                             engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
 
         def advice_on(conditional: list[float], step: list[float] | None) -> Advice:
-            evaluation = {"position_acceptance": _products(conditional), "by_depth": [],
+            evaluation = {"position_acceptance": products(conditional), "by_depth": [],
                           **({"step_acceptance": step} if step else {})}
             return advise(evaluation, links, tp, cost,
                           trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
                           min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
                           objective=_objective(spec, remaining))
 
-        positions = _products(evidence.acceptance)
+        positions = products(evidence.acceptance)
         step = evidence.step_acceptance or None
         advice = advice_on(evidence.acceptance, step)
         verdict = _verdict(advice, trained)
-        at_ends = [advice_on(c, u) for c, u in _interval_ends(evidence, trained)]
+        at_ends = [advice_on(c, u) for c, u in interval_ends(evidence, trained)]
         if at_ends:
             evidence.verdicts = [_verdict(a, trained) for a in at_ends]
             pick = advice.retrain.suggested_ttt_steps
@@ -534,7 +310,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
             if gains:
                 evidence.gain_interval = [min(gains), max(gains)]
             if any(v != verdict for v in evidence.verdicts):
-                evidence.settle = _settle(evidence, trained, verdict, lambda c, u: _verdict(advice_on(c, u), trained))
+                evidence.settle = settle_text(evidence, trained, verdict, lambda c, u: _verdict(advice_on(c, u), trained))
     except (NotFound, Conflict) as exc:
         return _unavailable(run, f"deploy host: {exc}", **base)
     except ValueError as exc:
@@ -564,12 +340,12 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
             summary=(f"cannot tell yet: at the measured acceptance the advisor says {said} on {where}, but over the "
                      f"evidence's 90% intervals the gain runs {low:+.1%} to {high:+.1%} and "
                      f"{evidence.verdicts.count('restart')} of the {len(evidence.verdicts)} ends say restart; "
-                     f"{evidence.settle}; {_said(evidence, with_gain=False)}"))
+                     f"{evidence.settle}; {said(evidence, with_gain=False)}"))
     if verdict == "keep_going":
         return ProposalPublic(
             run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
             summary=(f"keep going: the advisor predicts {advice.tokens_per_second:.1f} tokens/s at depth "
-                     f"{advice.recommended_depth} on {where}; {retrain.reason}; {_said(evidence)}"))
+                     f"{advice.recommended_depth} on {where}; {retrain.reason}; {said(evidence)}"))
 
     ttt = retrain.suggested_ttt_steps
     trusted, record = rule_record.judge(trained, ttt, advice.interconnect)
@@ -580,7 +356,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
             run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
             summary=(f"cannot tell: the advisor predicts restart at TTT={ttt} ({retrain.gain:+.1%}, "
                      f"{retrain.tokens_per_second_after:.1f} against {advice.tokens_per_second:.1f} tokens/s on "
-                     f"{where}), but {record}; {_said(evidence)}"))
+                     f"{where}), but {record}; {said(evidence)}"))
     restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
     fields |= {"suggested_ttt": ttt, "restart": restart}
     dry = _dry_run(measured, with_ttt(spec, ttt))
@@ -602,7 +378,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
         summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "
                  f"tokens/s at depth {retrain.depth_after} on {where} against {advice.tokens_per_second:.1f} "
-                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {record}; {_said(evidence)}"))
+                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {record}; {said(evidence)}"))
 
 
 def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:
