@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from server import eta, hosts, pace, views
 from server.advisor import Drafting, advise, rule_record
+from server.advisor import probe as probes
 from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
 from server.advisor.evidence import (
     CONFIDENCE,
@@ -41,19 +42,20 @@ from server.advisor.evidence import (
     Evidence,
     interval_ends,
     products,
+    said,
     settle_text,
     simulation_evidence,
     unit,
 )
+from server.advisor.probe import ProbePublic
 from server.advisor.results import Advice, FrontierRow, Objective
-from server.advisor.served import cost_model
-from server.errors import Conflict, FieldError, NotFound
-from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
-from server.models import Event, MetricPoint, Run, utcnow
+from server.advisor.served import cost_model, engine_refusal
+from server.errors import Conflict, NotFound
+from server.lifecycle import TERMINAL
+from server.models import MetricPoint, Run, utcnow
 from server.retrain_time import retrain_seconds, with_ttt
 from server.schemas import DryRunPublic, without_env_values
 from server.spec import RunCreate, spec_dict
-from server.wakeup import wake_workers
 from trainer import series
 
 log = logging.getLogger("longrun.proposal")
@@ -61,12 +63,13 @@ log = logging.getLogger("longrun.proposal")
 SIM_ACC = series.indexed_pattern(series.SIM_ACC)
 MAX_SIM_DEPTH = 64
 # the evidence's intervals: 90% two-sided, as decoding's bootstrap (trainer/evaluate.py CONFIDENCE)
-# how server/runs.py request_restart words a restart asked for by hand (its status event's message)
-HAND_RESTART_MESSAGE = "restart requested"
 # the least serving speed-up worth a restart (the advisor's min_gain)
 MIN_GAIN = 0.02
 
-Action = Literal["restart", "keep_going", "cannot_tell", "unavailable"]
+Action = Literal["restart", "probe", "keep_going", "cannot_tell", "unavailable"]
+# the tokens a draft serves over its life where the spec gives no deploy.serve_tokens: a stated default, so that a
+# restart is weighed against its training cost (net GPU-hours) rather than picked by its tokens/s alone
+DEFAULT_SERVE_TOKENS = 1e9
 
 
 class ProposalPublic(BaseModel):
@@ -111,7 +114,11 @@ class ProposalPublic(BaseModel):
     frontier: list[FrontierRow] = Field(default_factory=list, description="every candidate TTT: serve depth, "
                                         "tokens/s, training hours, GPU-hours, tokens served to break even")
     advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
-    auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
+    auto_restart: str = Field("", description="what on_proposal: restart did with this proposal: taken, refused and "
+                              "why, or off")
+    probe: ProbePublic | None = Field(None, description="the measurement that settles it: resume the checkpoint at "
+                                      "the candidate TTT for N steps, then decide on measured acceptance")
+    next_step: str = Field("", description="what settles a cannot_tell or a probe: never a bare cannot_tell")
     rule_record: str | None = Field(None, description="for a restart the advisor would make: how the retrain rule's "
                                     "predictions for restarts like it measured against trained drafts "
                                     "(server/advisor/rule_record.py); past a 10% miss the answer is cannot_tell")
@@ -249,7 +256,8 @@ def _hours(seconds: float) -> str:
 
 def _objective(spec: RunCreate, remaining: float | None) -> Objective:
     deploy = spec.deploy
-    return Objective(serve_tokens=deploy.serve_tokens, train_gpus=spec.gpus, remaining_seconds=remaining or 0.0,
+    serve = deploy.serve_tokens if deploy.serve_tokens is not None else DEFAULT_SERVE_TOKENS
+    return Objective(serve_tokens=serve, train_gpus=spec.gpus, remaining_seconds=remaining or 0.0,
                      train_gpu_hour_price=deploy.train_gpu_hour_price, serve_gpu_hour_price=deploy.serve_gpu_hour_price)
 
 
@@ -271,6 +279,8 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
     if run.status in TERMINAL:
         return _unavailable(run, f"the run is {run.status}: there is no attempt to restart", **base)
+    if refused := engine_refusal(session, spec):
+        return _unavailable(run, refused, **base)
     if not accs:
         return _unavailable(run, "no sim_acc_k metrics in this attempt yet: they arrive with each validation "
                             "(the bundled trainer's --sim-depth)", **base)
@@ -333,11 +343,14 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     if any(v != verdict for v in evidence.verdicts):
         # the interval holds a restart and a keep going: no verdict either way until the evidence narrows
         low, high = evidence.gain_interval or [retrain.gain, retrain.gain]
-        said = (f"restart at TTT={retrain.suggested_ttt_steps} ({retrain.gain:+.1%})" if verdict == "restart" else
-                "keep going")
+        at_rates = (f"restart at TTT={retrain.suggested_ttt_steps} ({retrain.gain:+.1%})" if verdict == "restart"
+                    else "keep going")
+        candidate = retrain.suggested_ttt_steps
+        offer = probes.plan(run, spec, measured, candidate, trained, MIN_GAIN) if (candidate or 0) > trained else None
         return ProposalPublic(
-            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
-            summary=(f"cannot tell yet: at the measured acceptance the advisor says {said} on {where}, but over the "
+            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields, probe=offer,
+            next_step=evidence.settle + (f"; or at once: {probes.describe(offer)}" if offer else ""),
+            summary=(f"cannot tell yet: at the measured acceptance the advisor says {at_rates} on {where}, but over the "
                      f"evidence's 90% intervals the gain runs {low:+.1%} to {high:+.1%} and "
                      f"{evidence.verdicts.count('restart')} of the {len(evidence.verdicts)} ends say restart; "
                      f"{evidence.settle}; {said(evidence, with_gain=False)}"))
@@ -351,10 +364,12 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
     trusted, record = rule_record.judge(trained, ttt, advice.interconnect)
     fields["rule_record"] = record
     if not trusted:
-        # the rule's gain is a prediction, and on restarts like this one it has missed: no restart on its word
+        # the rule's gain is a prediction, and on restarts like this one it has missed: measure it before restarting
+        offer = probes.plan(run, spec, measured, ttt, trained, MIN_GAIN)
         return ProposalPublic(
-            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
-            summary=(f"cannot tell: the advisor predicts restart at TTT={ttt} ({retrain.gain:+.1%}, "
+            run_id=run.id, attempt=run.attempt, action="probe", reason=retrain.reason, **fields, probe=offer,
+            suggested_ttt=ttt, next_step=probes.describe(offer),
+            summary=(f"{probes.describe(offer)}: the advisor predicts restart at TTT={ttt} ({retrain.gain:+.1%}, "
                      f"{retrain.tokens_per_second_after:.1f} against {advice.tokens_per_second:.1f} tokens/s on "
                      f"{where}), but {record}; {said(evidence)}"))
     restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
@@ -382,102 +397,34 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
 
 
 def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:
-    """GET /v1/runs/{id}/proposal; with what on_proposal: restart did, if it did."""
-    proposal = build(session, run, measured)
-    taken = _auto_restart_event(session, run.id)
-    if taken is not None and proposal.auto_restart is None:
-        proposal.auto_restart = taken.data.get("auto_restart")
-    return proposal
+    """GET /v1/runs/{id}/proposal: the proposal, with what on_proposal: restart did with it (server/advisor/acting.py)."""
+    from server.advisor import acting
+
+    return acting.current(session, run, measured)
 
 
-def _proposal_events(session: Session, run_id: str) -> list[Event]:
-    return list(session.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "proposal")
-                                .order_by(Event.id)))
+def sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
+    return _sim_acc_of(session, run_id, attempt)
 
 
-def _auto_restart_event(session: Session, run_id: str) -> Event | None:
-    return next((e for e in _proposal_events(session, run_id) if e.data.get("restarted_to_attempt")), None)
-
-
-def event_data(proposal: ProposalPublic) -> dict[str, Any]:
-    """What a `proposal` event carries: the decision and its figures, not the whole advice."""
-    return {**proposal.model_dump(mode="json", exclude={"advice", "dry_run", "predicted_position_acceptance_after"}),
-            "predicted_duration_seconds": proposal.predicted_training_seconds, "key": proposal.key}
-
-
-def _hand_restart_since(session: Session, run: Run, first: Event) -> Event | None:
-    """A restart asked for by hand (POST /v1/runs/{id}/restart) after the run's first proposal."""
-    return next((e for e in session.scalars(select(Event).where(
-        Event.run_id == run.id, Event.kind == "status", Event.id > first.id).order_by(Event.id))
-        if e.data.get("to") == RunStatus.RESTARTING and str(e.data.get("message") or "").startswith(
-            HAND_RESTART_MESSAGE)), None)
-
-
-def _auto_restart_refusal(session: Session, run: Run, proposal: ProposalPublic, events: list[Event]) -> str | None:
-    """Why on_proposal: restart must not take this proposal, or None. Every precondition of the restart is checked
-    here, before anything is stopped: the restart's own validation (server/runs.py, as its dry run does)."""
-    from server import runs  # runs -> queries -> proposal
-    from server.schemas import RestartRequest
-
-    taken = next((e for e in events if e.data.get("restarted_to_attempt")), None)
-    if taken is not None:
-        return (f"on_proposal: restart took a proposal once already (attempt {taken.data['restarted_to_attempt']}); "
-                "no further automatic restart")
-    if run.status != RunStatus.RUNNING:
-        return f"the run is {run.status}, not running"
-    if events and (hand := _hand_restart_since(session, run, events[0])) is not None:
-        return (f"the run was restarted by hand at {hand.time:%Y-%m-%d %H:%M:%S} UTC (attempt {hand.data.get('attempt')})"
-                " since its first proposal; an automatic restart never overrides that: restart it yourself to "
-                "take this proposal")
-    try:
-        runs.dry_run_restart(session, run.id, RestartRequest(**proposal.restart))
-    except (FieldError, Conflict, NotFound) as exc:
-        return f"the restart would not succeed, so the attempt is left running: {exc}"
-    return None
-
-
-def after_validation(session: Session, run: Run) -> ProposalPublic | None:
-    """Store a `proposal` event if the proposal changed; take it with on_proposal: restart (once per run, never
-    over a restart made by hand since the first proposal, and only where the restart's checks pass). Nothing for
-    a run without `deploy` or one that has ended."""
+def serving_speed(session: Session, run: Run, conditional: list[float]) -> float:
+    """Tokens/s on the run's deployment of a draft with this conditional acceptance, served at its best depth."""
     spec = run.current.typed_spec
-    if spec.deploy is None or run.status in TERMINAL:
-        return None
-    proposal = build(session, run)
-    if proposal.action == "unavailable" and not proposal.sim_acc:
-        return None
-    events = _proposal_events(session, run.id)
-    take = False
-    if proposal.action == "restart" and spec.on_proposal == "restart" and proposal.suggested_ttt is not None:
-        refusal = _auto_restart_refusal(session, run, proposal, events)
-        proposal.auto_restart = f"not taken: {refusal}" if refusal else None
-        take = refusal is None
-    if not take and (not events or events[-1].data.get("key") != proposal.key):
-        session.add(Event(run_id=run.id, kind="proposal", data=event_data(proposal)))
-    if not take:
-        return proposal
-    previous, measured = run.attempt, pace.own_paces(run)
-    try:
-        attempt = restart_run(session, run, with_ttt(spec, proposal.suggested_ttt), True,
-                              f"proposal taken (on_proposal: restart): attempt {previous + 1} at TTT="
-                              f"{proposal.suggested_ttt}", overrides=proposal.restart["overrides"])
-    except TransitionError:
-        return proposal
-    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, attempt.typed_spec)
-    wake_workers(session)
-    proposal.auto_restart = (f"taken by on_proposal: restart: attempt {previous} stopped, attempt {run.attempt} "
-                             f"starts at TTT={proposal.suggested_ttt} (clean); no further automatic restart")
-    session.add(Event(run_id=run.id, kind="proposal",
-                      data={**event_data(proposal), "restarted_to_attempt": run.attempt,
-                            "key": [*proposal.key, "restarted"]}))
-    log.info("run %s: proposal taken, restarted at TTT=%s", run.id, proposal.suggested_ttt)
-    return proposal
+    deploy = spec.deploy
+    tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
+    drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
+                        engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
+    evaluation = {"position_acceptance": products(conditional[:deploy.max_depth or None]), "by_depth": []}
+    return advise(evaluation, links or UNKNOWN_LINKS, tp, cost_model(session, spec, tp, table),
+                  allreduce_basis=basis if tp > 1 else None, drafting=drafting).tokens_per_second
 
 
 def after_validation_safely(session: Session, run: Run) -> None:
     """after_validation for the ingest path: a proposal that cannot be made never stops metrics being stored."""
     try:
         with session.begin_nested():
-            after_validation(session, run)
+            from server.advisor import acting
+
+            acting.after_validation(session, run)
     except Exception:  # noqa: BLE001 - the metrics are the job's; the proposal is advice about them
         log.exception("run %s: no proposal after this validation", run.id)

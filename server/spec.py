@@ -374,6 +374,9 @@ class RunCreate(Strict):
     on_proposal: Literal["restart"] | None = Field(
         None, description="`restart`: take a restart proposal by itself (clean, at the proposed TTT), at most once "
         "per run; unset: only propose")
+    auto_restart_max_factor: float | None = Field(
+        None, ge=1, le=1000, description="on_proposal: restart takes no restart (or probe) that would make what is "
+        "left of the run more than this many times the current attempt's ETA (default 2)")
 
     @model_validator(mode="after")
     def _one_target(self, info: ValidationInfo) -> "RunCreate":
@@ -422,7 +425,8 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics", "on_stall", "slurm", "deploy", "on_proposal"})
+                               "log_metrics", "on_stall", "slurm", "deploy", "on_proposal",
+                               "auto_restart_max_factor"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

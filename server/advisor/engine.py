@@ -49,7 +49,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from server.advisor.cost import CostModel, check_number
-from server.advisor.tables import DEFAULT_DRAFT_VOCAB
+from server.advisor.tables import DEFAULT_DRAFT_VOCAB, DEFAULT_HBM_BYTES_PER_S
 
 SGLANG_PLACEMENT = (
     "SGLang runs the EAGLE worker in the target's tensor group: python/sglang/srt/speculative/eagle_worker.py "
@@ -66,6 +66,30 @@ VLLM_V0_PLACEMENT = (
     "smaller_tp_proposer_worker.py (SmallerTpProposerWorker, vllm-project/vllm@0f79d54e130ad86876bbefa837bd09b2ae17eaf8)"
     "; unset, the target's tp (SpeculativeConfig._verify_and_get_draft_tp)")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?")
+# The target architectures vLLM serves an EAGLE-3 draft for, by release: `eagle3_target_supported` in
+# SpeculativeConfig's checks, a substring match on the target's hf_text_config.model_type; any other target is a
+# ValueError at start-up. Read from each release's wheel, vllm/config/speculative.py (0.11.0 line 540, 0.12.0 line
+# 620): kimi_k2 and deepseek_v3 are refused (vllm-project/vllm#31254, adding kimi_k2, is open).
+VLLM_EAGLE3_TARGETS = {(0, 11, 0): ("llama", "qwen", "minicpm", "gpt_oss"),
+                       (0, 12, 0): ("llama", "qwen", "minicpm", "gpt_oss")}
+
+
+def vllm_eagle3_refusal(engine_version: str | None, model_type: str) -> str | None:
+    """Why this vLLM release would refuse an EAGLE-3 draft for a target of `model_type`, or None. A release not read
+    is judged by the newest read one at or before it (the oldest read one before that), and says so."""
+    text = (engine_version or "").strip().lower()
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    want = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else max(VLLM_EAGLE3_TARGETS)
+    read = sorted(VLLM_EAGLE3_TARGETS)
+    release = max((r for r in read if r <= want), default=read[0])
+    supported = VLLM_EAGLE3_TARGETS[release]
+    if any(name in model_type for name in supported):
+        return None
+    named = ".".join(map(str, release))
+    judged = "" if release == want else f" (vLLM {engine_version or 'unversioned'} judged by {named}, the release read)"
+    return (f"vLLM {named} refuses an EAGLE-3 draft for a {model_type!r} verifier: its vllm/config/speculative.py "
+            f"serves EAGLE-3 only for targets named {', '.join(supported)}{judged}; not priced. Serve it with "
+            "SGLang (deploy.engine: sglang) or a vLLM release that lists it")
 
 
 def vllm_generation(engine_version: str | None) -> str:
@@ -224,6 +248,10 @@ class EngineCost:
         sharded = self.drafting.sharded(c.tp)
         per_forward = c.draft_step_ms / c.tp if sharded else c.draft_step_ms
         draft_compute = c.draft_round_ms + depth * per_forward
+        if sharded and self.drafting.engine == "sglang":
+            # the EAGLE-3 fc (3 x hidden -> hidden) is a torch.nn.Linear, replicated on every rank (sglang 0.5.23,
+            # sglang/srt/models/llama_eagle3.py): read whole once a round, not 1/tp of it
+            draft_compute += 3 * c.hidden * c.hidden * c.bytes_per_value * (1 - 1 / c.tp) / DEFAULT_HBM_BYTES_PER_S * 1e3
         draft_calls, draft_comm = 0, 0.0
         if sharded:
             hidden = self.drafting.draft_hidden or c.hidden

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.advisor import CostModel
+from server.advisor.engine import vllm_eagle3_refusal
 from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
 from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
 from server.models import Host
@@ -58,7 +59,7 @@ def cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> Cost
         return CostModel.for_interconnect("nvlink", tp, allreduce_us=table,
                                           basis={"verifier_forward": f"modelled: the built-in default ({where})"})
     ep = deploy.ep or 1
-    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1)
+    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1, mla_a_replicated=deploy.engine == "sglang")
     try:
         return CostModel.for_verifier(shape, parallel, table, measured=timed,
                                       context_tokens=deploy.context_tokens if deploy.context_tokens is not None
@@ -71,3 +72,13 @@ def cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> Cost
             **model.basis, "verifier_forward": f"{model.basis['verifier_forward']} ({exc}: {again})"})
 
 
+
+
+def engine_refusal(session: Session, spec: RunCreate) -> str | None:
+    """Why the deployment's engine would refuse to serve an EAGLE-3 draft for this verifier, or None (an unread
+    verifier is priced on the built-in default, which every engine serves)."""
+    deploy = spec.deploy
+    if deploy.engine != "vllm":
+        return None
+    shape, _, _ = verifier_of(session, spec)
+    return vllm_eagle3_refusal(deploy.engine_version, shape.model_type) if shape and shape.model_type else None

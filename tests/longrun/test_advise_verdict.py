@@ -12,6 +12,8 @@ from tests.server.test_proposal import feed, trainer_run
 from tests.server.test_proposal_evidence import FALLING, SIM, with_counts
 from worker.interconnect import InterconnectResponder
 
+pytestmark = pytest.mark.usefixtures("rule_unbounded")
+
 
 @pytest.mark.usefixtures("fake_host_env")
 def test_advise_prints_cannot_tell_with_its_interval_and_what_settles_it(
