@@ -34,3 +34,25 @@ def test_advise_prints_cannot_tell_with_its_interval_and_what_settles_it(
     assert f"0.500 [{low:.3f}, {high:.3f}]" in text, "each rate with its interval"
     assert "rounds behind them: 60 54" in text
     assert "to settle it: the verdict at the measured rates (restart) holds once" in text
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_advise_probe_takes_the_probe_the_proposal_offers(
+        cli: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture) -> None:
+    from server.advisor import rule_record
+    from tests.server.test_proposal import SHALLOW, validate
+
+    monkeypatch.setattr(rule_record, "MEASURED", tuple(
+        rule_record.Checked("tiny", "regenerated", "nvlink", 3, to, 0.2, 0.16, 0.25) for to in range(4, 8)))
+    probe(cli, responder, tp=2)
+    run_id = trainer_run(cli, deploy={"host": "local", "engine": "sglang"})
+    feed(cli, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(cli, run_id, 1, 100, SHALLOW)
+    assert main(["advise", run_id]) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert text.startswith("probe TTT=") and "probe (offered):" in text and "on_proposal: off:" in text
+    assert main(["advise", run_id, "--probe", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["probe"]["status"] == "running" and answer["attempt"] == 2
+    assert cli.client.get(f"/v1/runs/{run_id}").json()["attempts"][-1]["spec"]["trainer"]["max_steps"] == 200
