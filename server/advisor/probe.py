@@ -77,7 +77,9 @@ def plan(run: Run, spec: RunCreate, measured: list[eta.Measured], ttt: int, trai
 
 
 def describe(probe: ProbePublic) -> str:
-    cost = (f"about {probe.predicted_seconds / 60:.0f} min, {probe.gpu_hours:.3g} GPU-h"
+    seconds = probe.predicted_seconds or 0.0
+    wall = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    cost = (f"about {wall}, {probe.gpu_hours:.3g} GPU-h"
             if probe.predicted_seconds is not None and probe.gpu_hours is not None else "its time unknown yet")
     return (f"probe TTT={probe.ttt}: resume the checkpoint at step {probe.from_step} at TTT={probe.ttt} for "
             f"{probe.steps} steps ({cost}), then decide on measured acceptance ({probe.take})")
