@@ -400,3 +400,18 @@ def test_where_the_retrain_rule_missed_a_probe_is_offered_priced_taken_and_decid
     assert "max_steps" not in run["attempts"][-1]["spec"]["trainer"]
     decided = api.client.get(f"/v1/runs/{run_id}/proposal").json()["probe"]
     assert decided["status"] == "decided" and decided["decision"].startswith(f"restart at TTT={ttt}: the probe's")
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_restarts_dry_run_prices_a_deeper_ttt_from_the_trainers_timed_split(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"})
+    # the attempt's pace (3 s/step) came from eager steps; compiled, the trainer timed 0.5 s + 0.25 s per iteration
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0, "step_fixed_s": 0.5, "ttt_iter_s": 0.25},
+         step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    ttt = got["suggested_ttt"]
+    assert got["action"] == "restart" and "timed by the trainer over compiled steps" in got["dry_run"]["basis"]
+    assert got["predicted_training_seconds"] == pytest.approx(1000 * (0.5 + 0.25 * ttt), rel=0.01)
