@@ -400,7 +400,9 @@ def _with_measured(cost: VerifierCost, shape: VerifierShape, probe: dict[str, An
     why = (f"measured on {probe.get('host')} by probe-verifier at {probe.get('measured_at')}: one layer of "
            f"{shape.name}'s shape ({probe.get('dtype')}, random weights, torch kernels: an upper bound on an "
            f"engine's fused ones) on {probe.get('gpu')} at 1..{int(count)} tokens, x {shape.layers} layers; the lm "
-           f"head's read modelled; beyond {int(count)} tokens the model's growth")
+           f"head's read modelled; beyond {int(count)} tokens the model's growth; the model (bytes and FLOPs alone) "
+           f"says {cost.modelled_ms(1):.3g} ms at 1 token against {forward[0]:.3g} ms measured "
+           f"({forward[0] / cost.modelled_ms(1):.2g}x): the measured forward is priced")
     return VerifierCost(**{**cost.__dict__, "measured_ms": forward, "basis": {"verifier_forward": why}})
 
 
