@@ -60,6 +60,9 @@ def current(session: Session, run: Run, measured: list[eta.Measured]) -> Proposa
         proposal.probe = probes.ProbePublic(**{**running.data["probe_taken"], "status": "running"})
         proposal.next_step = (f"the probe (attempt {run.attempt}) decides at its validation: "
                               f"{proposal.probe.decides}")
+        if proposal.action == "unavailable":
+            proposal.summary = (f"probe under way: attempt {run.attempt} trains TTT={proposal.probe.ttt} for "
+                                f"{proposal.probe.steps} steps; {proposal.next_step}")
     decided = next((e for e in reversed(events) if e.data.get("probe_decided")), None)
     if running is None and decided is not None and proposal.probe is None:
         proposal.probe = probes.ProbePublic(**decided.data["probe_decided"])
