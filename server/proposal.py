@@ -331,7 +331,10 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         "tokens_per_second_now": advice.tokens_per_second, "depth_after": retrain.depth_after,
         "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
         "verifier": advice.cost_model.priced_verifier, "terms_basis": advice.cost_model.basis,
-        "frontier": retrain.frontier, "objective": retrain.objective, "remaining_seconds": remaining,
+        "frontier": retrain.frontier, "remaining_seconds": remaining,
+        "objective": retrain.objective + (f" (deploy.serve_tokens not given: the stated default, {DEFAULT_SERVE_TOKENS:.0e} "
+                                          "tokens; GPU-hours weighed 1:1 without prices)"
+                                          if retrain.objective and deploy.serve_tokens is None else ""),
     }
     where = f"{deploy.host} ({advice.interconnect}{' links' if links == UNKNOWN_LINKS else ''}, tp={tp}, " \
             f"{drafting.engine})"

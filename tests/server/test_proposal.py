@@ -415,3 +415,9 @@ def test_the_restarts_dry_run_prices_a_deeper_ttt_from_the_trainers_timed_split(
     ttt = got["suggested_ttt"]
     assert got["action"] == "restart" and "timed by the trainer over compiled steps" in got["dry_run"]["basis"]
     assert got["predicted_training_seconds"] == pytest.approx(1000 * (0.5 + 0.25 * ttt), rel=0.01)
+    # no deploy.serve_tokens: the stated default weighs the training; the pick is the smallest TTT within 1 % of the
+    # best net GPU-hours, not the fastest
+    assert "the stated default, 1e+09 tokens" in got["objective"]
+    nets = {row["ttt"]: row["net_gpu_hours"] for row in got["frontier"] if row["gain"] >= 0.02}
+    best = max(nets.values())
+    assert ttt == min(t for t, net in nets.items() if net >= best - 0.01 * abs(best))
