@@ -295,8 +295,7 @@ def build(session: Session, run: Run, measured: list[eta.Measured] | None = None
         tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
         links = links or UNKNOWN_LINKS
         cost = cost_model(session, spec, tp, table)
-        drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
-                            engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
+        drafting = drafting_of(deploy)
 
         def advice_on(conditional: list[float], step: list[float] | None) -> Advice:
             evaluation = {"position_acceptance": products(conditional), "by_depth": [],
@@ -410,13 +409,18 @@ def sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
     return _sim_acc_of(session, run_id, attempt)
 
 
+def drafting_of(deploy: Any) -> Drafting:
+    """How the spec's deploy engine runs the draft."""
+    return Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp, engine_version=deploy.engine_version,
+                    round_ms=deploy.round_ms or None, attention_dp=deploy.dp_attention or 1)
+
+
 def serving_speed(session: Session, run: Run, conditional: list[float]) -> float:
     """Tokens/s on the run's deployment of a draft with this conditional acceptance, served at its best depth."""
     spec = run.current.typed_spec
     deploy = spec.deploy
     tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
-    drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
-                        engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
+    drafting = drafting_of(deploy)
     evaluation = {"position_acceptance": products(conditional[:deploy.max_depth or None]), "by_depth": []}
     return advise(evaluation, links or UNKNOWN_LINKS, tp, cost_model(session, spec, tp, table),
                   allreduce_basis=basis if tp > 1 else None, drafting=drafting).tokens_per_second

@@ -59,7 +59,8 @@ def cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> Cost
         return CostModel.for_interconnect("nvlink", tp, allreduce_us=table,
                                           basis={"verifier_forward": f"modelled: the built-in default ({where})"})
     ep = deploy.ep or 1
-    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1, mla_a_replicated=deploy.engine == "sglang")
+    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1, mla_a_replicated=deploy.engine == "sglang",
+                           attention_dp=deploy.dp_attention or 1)
     try:
         return CostModel.for_verifier(shape, parallel, table, measured=timed,
                                       context_tokens=deploy.context_tokens if deploy.context_tokens is not None

@@ -296,6 +296,9 @@ class Parallelism:
     # SGLang reads an MLA verifier's A-projection (fused_qkv_a_proj_with_mqa, a ReplicatedLinear) whole on every
     # rank: sglang 0.5.23's wheel, sglang/srt/models/deepseek_v2.py (DeepseekV2AttentionMLA.__init__)
     mla_a_replicated: bool = False
+    # SGLang's dp-attention (--dp-size): attention weights sliced over tp / dp ranks, not tp (sglang 0.5.23,
+    # sglang/srt/layers/dp_attention.py: the attention TP group is tp_size // dp_size)
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp):
@@ -347,7 +350,10 @@ def verifier_cost(shape: VerifierShape, parallel: Parallelism, hbm_bytes_per_s: 
     kv = shape.kv_bytes_per_gpu_per_token(tp) * context_tokens
     a_proj = (shape.layers * shape.hidden * (shape.q_lora_rank + shape.kv_lora_rank + shape.qk_rope_head_dim)
               * shape.bits.attention / 8 if parallel.mla_a_replicated and shape.attention == "mla" else 0.0)
-    fixed_ms = (shape.fixed_weight_bytes / tp + a_proj * (1 - 1 / tp) + kv) * to_ms
+    attn_tp = max(1, tp // parallel.attention_dp)
+    attention = shape.layers * shape.attention_params * shape.bits.attention / 8
+    fixed_ms = ((shape.fixed_weight_bytes - attention) / tp + attention / attn_tp + a_proj * (1 - 1 / attn_tp)
+                + kv) * to_ms
     moe_calls = shape.moe_layers if ep > 1 else 0
     allreduce_calls = 2 * shape.layers - moe_calls if tp > 1 else 0
     cost = VerifierCost(
@@ -370,7 +376,9 @@ def verifier_cost(shape: VerifierShape, parallel: Parallelism, hbm_bytes_per_s: 
             f"); 2 x {shape.active_params / 1e9:.4g}B active parameters per token at {tflops:g} TFLOP/s; {placement}"
             + (f"; the MLA A-projection ({a_proj / 1e9:.3g} GB) read whole on every rank, as SGLang replicates it "
                "(sglang 0.5.23, sglang/srt/models/deepseek_v2.py: fused_qkv_a_proj_with_mqa is a ReplicatedLinear)"
-               if a_proj and tp > 1 else "")),
+               if a_proj and attn_tp > 1 else "")
+            + (f"; dp-attention (dp {parallel.attention_dp}): attention's {attention / 1e9:.3g} GB sliced over "
+               f"{attn_tp} rank(s), not {tp}" if parallel.attention_dp > 1 else "")),
         "verifier_collectives": (
             f"{allreduce_calls} all-reduces per forward" + (
                 f" and {2 * moe_calls} all-to-alls (dispatch + combine in {moe_calls} MoE layers, "

@@ -421,3 +421,24 @@ def test_the_restarts_dry_run_prices_a_deeper_ttt_from_the_trainers_timed_split(
     nets = {row["ttt"]: row["net_gpu_hours"] for row in got["frontier"] if row["gain"] >= 0.02}
     best = max(nets.values())
     assert ttt == min(t for t, net in nets.items() if net >= best - 0.01 * abs(best))
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_a_vllm_release_that_refuses_the_verifier_for_eagle3_is_named_not_priced(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    kimi = str(Path(__file__).resolve().parents[1] / "fixtures" / "verifiers" / "kimi-k2.5")
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "vllm", "engine_version": "0.11.0", "verifier": kimi})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["action"] == "unavailable" and got["advice"] is None and got["frontier"] == []
+    assert got["reason"].startswith("vLLM 0.11.0 refuses an EAGLE-3 draft for a 'kimi_k2' verifier")
+    assert "vllm/config/speculative.py" in got["reason"] and "deploy.engine: sglang" in got["reason"]
+    # SGLang serves it, and prices it as it runs it: dp-attention puts the draft on its own rank
+    sglang = trainer_run(api, deploy={"host": "local", "engine": "sglang", "dp_attention": 2, "verifier": kimi})
+    feed(api, sglang, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, sglang, 1, 100, SHALLOW)
+    served = api.client.get(f"/v1/runs/{sglang}/proposal").json()
+    assert served["action"] != "unavailable" and "draft_parallel.py" in served["terms_basis"]["draft_placement"]
+    assert "dp-attention (dp 2)" in served["terms_basis"]["verifier_forward"]
