@@ -130,7 +130,7 @@ def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_
     decided = api.client.get(url).json()
     assert decided["evidence"]["source"] == "decoding"
     said = {"restart": f"restart at TTT={decided['suggested_ttt']}", "keep_going": "keep going",
-            "cannot_tell": "cannot tell yet"}[decided["action"]]
+            "cannot_tell": "cannot tell yet", "probe": "probe first"}[decided["action"]]
     page.reload()
     expect(page.locator("#proposal-summary")).to_have_text(decided["summary"])
     expect(page.locator("#proposal-evidence-source")).to_contain_text("decoding (attempt 1's evaluation")
