@@ -42,7 +42,7 @@ def proposal_clock_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     ETA down by the wall clock, so the summary the test reads from the API and the one the page reads later differed
     in a last digit on a loaded machine (+1.83 against +1.84 GPU-h, beside stress -c 8)."""
     now = utcnow()
-    monkeypatch.setattr("server.proposal.utcnow", lambda: now)
+    monkeypatch.setattr("server.advisor.proposing.utcnow", lambda: now)
 
 
 @pytest.fixture

@@ -253,9 +253,7 @@ async def take_probe(run_id: RunRef, db: DB) -> RunPublic:
     """Take the probe the proposal offers (`probe`): the current checkpoint resumed at the candidate TTT for its N
     steps; at its validation the service decides on measured acceptance and the run continues as that says. A 409
     where the proposal offers none."""
-    from server.advisor import acting
-
-    return await _write(db, lambda session: _public(session, acting.take_probe_by_hand(session, run_id)))
+    return await _write(db, lambda session: _public(session, proposal.take_probe_by_hand(session, run_id)))
 
 
 @router.get("/{run_id}/events", response_class=EventSourceResponse,
