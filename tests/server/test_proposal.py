@@ -442,3 +442,35 @@ def test_a_vllm_release_that_refuses_the_verifier_for_eagle3_is_named_not_priced
     served = api.client.get(f"/v1/runs/{sglang}/proposal").json()
     assert served["action"] != "unavailable" and "draft_parallel.py" in served["terms_basis"]["draft_placement"]
     assert "dp-attention (dp 2)" in served["terms_basis"]["verifier_forward"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_on_proposal_restart_takes_the_probe_within_its_factor_and_the_decision_keeps_going(
+        api: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setattr(rule_record, "MEASURED", tuple(
+        rule_record.Checked("tiny", "regenerated", link, 3, to, 0.2, 0.16, 0.25)
+        for link in ("nvlink", "pcie") for to in range(4, 8)))
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart", auto_restart_max_factor=4)
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "restarting" and run["attempt"] == 2, "the probe taken by itself"
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["probe"]["status"] == "running" and got["auto_restart"].startswith("taken by on_proposal: restart")
+    ttt = run["attempts"][-1]["spec"]["trainer"]["ttt_steps"]
+
+    # the probe's deep positions fell as the shallow draft's did: the run goes on at TTT=3, its steps uncapped
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 200, "total_steps": 200, "loss": 2.0}, step_seconds=4.0)
+    validate(api, run_id, 1, 200, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["attempt"] == 3 and run["attempts"][-1]["spec"]["trainer"]["ttt_steps"] == 3
+    assert "max_steps" not in run["attempts"][-1]["spec"]["trainer"]
+    decided = api.client.get(f"/v1/runs/{run_id}/proposal").json()["probe"]
+    assert decided["decision"].startswith(f"keep going at TTT=3: the probe's draft (TTT={ttt})")
+    # one automatic act per run: attempt 3's proposals are only proposed
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 300, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 300, SHALLOW)
+    assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 3
