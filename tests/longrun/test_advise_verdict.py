@@ -56,3 +56,16 @@ def test_advise_probe_takes_the_probe_the_proposal_offers(
     answer = json.loads(capsys.readouterr().out)
     assert answer["probe"]["status"] == "running" and answer["attempt"] == 2
     assert cli.client.get(f"/v1/runs/{run_id}").json()["attempts"][-1]["spec"]["trainer"]["max_steps"] == 200
+
+
+def test_one_verdict_is_the_line_a_demo_prints_with_the_gap_its_evidence_measured() -> None:
+    from longrun.commands.advise import one_verdict
+
+    probe_answer = {"action": "probe", "summary": "probe TTT=5: resume the checkpoint ...: the advisor predicts ...",
+                    "next_step": "probe TTT=5: resume the checkpoint at step 0 for 200 steps",
+                    "evidence": {"calibration": [0.9, 0.5, 0.33]}}
+    line = one_verdict(probe_answer)
+    assert line.startswith("probe TTT=5 (next: probe TTT=5: resume the checkpoint at step 0 for 200 steps)")
+    assert "measured decoding / simulation 0.33-0.90 by position (the simulation 3.0x decoding at worst)" in line
+    assert one_verdict({"action": "keep_going", "summary": "keep going: the advisor predicts 50 tokens/s"}) == \
+        "keep going"
