@@ -208,10 +208,13 @@ def decide_probe(session: Session, run: Run, started: Event) -> str | None:
     attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, spec, done)
     wake_workers(session)
     decided = {**taken, "status": "decided", "attempt": probe_attempt, "decision": why}
+    # shaped as a proposal event (its run, attempt, action and summary) for the stream's and webhooks' readers
     session.add(Event(run_id=run.id, kind="proposal", data={
-        "probe_decided": decided, "continued_ttt": chosen, "restarted_to_attempt": run.attempt,
-        "summary": f"probe decided: {why}; attempt {run.attempt} continues at TTT={chosen}",
-        "key": [probe_attempt, "probe_decided", chosen]}))
+        "run_id": run.id, "attempt": probe_attempt, "action": "restart" if chosen != trained else "keep_going",
+        "summary": f"probe decided: {why}; attempt {run.attempt} continues at TTT={chosen}", "reason": why,
+        "suggested_ttt": chosen if chosen != trained else None, "depth_after": None, "evidence": None,
+        "trained_ttt": trained, "probe": decided, "probe_decided": decided, "continued_ttt": chosen,
+        "restarted_to_attempt": run.attempt, "key": [probe_attempt, "probe_decided", chosen]}))
     log.info("run %s: probe decided, continuing at TTT=%s", run.id, chosen)
     return why
 
