@@ -252,7 +252,7 @@ def main() -> int:
             report["eta_check"] = {"predicted_duration_s": predicted, "basis": report["dry_run"]["basis"],
                                    "measured_seconds_per_step": a2["seconds_per_step"],
                                    "total_steps": a2["total_steps"], "startup_s": startup.total_seconds(),
-                                   "extrapolated_duration_s": extrapolated, "error": predicted / extrapolated - 1}
+                                   "extrapolated_duration_s": extrapolated, "error": extrapolated / predicted - 1}
         # the dry run's step time at TTT=5 (from attempt 1's timed split, trainer/step_timing.py) against attempt
         # 2's compiled steps as its own metric lines time them
         said = re.search(r"steps x ([0-9.]+) s/step", report["dry_run"].get("basis") or "")
