@@ -215,6 +215,12 @@ def main() -> int:
         if os.environ.get("LONGRUN_COMPILE", "1") not in ("0", "inline"):  # restart once attempt 1 runs compiled
             report["attempt1_compiled"] = compile_line(svc, rid, 1, t_submit, args.compile_wait)
 
+        # the trainer's split of a compiled step (trainer/step_timing.py) is in its lines from the hand-over on
+        try:
+            svc.wait(rid, lambda r: "ttt_iter_s" in r["latest"], timeout=120, what="a timed compiled step")
+        except AssertionError as exc:
+            print(f"no timed step yet ({exc}): the dry run prices from the attempt's pace", flush=True)
+        report["attempt1_split"] = {k: svc.run(rid)["latest"].get(k) for k in ("step_fixed_s", "ttt_iter_s", "step_time_s")}
         dry = svc.client.post(f"/v1/runs/{rid}/restart", params={"dry_run": "true"},
                               json={"overrides": {"ttt_steps": 5}, "clean": True})
         report["dry_run"] = dry.json()
