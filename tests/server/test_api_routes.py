@@ -38,7 +38,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
         "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
         "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/traceback", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
-        "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/metrics"}
+        "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/v1/runs/{run_id}/proposal/probe", "/metrics"}
 
     def answer(path: str) -> str:
         return doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
@@ -62,7 +62,8 @@ def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: 
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path != "/healthz" for method in methods]
-        assert len(routes) == 24  # PATCH and DELETE of a host, DELETE of a run, a rank's traceback, the verifier probe
+        assert len(routes) == 25  # PATCH and DELETE of a host, DELETE of a run, a rank's traceback, the verifier probe,
+        # the proposal's probe
         for method, path in routes:
             r = bare.request(method, path)
             assert r.status_code == 401, (method, path)
@@ -438,7 +439,9 @@ def test_advice_prices_the_draft_the_way_the_engine_given_runs_it(api: App) -> N
     assert [row["terms"]["draft_allreduces"] for row in vllm["by_depth"]] == [4, 8, 12]
     # a draft_tp of 1 changes nothing on V1 (vllm#17499): the rounds cost what SGLang's do
     vllm_tp = api.client.get(url, params={**base, "engine": "vllm", "draft_tp": 1}).json()
-    assert [r["round_ms"] for r in vllm_tp["by_depth"]] == pytest.approx([r["round_ms"] for r in sglang["by_depth"]])
+    # priced as SGLang shards it, less the EAGLE-3 fc SGLang replicates (read whole once a round)
+    assert [r["round_ms"] for r in vllm_tp["by_depth"]] == pytest.approx([r["round_ms"] for r in sglang["by_depth"]],
+                                                                         rel=0.01)
     # measured: the rounds as timed, only the depths timed
     timed = api.client.get(url, params={**base, "engine": "measured", "round_ms": ["0=20", "1=21.5", "3=24"]}).json()
     assert [(r["depth"], r["round_ms"]) for r in timed["by_depth"]] == [(1, 21.5), (3, 24.0)]
