@@ -1,5 +1,7 @@
 // DOM building with text nodes only: data from the server never goes through innerHTML.
 
+import { NOT_FINITE } from "./names.js";
+
 export function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
@@ -37,6 +39,7 @@ export function duration(seconds) {
 }
 
 export function number(value, digits = 4) {
+  if (NOT_FINITE.has(value)) return value;  // the server's marker of a non-finite value, shown as it is
   if (value === null || value === undefined || !Number.isFinite(value)) return "—";
   return Math.abs(value) >= 1000 ? Math.round(value).toLocaleString("en") : Number(value.toPrecision(digits)).toString();
 }

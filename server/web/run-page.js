@@ -3,7 +3,7 @@
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
 import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
-import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
+import { GPU_MEM_SERIES, GPU_UTIL_SERIES, NOT_FINITE, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
 
 const LOG_POLL_MS = 2000;
 const RUN_POLL_MS = 5000;
@@ -319,7 +319,8 @@ export function showRun(root, runId, signal) {
       ["Steps/s", number(stepRate, 3)],
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
-      ["Last loss (TTT step 0)", el("span", { id: "last-loss" }, number(comparableLoss(run.latest)))],
+      ["Last loss (TTT step 0)", el("span", { id: "last-loss", class: NOT_FINITE.has(comparableLoss(run.latest)) ? "warn" : null },
+        number(comparableLoss(run.latest)))],
       ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.[indexed(S.sim_tau, 16)], 3))],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
