@@ -19,6 +19,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from server.advisor import Advice
 from server.lifecycle import AttemptStatus, RunStatus
+from server.log_reads import ANSWER_BYTES, LINE_CHARS
 from server.series import SERVER_SERIES_DOC
 from server.spec import (
     RESTART_TOP_LEVEL,
@@ -333,8 +334,12 @@ class MetricsPublic(BaseModel):
 class LogsPublic(BaseModel):
     attempt: int
     log_path: str | None
-    lines: list[str]
-    next_offset: int = Field(description="pass as since_offset to follow the log")
+    lines: list[str] = Field(description=f"at most {ANSWER_BYTES >> 20} MiB of text an answer, but the first "
+                             "stored read of the log is always whole (up to 4 MiB, server/log_reads.py); a line "
+                             f"longer than {LINE_CHARS:,} characters is cut there, a marker saying so after it")
+    next_offset: int = Field(description="pass as since_offset to follow the log, or to read on where `more`")
+    more: bool = Field(False, description="a read from since_offset stopped at the answer's bound: more of the "
+                       "log follows next_offset")
     dropped_bytes: int = Field(0, description="bytes of the log before `lines` that are no longer stored: longrun "
                                "keeps the last 64 MiB of each node's log per attempt (the file on the host is whole)")
 

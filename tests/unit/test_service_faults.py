@@ -149,7 +149,8 @@ def test_a_log_beyond_what_is_kept_keeps_its_tail_and_the_api_says_how_much_was_
         rig.step(run_id)
     with rig.db.reading() as s:
         stored = sum(len(c.text) for c in s.query(LogChunk).filter_by(run_id=run_id))
-        _, _, lines, end, dropped = log_lines(s, run_id, None, None, None)
+        _, _, page = log_lines(s, run_id, None, None, None)
+        lines, end, dropped = page.lines, page.next_offset, page.dropped
     assert stored == 1000 and end == 3000 and dropped == 2000
     assert lines[0].startswith("line 0020") and lines[-1].startswith("line 0029")
 
