@@ -2,7 +2,7 @@
 
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
-import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
+import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, visibleControls, when } from "./dom.js";
 import { GPU_MEM_SERIES, GPU_UTIL_SERIES, NOT_FINITE, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
 
 const LOG_POLL_MS = 2000;
@@ -538,7 +538,7 @@ export function showRun(root, runId, signal) {
     logOffset = answer.next_offset;
     if (answer.lines.length) {
       const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 20;
-      logBox.append(document.createTextNode(answer.lines.join("\n") + "\n"));
+      logBox.append(document.createTextNode(answer.lines.map(visibleControls).join("\n") + "\n"));
       while (logBox.childNodes.length > LOG_KEEP_READS) logBox.firstChild.remove();
       if (follow.checked && atBottom) logBox.scrollTop = logBox.scrollHeight;
     }
