@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from server.advisor import Advice
+from server.layout import kernel_file_system
 from server.lifecycle import AttemptStatus, RunStatus
 from server.log_reads import ANSWER_BYTES, LINE_CHARS
 from server.series import SERVER_SERIES_DOC
@@ -52,6 +53,19 @@ Name = Annotated[str, AfterValidator(_name)]
 HostKind = Literal["direct", "slurm"]
 
 
+def _workspace(value: str) -> str:
+    """A workspace not under /proc, /sys or /dev as given (a symlink that leads there is refused once resolved)."""
+    if (top := kernel_file_system(normalized_path(value))) is not None:
+        raise ValueError(f"workspace {value!r} lies under {top}, a kernel file system whose paths name processes "
+                         "and devices, not a directory longrun may write and clean under (/proc/self/cwd is the "
+                         "directory of whichever process reads it); give a directory of longrun's own, e.g. "
+                         "/srv/longrun")
+    return value
+
+
+Workspace = Annotated[AbsPath, AfterValidator(_workspace)]
+
+
 class HostCreate(Strict):
     name: Name
     kind: HostKind = Field("direct", description="`direct`: runs start on the host itself; `slurm`: the host is a "
@@ -61,7 +75,7 @@ class HostCreate(Strict):
     port: int = Field(22, ge=1, le=65535)
     username: Identifier | None = None
     key_path: AbsPath | None = None
-    workspace: AbsPath = Field(description="absolute directory on the host that longrun may write and clean under")
+    workspace: Workspace = Field(description="absolute directory on the host that longrun may write and clean under")
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; else known_hosts")
     python: SafeStr = Field("python3", description="python on the host that has torch (and the trainer)")
 
@@ -80,7 +94,7 @@ class HostUpdate(Strict):
     port: int | None = Field(None, ge=1, le=65535)
     username: Identifier | None = None
     key_path: AbsPath | None = None
-    workspace: AbsPath | None = None
+    workspace: Workspace | None = None
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; null: known_hosts")
     python: SafeStr | None = None
 

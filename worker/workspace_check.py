@@ -47,13 +47,18 @@ def refuse_workspace(db: Database, contact: HostContact, host: Host) -> None:
         raise CommandFailed(f"host {host.name}: {why} (longrun hosts update {host.name} --workspace DIR)", host.name)
 
 
-def check_workspace(db: Database, contact: HostContact, host: Host) -> None:
+def check_workspace(db: Database, contact: HostContact, host: Host, failed: HostError | None = None) -> None:
     """Resolve a host's workspace on the host now (the connection warmer, at its first contact); a host not reached
-    is marked so, which ends registration's wait (its first launch asks again)."""
-    try:
-        resolve(db, contact, host)
-    except HostError as exc:
+    (or whose first connect `failed` already: a second try would only take the connect's time again) is marked so,
+    which ends registration's wait (its first launch asks again). A port that refuses and one that accepts and
+    stays silent thus end the wait alike, each after one connect's time at most: no port oracle."""
+    if failed is None:
+        try:
+            resolve(db, contact, host)
+        except HostError as exc:
+            failed = exc
+    if failed is not None:
         with db.writing() as s:
             fresh = s.get(Host, host.id)
             if fresh is not None and reached_with(fresh) == reached_with(host):
-                fresh.reachable, fresh.last_error = False, str(exc)
+                fresh.reachable, fresh.last_error = False, str(failed)
