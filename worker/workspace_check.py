@@ -6,8 +6,9 @@ agent is told with every request: at each launch and clean (and before it instal
 workspace again on the host and refuses, writing nothing, when it leads elsewhere (swapped for a symlink since)."""
 
 from server.db import Database
-from server.layout import workspace_refusal
+from server.layout import PYTHON_UNFIT, workspace_refusal
 from server.models import Host
+from worker.host_agent import PythonUnfit
 from worker.host_contact import HostContact
 from worker.host_errors import CommandFailed, HostError
 from worker.transport_pool import settings_of
@@ -25,6 +26,15 @@ def resolve(db: Database, contact: HostContact, host: Host) -> str:
         return host.workspace_real
     try:
         real = contact.agent(host).workspace_real()
+    except CommandFailed as exc:
+        if not isinstance(exc, PythonUnfit):
+            # the host's python ran and answered something else than the few lines it was given print (a shim
+            # printing junk and exiting 1): that python is unfit, as one not found is, whatever it printed
+            exc = PythonUnfit(f"{PYTHON_UNFIT}the host's python {host.python!r} did not answer as a Python does "
+                              f"({str(exc)[:300]}); register the host with --python naming a Python 3.8 or newer "
+                              f"(longrun hosts update {host.name} --python /path/to/python3)", host.name)
+        exc.host = exc.host or host.name
+        raise exc from None
     except HostError as exc:
         exc.host = exc.host or host.name
         raise
