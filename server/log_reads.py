@@ -2,11 +2,11 @@
 within a bound per answer: a server holding 64 MiB of one log must not hold it whole for each request.
 
 A tail reads stored reads from the end, one at a time, until it has the lines asked for or `ANSWER_BYTES` of
-text; a read from an offset goes forward the same way and says `more` where it stopped at the bound (the next
-answer goes on from its `next_offset`). Whole stored reads are taken, the first always, so an answer holds at
-most ANSWER_BYTES plus one read (worker/hostside/files.py READ_LIMIT, 4 MiB). A line longer than `LINE_CHARS` is
-cut there with a marker saying how long it was: a 10 MiB line is not a line anyone reads in a terminal or a page
-(the whole of it is in the file on the host)."""
+text; a read from an offset goes forward the same way, whole lines up to ANSWER_BYTES, and says `more` where it
+stopped at the bound (the next answer goes on from its `next_offset`, inside a stored read if need be). Each
+request holds at most a few stored reads (worker/hostside/files.py READ_LIMIT, 4 MiB each) in memory. A line
+longer than `LINE_CHARS` is cut there with a marker saying how long it was: a 10 MiB line is not a line anyone
+reads in a terminal or a page (the whole of it is in the file on the host)."""
 
 from dataclasses import dataclass
 
@@ -41,18 +41,29 @@ def read_log(session: Session, run_id: str, attempt: int, node: int, tail: int |
              since_offset: int | None) -> LogPage:
     """The last `tail` lines (of what lies from `since_offset` on), or the lines from `since_offset` on (0: the
     start of what is kept), each within the bounds above."""
-    where = [LogChunk.run_id == run_id, LogChunk.attempt == attempt, LogChunk.node == node]
-    if since_offset is not None:
-        where.append(LogChunk.offset >= since_offset)
+    base = [LogChunk.run_id == run_id, LogChunk.attempt == attempt, LogChunk.node == node]
+    start = since_offset or 0
+    if tail is None and (inside := _inside(session, base, start)) is not None:
+        return _forward(session, base, inside, 0)  # a page that ended inside a stored read goes on from there
+    where = [*base, LogChunk.offset >= since_offset] if since_offset is not None else base
     first = session.scalar(select(func.min(LogChunk.offset)).where(*where))
     if first is None:
-        return LogPage([], since_offset or 0, 0, False)
+        return LogPage([], start, 0, False)
     # the worker keeps a log's tail only: what was asked for before it is gone
-    dropped = first - (since_offset or 0)
+    dropped = first - start
     if tail is not None:
         lines, end = _tail(session, where, tail)
         return LogPage(lines, end, dropped, False)
-    return _forward(session, where, first, dropped)
+    return _forward(session, base, _chunk(session, base, start=first), dropped)
+
+
+def _inside(session: Session, where: list, at: int) -> tuple[int, int, str] | None:
+    """The rest of the stored read that byte `at` lies inside (not at its start), as (at, its end, text from at)."""
+    row = session.execute(select(LogChunk.offset, LogChunk.end, LogChunk.text).where(
+        *where, LogChunk.offset < at, LogChunk.end > at).order_by(LogChunk.offset.desc()).limit(1)).first()
+    if row is None:
+        return None
+    return at, row[1], row[2].encode()[at - row[0]:].decode("utf-8", "replace")
 
 
 def _chunk(session: Session, where: list, before: int | None = None, start: int | None = None) -> tuple[int, int, str] | None:
@@ -103,15 +114,26 @@ def _tail(session: Session, where: list, tail: int) -> tuple[list[str], int]:
     return shown[::-1], end
 
 
-def _forward(session: Session, where: list, first: int, dropped: int) -> LogPage:
+def _forward(session: Session, where: list, row: tuple[int, int, str] | None, dropped: int) -> LogPage:
+    """From stored read `row` on, whole lines up to ANSWER_BYTES of text (a page may end inside a stored read, its
+    next_offset the byte after its last line), or one line alone where the first is longer than that."""
     pieces: list[str] = []
-    size, at, end = 0, first, first
-    while True:
-        row = _chunk(session, where, start=at)
-        if row is None:
-            return LogPage([cut_line(line) for line in "".join(pieces).splitlines()], end, dropped, False)
+    size, end, more = 0, row[0] if row else 0, False
+    while row is not None:
         offset, chunk_end, text = row
-        if pieces and size + len(text) > ANSWER_BYTES:
-            return LogPage([cut_line(line) for line in "".join(pieces).splitlines()], end, dropped, True)
+        data = text.encode()  # the bytes as stored: positions in them are what the next page finds again
+        if size + len(data) > ANSWER_BYTES:
+            cut = data.rfind(b"\n", 0, max(0, ANSWER_BYTES - size)) + 1
+            if not cut and not pieces:  # a line longer than the bound: it alone, cut when shown
+                cut = data.find(b"\n") + 1 or len(data)
+            if cut and offset + cut < chunk_end:
+                pieces.append(data[:cut].decode())
+                end, more = offset + cut, True
+                break
+            if pieces:
+                more = True
+                break
         pieces.append(text)
-        size, at, end = size + len(text), offset + 1, chunk_end
+        size, end = size + len(data), chunk_end
+        row = _chunk(session, where, start=offset + 1)
+    return LogPage([cut_line(line) for line in "".join(pieces).splitlines()], end, dropped, more)

@@ -348,9 +348,9 @@ class MetricsPublic(BaseModel):
 class LogsPublic(BaseModel):
     attempt: int
     log_path: str | None
-    lines: list[str] = Field(description=f"at most {ANSWER_BYTES >> 20} MiB of text an answer, but the first "
-                             "stored read of the log is always whole (up to 4 MiB, server/log_reads.py); a line "
-                             f"longer than {LINE_CHARS:,} characters is cut there, a marker saying so after it")
+    lines: list[str] = Field(description=f"whole lines, at most {ANSWER_BYTES >> 20} MiB of the log's bytes an "
+                             "answer (server/log_reads.py), or one line longer than that; a line longer than "
+                             f"{LINE_CHARS:,} characters is cut there, a marker saying so after it")
     next_offset: int = Field(description="pass as since_offset to follow the log, or to read on where `more`")
     more: bool = Field(False, description="a read from since_offset stopped at the answer's bound: more of the "
                        "log follows next_offset")
