@@ -282,6 +282,10 @@ class AttemptPublic(BaseModel):
     predicted_duration_seconds: float | None
     actual_duration_seconds: float | None
     prediction_error: float | None = Field(None, description="(actual - predicted) / predicted, once the attempt finished")
+    metrics_skipped: int = Field(0, description="metric lines and values of the attempt not stored: lines too long or "
+                                 "wide, non-finite values (NaN, ±Infinity: shown in the run's `latest` as \"NaN\", "
+                                 "\"Infinity\", \"-Infinity\"), lines whose step is no whole number from 0 to "
+                                 "2^31-1; each reason said once in a `metrics_skipped` event")
 
 
 class InputBoundPublic(BaseModel):

@@ -92,6 +92,7 @@ def check(service: Service, job: Path, stop: Path) -> None:
     attempt = shown["attempts"][0]
     assert attempt["message"].startswith("attempt 1: loss_0 is NaN at step 3")
     assert "(12 metric line(s) or value(s) skipped)" in attempt["message"], "5 non-finite values, 7 steps"
+    assert attempt["metrics_skipped"] == 12
 
     stop.touch()
     assert service.wait_status(run["id"], "succeeded")["latest"]["loss_0"] == "NaN"
