@@ -72,6 +72,8 @@ VLLM_V0_PLACEMENT = (
     "smaller_tp_proposer_worker.py (SmallerTpProposerWorker, vllm-project/vllm@0f79d54e130ad86876bbefa837bd09b2ae17eaf8)"
     "; unset, the target's tp (SpeculativeConfig._verify_and_get_draft_tp)")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?")
+
+
 def vllm_eagle3_refusal(engine_version: str | None, model_type: str, architecture: str = "") -> str | None:
     """Why this vLLM release would refuse an EAGLE-3 draft for a target of `model_type` (its text config's) and
     `architecture` (config.json's first `architectures`), or None: the facts of longrun/draft_releases.py
@@ -86,8 +88,9 @@ def vllm_eagle3_refusal(engine_version: str | None, model_type: str, architectur
     if outside:
         edge = "newer than the newest" if outside > 0 else "older than the oldest"
         return (f"vLLM {engine_version} is {edge} release read for EAGLE-3 targets ({release}): whether it serves "
-                f"an EAGLE-3 draft for a {model_type!r} verifier is unverified (longrun/draft_releases.py); not "
-                f"priced. Give deploy.engine_version {release} to price it on {release}'s rules")
+                f"an EAGLE-3 draft for a {model_type or architecture!r} verifier is unverified "
+                f"(longrun/draft_releases.py); not priced. Give deploy.engine_version {release} to price it on "
+                f"{release}'s rules")
     facts = VLLM_EAGLE3[release]
     judged = "" if parse_version(version) == parse_version(release) else f" ({engine_version} follows {release})"
     where = f"vllm {release} {facts.source}"
