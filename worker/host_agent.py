@@ -65,6 +65,7 @@ HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}"
 SSH_FAILED = 255
 # the shell's exit status when the host's python cannot be run (not executable, not found): asking again cannot help
 NOT_RUNNABLE = (126, 127)
+PYTHON_RAISED = "Traceback (most recent call last):"
 # how many times one call is sent while its answer comes back empty or unreadable (each verb may be asked again)
 ANSWER_TRIES = 3
 # a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
@@ -234,7 +235,8 @@ def _floor() -> str:
 
 def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:
     """The host's answer: one JSON object on the last line of stdout; anything else raises. An answer that is not
-    JSON at all (none, cut off, a stray line) is an AnswerLost, unless ssh failed or the python could not run."""
+    JSON at all (none, cut off, a stray line) is an AnswerLost, unless ssh failed, the python could not run, or it
+    ran and raised (its traceback said, exit 1)."""
     if len(result.stdout) > MAX_ANSWER_BYTES:
         raise CommandFailed(f"{verb}: the host answered {len(result.stdout)} bytes, more than the "
                             f"{MAX_ANSWER_BYTES} an answer may hold")
@@ -244,7 +246,8 @@ def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:
         if result.returncode == SSH_FAILED:
             raise HostUnreachable(result.stderr.strip() or "connection lost") from None
         said = (result.stderr or result.stdout).strip()[-2000:]
-        if result.returncode in NOT_RUNNABLE:
+        if result.returncode in NOT_RUNNABLE or (result.returncode == 1 and PYTHON_RAISED in result.stderr):
+            # could not run, or ran and raised (a full disk, say): the same request would meet the same fault
             raise CommandFailed(f"{verb} failed on the host (exit {result.returncode}): {said}") from None
         raise AnswerLost(f"{verb}: no readable answer from the host agent (exit {result.returncode}): "
                          f"{said!r}") from None

@@ -113,9 +113,13 @@ def test_a_job_writing_poisoned_metric_lines_runs_to_the_end_with_its_good_lines
         assert done["status"] == "succeeded", done
         assert [p["step"] for p in svc.series(run["id"], "loss")] == list(range(1, 31))
         assert done["latest"]["step"] == 30 and done["latest"]["total_steps"] == 30
-        assert "acc" not in done["latest"] and "attempt" not in done["latest"] and "gpu_util_0" not in done["latest"]
-        # a series comes in step order, the points without a step first (docs/api.md)
-        assert [p["step"] for p in svc.series(run["id"], "bad")] == [None] * 3 + [1] * 3, \
-            "a value kept, a bad step not"
-        assert done["attempts"][0]["message"].startswith("3 metric line(s) skipped")
+        # a non-finite value is shown as such, never charted; a value on a step that is no step is skipped
+        assert done["latest"]["acc"] == "Infinity", done["latest"]
+        assert "attempt" not in done["latest"] and "gpu_util_0" not in done["latest"]
+        assert [p["step"] for p in svc.series(run["id"], "acc")] == []
+        assert [p["step"] for p in svc.series(run["id"], "bad")] == [1] * 3, "a value kept, a bad step's not"
+        # five a round, three rounds: the step past 2^63, the line too long, the negative total, the line not JSON,
+        # and one of the non-finite values (each said, none charted)
+        assert done["attempts"][0]["metrics_skipped"] == 15
+        assert done["attempts"][0]["message"].startswith("15 metric line(s) or value(s) skipped")
         assert svc.logs(run["id"])[-1] == "done"
