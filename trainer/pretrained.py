@@ -103,12 +103,11 @@ def extract_gguf(model: Pretrained, source: Path, into: Path) -> Path:
 
 
 def _load_dequantized(gguf: Path):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # the per-tensor dequantization bar: one line here says what is happening
-    kwargs = {}
+    kwargs = _float32()
     try:  # transformers >= 5 can keep GGUF weights packed; older releases always dequantize
         from transformers import GgufConfig
 
@@ -116,8 +115,17 @@ def _load_dequantized(gguf: Path):
     except ImportError:
         pass
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs)
     return model, tokenizer
+
+
+def _float32() -> dict:
+    """float32, as this transformers names the argument (`torch_dtype` before 4.56, as trainer.verifier_model)."""
+    import torch
+    import transformers
+
+    major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if major_minor >= (4, 56) else "torch_dtype": torch.float32}
 
 
 def convert(gguf: Path, out: Path) -> None:
@@ -130,7 +138,7 @@ def convert(gguf: Path, out: Path) -> None:
     config.pop("quantization_config", None)
     config.pop("_name_or_path", None)
     config.pop("_model_name_or_path", None)
-    fresh = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), **_float32())
     fresh.load_state_dict(loaded.state_dict(), strict=True)
     fresh.generation_config = GenerationConfig(bos_token_id=config.get("bos_token_id"), do_sample=False,
                                                eos_token_id=config.get("eos_token_id"),
