@@ -64,7 +64,8 @@ def train_and_evaluate(args: argparse.Namespace, data: Path, heldout: Path, ttt:
     eval_s = run([sys.executable, "-m", "trainer.evaluate", "--verifier-path", str(args.verifier), "--draft-path",
                   str(out), "--corpus", str(heldout), "--max-depth", str(args.max_depth),
                   "--max-samples", str(args.samples), "--max-new-tokens", str(args.new_tokens),
-                  "--output", str(report_path)], args.out / f"evaluate-{name}.log", env)
+                  # held-out text as written: the prompt and HumanEval's own solution, teacher-forced
+                  "--prompt-tokens", str(args.seq - args.new_tokens), "--output", str(report_path)], args.out / f"evaluate-{name}.log", env)
     report = json.loads(report_path.read_text())
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last = [x for x in lines if "loss" in x][-1]
@@ -166,7 +167,7 @@ def record_bounds(results: list[dict], rows: list[dict]) -> dict:
         e = drafts[x["to_ttt"]]
         for position in range(x["from_ttt"] + 1, min(x["to_ttt"], len(e["conditional_acceptance"])) + 1):
             a = e["conditional_acceptance"][position - 1]
-            if e["position_rounds"][position - 1] and a > highest:
+            if e["position_rounds"][position - 1] and (where is None or a > highest):
                 highest, where = a, f"TTT={x['to_ttt']}, position {position}"
     return {"deepest_measured": max((x["to_ttt"] for x in rows), default=None),
             "highest_acceptance": round(highest, 2) if where else None, "highest_acceptance_at": where}
@@ -185,6 +186,7 @@ def held_out(rows: list[dict], pair: tuple[int, int]) -> list[str]:
         if (x["from_ttt"], x["to_ttt"]) != pair or x["miss"] is None:
             continue
         trusted, why = rule_record.judge(*pair, x["interconnect"], record)
+        why = why.replace(rule_record.SOURCE, "this experiment's other pairs")
         out.append(f"# held out: TTT {pair[0]}->{pair[1]} on {x['interconnect']}: the rule predicted "
                    f"{x['predicted_gain']:+.1%}, the TTT={pair[1]} draft measured {x['measured_gain']:+.1%}: "
                    f"prediction error {x['miss']:+.1%}; the record without it: "
