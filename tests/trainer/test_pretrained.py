@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _no_index_env(tmp_path: Path) -> dict:
-    """pip with no package index reachable: no config file, no index, no local wheel folder."""
+    """pip with no package index reachable (no config file, no index, no local wheel folder), and an empty user
+    cache: no converted copy to take."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),
-            "OMP_WAIT_POLICY": "PASSIVE"}
+            "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def _pretrained(args: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -89,3 +90,14 @@ def test_the_trainer_trains_and_decodes_a_draft_against_it(smollm2_verifier, tmp
                             device="cpu")
     assert report["draft_ttt_steps"] == 2 and report["prompts"] == 2 and report["rounds"] > 0
     assert all(0.0 <= a <= 1.0 for a in report["position_acceptance"])
+
+
+def test_a_directory_without_gguf_is_a_copy_of_the_one_converted_in_the_user_cache(smollm2_verifier, tmp_path):
+    """`make demo` after `make clean` (and the demo after the tests) converts nothing again."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(smollm2_verifier.parent.parent), "PIP_NO_INDEX": "1"}
+    out = tmp_path / "verifier"
+    copied = _pretrained(["--out", str(out)], env)
+    assert copied.returncode == 0, copied.stderr
+    assert f"from the copy converted once in {smollm2_verifier}" in copied.stdout and "Paris" in copied.stdout
+    assert (out / "model.safetensors").read_bytes() == (smollm2_verifier / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").stat().st_ino != (smollm2_verifier / "model.safetensors").stat().st_ino
