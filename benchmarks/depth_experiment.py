@@ -345,7 +345,10 @@ def main() -> int:
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     marker = args.verifier / "longrun-pretrained.json"
-    verifier_name = json.loads(marker.read_text())["model"] if marker.exists() else args.verifier.name
+    from trainer.pretrained import MODELS
+
+    model = json.loads(marker.read_text())["model"] if marker.exists() else None
+    verifier_name = MODELS[model].title if model in MODELS else args.verifier.name
     results: list[dict] = []
 
     def save(**extra: object) -> list[dict]:

