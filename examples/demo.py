@@ -253,6 +253,22 @@ def verdict(proposal: dict[str, Any]) -> tuple:
             (proposal.get("evidence") or {}).get("source"))
 
 
+def tau_now(proposal: dict[str, Any], at: int | None) -> float | None:
+    """τ at depth `at` from the rates the proposal decided on (the evidence's conditional acceptance: decoding's when
+    it calibrated the simulation), the same reading its predicted τ after a deeper TTT is made in; the raw sim_tau
+    only where there is no evidence."""
+    rates = (proposal.get("evidence") or {}).get("acceptance")
+    if not at:
+        return None
+    if not rates or len(rates) < at:
+        return proposal["sim_tau"][at - 1] if len(proposal["sim_tau"]) >= at else None
+    reached, tau = 1.0, 1.0
+    for rate in rates[:at]:
+        reached *= rate
+        tau += reached
+    return tau
+
+
 def restart_from(proposal: dict[str, Any]) -> dict[str, Any]:
     """The restart body taken from the proposal, as the run page's button takes it (its TTT and clean flag). When it
     says keep going (or cannot tell yet) the demo restarts anyway, at the deepest the deployment runs, to check that
@@ -269,7 +285,7 @@ def restart_from(proposal: dict[str, Any]) -> dict[str, Any]:
              if proposal["action"] == "cannot_tell" else proposal["reason"]))
     ttt = DEPLOY["max_depth"]
     at, tau = proposal.get("depth_after"), proposal.get("predicted_tau_after")
-    now = proposal["sim_tau"][at - 1] if at and len(proposal["sim_tau"]) >= at else None
+    now = tau_now(proposal, at)
     print(f"  the demo restarts anyway at TTT={ttt} (the deepest the deployment runs, clean as a proposal's restart "
           "is) to check that answer" + (f": the proposal predicts τ {tau:.2f} at depth {at} after a deeper TTT, "
                                         f"against {now:.2f} now" if tau is not None and now is not None else ""))
@@ -294,8 +310,8 @@ def prediction_table(proposal: dict[str, Any], reports: list[dict[str, Any]], la
     taus = [next((r["mean_accepted"] for r in rep["by_depth"] if r["depth"] == at), None) for rep in (first, last)]
     simulated = latest.get(f"sim_tau_{at}")
     lines.append(f"  τ at depth {at} (tokens per verifier pass): the proposal predicted {1 + sum(predicted[:at]):.2f} "
-                 f"from TTT={first['ttt_steps']}'s sim_acc" + (f" (τ now {proposal['sim_tau'][at - 1]:.2f})"
-                                                              if len(proposal["sim_tau"]) >= at else ""))
+                 f"from TTT={first['ttt_steps']}'s sim_acc" + (f" (τ now {tau_now(proposal, at):.2f}, read alike)"
+                                                              if tau_now(proposal, at) is not None else ""))
     if simulated is not None:
         lines.append(f"    the TTT={last['ttt_steps']} draft's own sim_tau_{at} at its last validation: {simulated:.2f} "
                      "(the measurement the prediction is made in)")
