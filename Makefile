@@ -52,6 +52,7 @@ $(VENV)/.installed: pyproject.toml | $(UV)
 	touch $@
 
 setup: $(VENV)/.installed
+	@echo "longrun is installed in $(VENV): 'source $(VENV)/bin/activate' puts it on PATH (or call $(BIN)/longrun)"
 
 # the SSH and network tests need OpenSSH's server and iproute2; the host matrix (tests/hostenv) the en_US.UTF-8
 # locale; the browser tests (tests/web) Chromium; the tests

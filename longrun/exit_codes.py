@@ -31,5 +31,5 @@ def outcome_code(status: str) -> ExitCode:
 
 
 def exit_codes_help() -> str:
-    """The table of exit codes, as `longrun --help` and the README show it."""
+    """The table of exit codes, as `longrun --help` and docs/guide.md show it."""
     return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)

@@ -120,7 +120,7 @@ def _print_lines(client: Client, run_id: str, interval: float, every: float) -> 
 def submit(
     ctx: typer.Context,
     spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="The run spec: a YAML or JSON file, or - for "
-                                             "standard input (fields as in the README).")],
+                                             "standard input (fields as in docs/api.md).")],
     idempotency_key: Annotated[str | None, typer.Option(help="Submitting again with the same key and spec returns "
                                                         "the run submitted first instead of a second run.")] = None,
     name_suffix: Annotated[bool, typer.Option("--name-suffix", help="When a live run has the spec's name, name this "
