@@ -15,7 +15,7 @@ class ExitCode(IntEnum):
 
 MEANINGS = {
     ExitCode.OK: "done; a command that waits on a run (watch, submit --watch, logs -f): it succeeded",
-    ExitCode.FAILED: "a command that waits on a run: the run failed",
+    ExitCode.FAILED: "a command that waits on a run: the run failed; any command: a no at its confirmation",
     ExitCode.USAGE: "the command line or an input file (spec, evaluation) is wrong; nothing was sent",
     ExitCode.CANCELLED: "a command that waits on a run: it was cancelled (`cancel --wait` exits 0 then)",
     ExitCode.UNREACHABLE: "the server cannot be reached (--url, LONGRUN_URL or the config file; `longrun serve`)",

@@ -87,4 +87,10 @@ def confirm(question: str, yes: bool) -> None:
     (exit 1). Scripts and pipes are not asked: they go on, as they always have."""
     if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
         return
-    typer.confirm(clean(question), abort=True)
+    # a no exits 1, as apt's and click's own aborts do; Ctrl-C at the question stays 130 (typer.Abort)
+    if not typer.confirm(clean(question)):
+        raise Declined("not confirmed: nothing was done (--yes skips the question)")
+
+
+class Declined(Exception):
+    """A no at a confirmation: the command did nothing and exits 1."""

@@ -2,6 +2,7 @@
 
 import sys
 import time
+from enum import StrEnum
 from typing import Annotated, Any
 
 import httpx
@@ -47,6 +48,32 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
 RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its name: its live run, "
                                       "else its newest ended one (`longrun status` lists them).",
                                       autocompletion=complete_run_id)]
+
+
+class Start(StrEnum):
+    """Where a restart's new attempt starts (`restart --start`): the one way to say it."""
+
+    FRESH = "fresh"
+    RESUME = "resume"
+    WARM = "warm"
+
+
+def start_flags(start: Start | None, clean: bool, resume: bool, init_from_last: bool) -> tuple[bool, bool, bool]:
+    """(clean, resume, init_from_last) of the API's restart, from --start or its older spellings (one of them)."""
+    aliases = [s for s, given in ((Start.FRESH, clean), (Start.RESUME, resume)) if given]
+    if init_from_last:
+        aliases.append(Start.WARM)
+    if start is not None:
+        aliases = [start, *[a for a in aliases if a != start]]
+    if len(aliases) > 1:
+        raise typer.BadParameter(f"say one start: {' or '.join(a.value for a in aliases)}", param_hint="--start")
+    if not aliases:
+        return clean, resume, init_from_last
+    chosen = aliases[0]
+    # a warm start trains from step 0 (clean), from the draft the last attempt exported (kept aside first)
+    return chosen in (Start.FRESH, Start.WARM), chosen == Start.RESUME, chosen == Start.WARM
+
+
 Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
 Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",
                                       min=0)]
@@ -238,14 +265,17 @@ def restart(
                                                    "ttt_steps=5, args='[\"--steps\",\"10\"]'.")] = None,
     ttt_steps: Annotated[int | None, typer.Option(help="Trainer runs: the new TTT depth (as --set ttt_steps=N).",
                                                   min=1)] = None,
-    clean: Annotated[bool, typer.Option("--clean", "--fresh", help="Empty the output directory first: the "
-                                        "trainer starts at step 0 instead of resuming its newest checkpoint "
-                                        "(--dry-run says which it would do).")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Trainer runs: resume the newest checkpoint even when it "
-                                         "was trained at another TTT depth (a depth change over a checkpoint is "
-                                         "refused without --resume or --fresh).")] = False,
-    init_from_last: Annotated[bool, typer.Option("--init-from-last", help="Trainer runs: warm start from the last "
-                                                 "exported draft.")] = False,
+    start: Annotated[Start | None, typer.Option(help="Trainer runs: where the new attempt starts. fresh: empty the "
+                                                "output directory, train from step 0; resume: continue the newest "
+                                                "checkpoint (at the new depth, its remaining steps only); warm: "
+                                                "train from step 0 from the last exported draft's weights. Without "
+                                                "it the newest checkpoint is resumed, and a depth change over one "
+                                                "is refused.", case_sensitive=False)] = None,
+    # the earlier spellings, kept working and documented once (README, "Restarting deeper"): --fresh and --clean
+    # are --start fresh, --resume --start resume, --init-from-last --start warm
+    clean: Annotated[bool, typer.Option("--clean", "--fresh", hidden=True)] = False,
+    resume: Annotated[bool, typer.Option("--resume", hidden=True)] = False,
+    init_from_last: Annotated[bool, typer.Option("--init-from-last", hidden=True)] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change, whether it resumes a "
                                           "checkpoint, and the new attempt's duration; nothing changes.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before stopping a live attempt (asked on a "
@@ -260,6 +290,7 @@ def restart(
     overrides = parse_assignments(set_ or [])
     if ttt_steps is not None:
         overrides["ttt_steps"] = ttt_steps
+    clean, resume, init_from_last = start_flags(start, clean, resume, init_from_last)
     with connect(ctx) as client:
         run = client.get(run_id)
 
