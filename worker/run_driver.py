@@ -264,7 +264,7 @@ class RunDriver:
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
                                    time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit,
-                                   cause=failure_cause.cause(bad.answer.failure))
+                                   cause=failure_cause.cause(bad.answer.failure, run.name))
                        if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
             return fresh.status == RunStatus.LAUNCHING  # a retry
