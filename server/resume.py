@@ -29,7 +29,7 @@ class StartPlan:
     total_steps: int | None = None
 
 
-def _checkpoint_step(attempt_spec: RunCreate, last_step: int | None, total_steps: int | None) -> int:
+def checkpoint_step(attempt_spec: RunCreate, last_step: int | None, total_steps: int | None) -> int:
     """The last step at which the trainer of this attempt saved a checkpoint, 0 for none."""
     if not last_step:
         return 0
@@ -80,7 +80,7 @@ def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
         past = a.typed_spec
         if past.trainer is None or past.trainer.output_dir != trainer.output_dir:
             continue
-        saved = _checkpoint_step(past, a.last_step, a.total_steps)
+        saved = checkpoint_step(past, a.last_step, a.total_steps)
         if saved and saved >= step:
             step, ttt = saved, past.trainer.ttt_steps
             total = _steps_at(a.total_steps, past.trainer.epochs, trainer.epochs)

@@ -25,7 +25,7 @@ from server.lifecycle import (
     restart_run,
     transition,
 )
-from server.models import Event, Host, LogChunk, MetricPoint, Run, utcnow
+from server.models import Attempt, Event, Host, LogChunk, MetricPoint, Run, utcnow
 from server.queries import get_run
 from server.schemas import DryRunPublic, RestartOverrides, RestartRequest
 from server.spec import (
@@ -59,7 +59,9 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     for i, name in enumerate(names):
         if name not in hosts:
             loc = (field,) if field == "host" else (field, i)
-            raise FieldError(loc, f"unknown host {name!r}; register it with POST /v1/hosts first", name)
+            raise FieldError(loc, f"unknown host {name!r}: register it first with `longrun hosts add {name} --address "
+                             "ADDRESS --username USER --key-path KEY --workspace DIR --python PYTHON` (POST /v1/hosts); "
+                             "`longrun hosts list` shows the hosts there are", name)
     if len(set(names)) != len(names):
         raise FieldError(("hosts",), "a host may appear only once in `hosts`", names)
     return [hosts[n] for n in names]
@@ -115,10 +117,58 @@ def _run_name(session: Session, name: str, suffix: bool) -> str:
     raise Conflict(f"{name}-2 to {name}-{MAX_NAME_SUFFIX} are all taken: give the run a name of its own", live.status)
 
 
+def _checkpoint_left(session: Session, spec: RunCreate) -> tuple[Run, int, int | None] | None:
+    """(the run, its checkpoint's step, that step's TTT depth) of the newest checkpoint another run's trainer left in
+    this spec's output directory on one of its hosts, as the attempts' measured steps tell it (server/resume.py)."""
+    trainer = spec.trainer
+    if trainer is None:
+        return None
+    found: tuple[Run, int, int | None] | None = None
+    hosts = set(spec.host_names)
+    attempts = session.scalars(select(Attempt).where(Attempt.last_step > 0).order_by(Attempt.created_at))
+    for attempt in attempts:
+        past = attempt.typed_spec
+        if (past.trainer is None or normalized_path(past.trainer.output_dir) != normalized_path(trainer.output_dir)
+                or not hosts & set(past.host_names)):
+            continue
+        step = resume.checkpoint_step(past, attempt.last_step, attempt.total_steps)
+        if step:
+            found = (session.get(Run, attempt.run_id), step, past.trainer.ttt_steps)
+    return found
+
+
+def _check_start(session: Session, spec: RunCreate, hosts: list[Host], start: str | None) -> None:
+    """A trainer run whose output directory holds another run's checkpoint would quietly continue it (the trainer
+    resumes the newest checkpoint in its output directory): refused unless the request says where it starts
+    (`start`: resume it, or fresh, which empties the directory first) or the spec does (`trainer.no_resume`)."""
+    if spec.trainer is None:
+        return
+    target = spec.trainer.output_dir
+    if start == "fresh":
+        for host in hosts:
+            if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
+                raise FieldError(("trainer", "output_dir"), f"start=fresh empties {target}, which is outside the "
+                                 f"workspace {host.workspace} of host {host.name}: give an output_dir inside it", target)
+        return
+    if start == "resume" or spec.trainer.no_resume is not None:
+        return
+    left = _checkpoint_left(session, spec)
+    if left is None:
+        return
+    run, step, ttt = left
+    depth = f", trained with {ttt} TTT steps" if ttt else ""
+    raise FieldError(("trainer", "output_dir"), f"{target} holds the checkpoint at step {step} of run {run.name} "
+                     f"({run.id}, {run.status}){depth}: this run would continue it, not train from step 0. Say which: "
+                     f"continue from it (longrun submit SPEC --start resume; API ?start=resume), or start fresh, "
+                     f"emptying it first (longrun submit SPEC --start fresh; API ?start=fresh), or give another "
+                     f"output_dir", target)
+
+
 def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None,
-               name_suffix: bool = False) -> tuple[Run, bool]:
+               name_suffix: bool = False, start: str | None = None) -> tuple[Run, bool]:
     """Create a queued run; with an idempotency key a repeat of the same request returns the first run. A name a
-    live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name)."""
+    live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name). A trainer run over another
+    run's checkpoint says where it starts (`start`: "resume" or "fresh", or the spec's `trainer.no_resume`)."""
     body = spec_dict(spec)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     if idempotency_key:
@@ -127,8 +177,10 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
             if existing.request_hash != digest:
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
-    _check_scheduler(spec, _check_hosts(session, spec))
+    hosts = _check_hosts(session, spec)
+    _check_scheduler(spec, hosts)
     _check_launch_size(body)
+    _check_start(session, spec, hosts, start)
     _lock_names(session)
     name = _run_name(session, spec.name, name_suffix)
     if name != spec.name:
@@ -137,6 +189,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     run = Run(id=uuid.uuid4().hex[:12], name=name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
+    run.clean_pending = start == "fresh" and spec.trainer is not None  # the worker empties it before the launch
     session.add(run)
     open_attempt(session, run, body, 1)
     queue_new_run(session, run)

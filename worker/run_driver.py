@@ -165,6 +165,8 @@ class RunDriver:
     # one handler per state
 
     def _queue(self, run: Run, hosts: dict[str, Host]) -> bool:
+        if run.clean_pending:  # submitted to start fresh over a checkpoint in its output directory: emptied first
+            self._clean(run, hosts)
         with fresh_run(self.db, run.id) as (s, fresh):
             start_launching(s, fresh, self.clock.now())
             return fresh.status == RunStatus.LAUNCHING

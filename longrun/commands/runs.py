@@ -58,6 +58,13 @@ class Start(StrEnum):
     WARM = "warm"
 
 
+class SubmitStart(StrEnum):
+    """Where a submitted trainer run starts over another run's checkpoint (`submit --start`)."""
+
+    FRESH = "fresh"
+    RESUME = "resume"
+
+
 def start_flags(start: Start | None, clean: bool, resume: bool, init_from_last: bool) -> tuple[bool, bool, bool]:
     """(clean, resume, init_from_last) of the API's restart, from --start or its older spellings (one of them)."""
     aliases = [s for s, given in ((Start.FRESH, clean), (Start.RESUME, resume)) if given]
@@ -153,6 +160,9 @@ def submit(
     name_suffix: Annotated[bool, typer.Option("--name-suffix", help="When a live run has the spec's name, name this "
                                               "one NAME-2 (the first NAME-N no run has) instead of refusing it: a "
                                               "name is unique among live runs.")] = False,
+    start: Annotated[SubmitStart | None, typer.Option(help="Trainer runs whose output_dir holds another run's "
+                                                      "checkpoint (refused without it): resume continues it, fresh "
+                                                      "empties the directory first.", case_sensitive=False)] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it ends; the exit code says "
                                         "how it ended.")] = False,
     interval: Interval = 1.0,
@@ -165,7 +175,8 @@ def submit(
     with connect(ctx) as client:
         for line in resolve_paths(spec, spec_file, lambda host: client.host(host)["workspace"]):
             stderr().print(Text(f"resolved {line}"), soft_wrap=True)
-        run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix)
+        run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix,
+                            start=start.value if start else None)
         if as_json:
             print_json(run, lines=watch)
         else:

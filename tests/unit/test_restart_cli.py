@@ -18,9 +18,9 @@ class Terminal(io.StringIO):
         return True
 
 
-def trainer_run(cli: App) -> dict:
+def trainer_run(cli: App, out: str = "out") -> dict:
     trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v",
-               "output_dir": str(cli.workspace / "out"), "ttt_steps": 3, "save_every": 100}
+               "output_dir": str(cli.workspace / out), "ttt_steps": 3, "save_every": 100}
     run = cli.submit(entrypoint=None, trainer=trainer, name="ttt3")
     cli.move(run["id"], S.LAUNCHING, S.RUNNING)
     with cli.session() as s:
@@ -75,7 +75,7 @@ def test_scripts_and_yes_are_not_asked(cli: App, monkeypatch) -> None:
     run = trainer_run(cli)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal: as before, no question
     assert exit_code(["cancel", "ttt3"]) == 0
-    again = trainer_run(cli)
+    again = trainer_run(cli, "out2")  # the first one's checkpoint is not its to continue
     monkeypatch.setattr("sys.stdin", Terminal(""))
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
     assert exit_code(["restart", again["id"], "--yes"]) == 0

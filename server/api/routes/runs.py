@@ -55,11 +55,14 @@ def _public(session: Session, run: Run) -> RunPublic:
 async def submit_run(body: RunCreate, db: DB, idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
                      name_suffix: Annotated[bool, Query(description="when a live run has the name: name this one "
                                                         "NAME-2 (the first NAME-N no run has) instead of a 409")]
-                     = False) -> RunPublic:
+                     = False,
+                     start: Annotated[Literal["fresh", "resume"] | None, Query(
+                         description="trainer runs whose output_dir holds another run's checkpoint (else a 422): "
+                         "resume it, or fresh, emptying the directory before the first attempt")] = None) -> RunPublic:
     """Queue a run. Its name is unique among live runs: a name a live run has is a 409 naming that run, unless
     `name_suffix`; an ended run's name may be given again (a name then resolves to its live run, else its newest)."""
     def submit(session: Session) -> tuple[str, bool]:
-        run, created = runs.submit_run(session, body, idempotency_key, name_suffix)
+        run, created = runs.submit_run(session, body, idempotency_key, name_suffix, start)
         return _public(session, run).model_dump_json(), created
 
     text, created = await _write(db, submit)
