@@ -15,6 +15,7 @@ from longrun.client import TERMINAL, Client, LongrunError
 from longrun.commands.common import (
     JsonFlag,
     YesFlag,
+    asked,
     begin,
     confirm,
     connect,
@@ -312,8 +313,11 @@ def restart(
         if not dry_run and run["status"] in LIVE:
             # its dry run first: a restart the server refuses is refused before anyone is asked to stop an attempt
             plan = ask_server(True)
-            confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it "
-                    f"({plan.get('start', 'unknown')}: {plan.get('start_reason', '')})?", yes)
+            if run["status"] == "running" and (run.get("progress") or 0) >= 1:
+                run = _after_final_evaluation(client, run, yes, interval)
+            else:
+                confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it "
+                        f"({plan.get('start', 'unknown')}: {plan.get('start_reason', '')})?", yes)
         answer = ask_server(dry_run)
         if as_json:
             print_json(answer, lines=watch and not dry_run)
@@ -330,6 +334,21 @@ def restart(
         if watch and not dry_run:
             return follow_run(client, run_id, interval, every, as_json)
     return ExitCode.OK
+
+
+def _after_final_evaluation(client: Client, run: dict[str, Any], yes: bool, interval: float) -> dict[str, Any]:
+    """An attempt that has trained its last step is in its final validation, evaluation and export: a restart waits
+    for them to end (asked on a terminal whether to stop them instead), so that what they measure is kept."""
+    wait = asked(f"Attempt {run['attempt']} of {run['name']} has trained all its steps and is in its final "
+                 "evaluation. Wait for it to end before restarting? (no: stop it now)", yes)
+    if wait is False:
+        return run
+    stderr().print(Text(f"waiting for attempt {run['attempt']} of {run['name']} to end its final evaluation "
+                        "(Ctrl-C stops waiting; the run goes on)"), soft_wrap=True)
+    while run["status"] in LIVE:
+        time.sleep(interval)
+        run = client.get(run["id"])
+    return run
 
 
 @app.command()

@@ -101,3 +101,42 @@ def test_a_warm_start_trains_from_step_0_from_the_last_draft_and_two_starts_are_
     assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--start", "fresh", "--resume"]) == ExitCode.USAGE
     assert "say one start: fresh or resume" in capsys.readouterr().err
     assert cli.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1
+
+
+def evaluating_run(cli: App) -> dict:
+    """A live run whose attempt trained its last step: its final validation, evaluation and export run."""
+    run = trainer_run(cli)
+    with cli.session() as s:
+        a = s.query(Attempt).filter_by(run_id=run["id"]).one()
+        a.last_step, a.total_steps = 1520, 1520
+    return run
+
+
+def test_a_restart_during_the_final_evaluation_waits_for_it_to_end(cli: App, capsys, monkeypatch) -> None:
+    run = evaluating_run(cli)
+    ended = []
+
+    def evaluation_ends(seconds: float) -> None:  # the worker's part: the attempt's evaluation ends meanwhile
+        if not ended:
+            cli.move(run["id"], S.SUCCEEDED)
+            with cli.session() as s:
+                s.query(Attempt).filter_by(run_id=run["id"]).one().status = "succeeded"
+            ended.append(True)
+
+    monkeypatch.setattr("longrun.commands.runs.time.sleep", evaluation_ends)
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--start", "fresh"]) == 0
+    assert "to end its final evaluation" in capsys.readouterr().err
+    after = cli.client.get(f"/v1/runs/{run['id']}").json()
+    assert ended and after["attempt"] == 2, "restarted once the evaluation had ended"
+    assert after["attempts"][0]["status"] == "succeeded", "the evaluation was not stopped"
+
+
+def test_on_a_terminal_a_restart_during_the_final_evaluation_asks_and_a_no_stops_it_now(
+        cli: App, capsys, monkeypatch) -> None:
+    run = evaluating_run(cli)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    monkeypatch.setattr("longrun.commands.runs.time.sleep", lambda s: pytest.fail("a no does not wait"))
+    assert exit_code(["restart", "ttt3", "--ttt-steps", "5", "--start", "fresh"]) == 0
+    assert "is in its final evaluation. Wait for it to end" in " ".join(capsys.readouterr().out.split())
+    assert cli.client.get(f"/v1/runs/{run['id']}").json()["status"] == "restarting"
