@@ -14,6 +14,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from server import eta, queries, resume
+from server import hosts as hosts_domain
 from server.errors import Conflict, FieldError
 from server.layout import HostLayout
 from server.lifecycle import (
@@ -59,9 +60,7 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     for i, name in enumerate(names):
         if name not in hosts:
             loc = (field,) if field == "host" else (field, i)
-            raise FieldError(loc, f"unknown host {name!r}: register it first with `longrun hosts add {name} --address "
-                             "ADDRESS --username USER --key-path KEY --workspace DIR --python PYTHON` (POST /v1/hosts); "
-                             "`longrun hosts list` shows the hosts there are", name)
+            raise FieldError(loc, hosts_domain.unknown_host(name), name)
     if len(set(names)) != len(names):
         raise FieldError(("hosts",), "a host may appear only once in `hosts`", names)
     return [hosts[n] for n in names]
@@ -76,6 +75,35 @@ def _check_scheduler(spec: RunCreate, hosts: list[Host], loc: tuple[str, ...] = 
     if spec.slurm is not None and not slurm_hosts:
         raise FieldError((*loc, "slurm"), f"host {hosts[0].name} is not of kind `slurm`: its runs start directly "
                          "on it, without a batch job")
+
+
+# the trainer's inputs, checked on the host at submit (what the trainer reads before its first step)
+INPUT_FIELDS = ("verifier_path", "data_dir", "vocab_mapping_dir", "eval_corpus", "init_from")
+
+
+def input_paths(spec: RunCreate) -> dict[tuple[str, ...], str]:
+    """The trainer's input paths by field (loc), for the host to say whether they are there."""
+    if spec.trainer is None:
+        return {}
+    return {("trainer", f): path for f in INPUT_FIELDS if isinstance(path := getattr(spec.trainer, f, None), str)}
+
+
+def refuse_missing_inputs(spec: RunCreate, host: str, found: dict[str, str | None]) -> None:
+    """A 422 naming the first input field whose path the host says is not there, and what makes it."""
+    for loc, path in input_paths(spec).items():
+        if path in found and found[path] is None:
+            raise FieldError(loc, f"{path} is not on host {host} (looked for there just now): "
+                             f"{_what_makes(loc[-1], path)}", path)
+
+
+def _what_makes(field: str, path: str) -> str:
+    if "/.demo/" in path:
+        return "`make demo-quick` (or `make demo`) prepares .demo/verifier and .demo/data in the clone"
+    if field in ("data_dir", "vocab_mapping_dir"):
+        return ("`python -m trainer.prepare --verifier-path V --corpus FILE --output-dir D` writes D/hidden_states "
+                "and D/vocab_mapping there; or fix the path in the spec")
+    return ("fix the path in the spec, or copy it there (a spec file's relative paths are resolved by `longrun "
+            "submit`: beside the file on `local`, under the host's workspace elsewhere)")
 
 
 # a suffixed name tries NAME-2, NAME-3, ... this far before giving up (each a name some run already has)
