@@ -114,8 +114,10 @@ test-integration:
 test-postgres:
 	$(PYTEST) -n $(TEST_PROCESSES) --dist loadgroup --stores postgres -m "not slurm" tests
 
+# the browser lane also takes the docs' screenshots from the page it tests (docs/screenshots/), so they show the page
+# as it is: commit them when they change
 test-browser:
-	$(PYTEST) tests/web
+	LONGRUN_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PYTEST) tests/web
 
 test-slurm:
 	$(PYTEST) -m slurm tests

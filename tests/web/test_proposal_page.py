@@ -78,7 +78,7 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
 
     expect(page.locator("#restart-form")).to_have_attribute("open", "")
     expect(page.locator("#restart-ttt")).to_have_value(str(ttt))
-    expect(page.locator("#restart-clean")).to_be_checked()
+    expect(page.locator("#restart-start-from")).to_have_value("fresh")
     expect(page.locator("#predicted-duration")).to_have_text(re.compile(r"^\d+(s|m \d+s|h \d+m)$"))
     expect(page.locator("#predicted-duration")).to_have_text(page.locator("#proposal-duration").inner_text())
     expect(page.locator("#restart-prediction")).to_contain_text(f"trainer.ttt_steps: 3 → {ttt}")
@@ -86,15 +86,16 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     expect(page.locator("#restart-confirm")).to_be_enabled()
     assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "the button and its dry run change nothing"
 
-    # with a TTT=3 checkpoint in the output dir (an epoch's end), unticking clean is refused until Resume says so
+    # with a TTT=3 checkpoint in the output dir (mid-epoch), the trainer's own start is refused until resume is chosen
     with api.session() as s:
         attempt = s.query(Attempt).filter_by(run_id=run_id).one()
-        attempt.last_step = attempt.total_steps = 1000
-    page.uncheck("#restart-clean")
+        attempt.last_step, attempt.total_steps = 1000, 2000
+        attempt.spec = {**attempt.spec, "trainer": {**attempt.spec["trainer"], "save_every": 500}}
+    page.select_option("#restart-start-from", "")
     page.click("#restart-preview")
     expect(page.locator("#restart-prediction .error")).to_contain_text("was trained with 3 TTT steps")
     expect(page.locator("#restart-confirm")).to_be_disabled()
-    page.check("#restart-resume")
+    page.select_option("#restart-start-from", "resume")
     page.click("#restart-preview")
     expect(page.locator("#restart-start")).to_contain_text("Start: resume: resumes the checkpoint at step 1000")
     expect(page.locator("#restart-confirm")).to_be_enabled()

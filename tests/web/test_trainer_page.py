@@ -70,7 +70,7 @@ def test_trainer_run_live_accuracy_evaluation_and_restart_at_ttt5(
     page.click("#restart-form summary")
     assert page.locator("#restart-form input").first.get_attribute("id") == "restart-ttt", "TTT depth comes first"
     page.fill("#restart-ttt", "5")
-    page.check("#restart-clean")
+    page.select_option("#restart-start-from", "fresh")
     with page.expect_response(lambda r: "/restart?" in r.url and "dry_run" in r.url) as dry_run:
         page.click("#restart-preview")
     assert dry_run.value.request.post_data_json == {"overrides": {"ttt_steps": 5}, "clean": True, "init_from_last": False}
