@@ -50,3 +50,16 @@ def test_the_guide_names_every_top_level_package_that_an_install_puts_in_site_pa
     assert "five top-level packages" in said
     for name in top_level:
         assert f"`{name}`" in said, f"the user guide does not say that {name} is installed as a top-level package"
+
+
+def test_every_screenshot_the_docs_show_is_taken_from_the_page_by_the_browser_lane():
+    """docs/screenshots/ cannot go stale: each picture a page shows is one tests/web takes of the page it drives, and
+    `make test-browser` writes them there (a changed page shows in git status)."""
+    shown = {name for page in DOCS for name in re.findall(r"screenshots/([\w.-]+\.png)", page.read_text())}
+    taken = {name for test in (ROOT / "tests" / "web").glob("test_*.py")
+             for name in re.findall(r"screenshot\(page, \"([\w.-]+\.png)\"\)", test.read_text())}
+    assert shown and shown <= taken, f"pictures no browser test takes: {sorted(shown - taken)}"
+    assert {p.name for p in (ROOT / "docs" / "screenshots").iterdir()} == taken, "a picture no test takes again"
+    makefile = (ROOT / "Makefile").read_text()
+    lane = makefile[makefile.index("\ntest-browser:"):].split("\n\n")[0]
+    assert "LONGRUN_SCREENSHOTS=$(CURDIR)/docs/screenshots" in lane and "tests/web" in lane
