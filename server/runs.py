@@ -291,8 +291,11 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
         for host in _check_hosts(session, spec):
             # a workspace registered before `//` was refused may still spell `/`: nothing is inside it
             if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
+                fix = (f"restart into a directory inside it (longrun restart {run.name} --set output_dir="
+                       f"{host.workspace.rstrip('/')}/{run.name} --start fresh)" if spec.trainer else
+                       "submit the run again with an output_dir inside it")
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
-                                 f"{host.workspace} of host {host.name}", target)
+                                 f"{host.workspace} of host {host.name}; {fix}", target)
     _check_scheduler(spec, _check_hosts(session, spec), ("overrides",))
     _check_launch_size(spec_dict(spec), ("overrides",))
     return spec

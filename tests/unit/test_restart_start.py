@@ -78,3 +78,13 @@ def test_a_restart_that_would_resume_the_last_step_is_refused_saying_why(api: Ap
     assert (more["start"], more["resumes_from_step"]) == ("resume", 456), "more epochs train on from it"
     fresh = api.client.post(url, params={"dry_run": True}, json={"overrides": {"ttt_steps": 5}, "clean": True}).json()
     assert fresh["start"] == "fresh"
+
+
+def test_a_fresh_restart_outside_the_workspace_names_the_restart_that_goes_inside(api: App) -> None:
+    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/etc/out"}
+    run = api.submit(entrypoint=None, trainer=trainer, name="outside")
+    refused = api.client.post(f"/v1/runs/{run['id']}/restart", json={"clean": True})
+    assert refused.status_code == 422
+    said = refused.json()["detail"][0]["msg"]
+    assert said.startswith(f"refusing to clean /etc/out: it is outside the workspace {api.workspace}"), said
+    assert f"longrun restart outside --set output_dir={api.workspace}/outside --start fresh" in said
