@@ -285,9 +285,9 @@ def restart(
                                                 "is refused.", case_sensitive=False)] = None,
     # the earlier spellings, kept working and documented once (README, "Restarting deeper"): --fresh and --clean
     # are --start fresh, --resume --start resume, --init-from-last --start warm
-    clean: Annotated[bool, typer.Option("--clean", "--fresh", hidden=True)] = False,
-    resume: Annotated[bool, typer.Option("--resume", hidden=True)] = False,
-    init_from_last: Annotated[bool, typer.Option("--init-from-last", hidden=True)] = False,
+    clean: Annotated[bool, typer.Option("--clean", "--fresh", hidden=True, help="--start fresh.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", hidden=True, help="--start resume.")] = False,
+    init_from_last: Annotated[bool, typer.Option("--init-from-last", hidden=True, help="--start warm.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change, whether it resumes a "
                                           "checkpoint, and the new attempt's duration; nothing changes.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before stopping a live attempt (asked on a "
