@@ -432,7 +432,11 @@ export function showRun(root, runId, signal) {
             el("p", { class: "muted small" }, dry.basis),
             el("p", { id: "restart-start" }, `Start: ${dry.start}${dry.start_reason ? `: ${dry.start_reason}` : ""}`),
             el("ul", { class: "changes" }, changes.length ? changes.map((c) => el("li", {}, c)) : el("li", {}, "no setting changes")),
-            body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null);
+            body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null,
+            // the attempt has trained its last step: its final validation, evaluation and export run now
+            run.status === "running" && (run.progress ?? 0) >= 1
+              ? el("p", { id: "restart-evaluating", class: "warn" }, `Attempt ${run.attempt} has trained all its steps and is in its final evaluation: restarting now stops it and loses what it measures. Wait for it to end, or confirm to stop it.`)
+              : null);
           request = body;
           confirmButton.disabled = false;
         } catch (error) {

@@ -49,7 +49,8 @@ def test_the_readme_story_runs_as_written_after_the_quick_demo(tmp_path: Path) -
     for name in ("LONGRUN_API_TOKEN", "LONGRUN_POLL_INTERVAL", "LONGRUN_URL", "LONGRUN_HOME"):
         env.pop(name, None)  # the demo and the server a user starts: no token, their own tick and home
     demo_log = tmp_path / "demo.log"
-    rc = run_logged([sys.executable, "examples/demo.py", "--quick"], env, demo_log, 900)
+    # the two within pytest-timeout's 900 s, each failing with its own output when it runs out
+    rc = run_logged([sys.executable, "examples/demo.py", "--quick"], env, demo_log, 540)
     assert rc == 0, demo_log.read_text(errors="replace")[-4000:]
     assert (DEMO / "verifier" / "config.json").is_file(), "the quick demo left no verifier at .demo/verifier"
     assert any((DEMO / "data" / "hidden_states").iterdir()), "the quick demo left no data at .demo/data"
@@ -57,7 +58,7 @@ def test_the_readme_story_runs_as_written_after_the_quick_demo(tmp_path: Path) -
     home, port = tmp_path / "home", free_port()
     env = {**env, "LONGRUN_HOME": str(home), "LONGRUN_PORT": str(port), "LONGRUN_URL": f"http://127.0.0.1:{port}"}
     log = tmp_path / "story.log"
-    rc = run_logged(["bash", "-c", "set -e\n" + story_block()], env, log, 600)
+    rc = run_logged(["bash", "-c", "set -e\n" + story_block()], env, log, 300)
     text = log.read_text(errors="replace")
     assert rc == 0, text[-4000:]
     workspace = home / "workspace"

@@ -141,3 +141,20 @@ def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_
     expect(page.locator("#advice .advice").first).to_contain_text("Serve at depth")
     expect(page.locator("#evaluation-card")).not_to_contain_text("pays off")
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+def test_the_restart_form_says_when_the_attempt_is_in_its_final_evaluation(
+        api: App, served: SimpleNamespace, page: Page) -> None:
+    """Its last step trained, the attempt evaluates: the form's dry run says a restart now stops that, before the
+    confirm (the command waits for it, or asks)."""
+    run_id = trainer_run(api)
+    feed(api, run_id, 0, {"step": 1000, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    sign_in(page, served, f"#/runs/{run_id}")
+    page.click("#restart-form summary")
+    page.fill("#restart-ttt", "5")
+    page.select_option("#restart-start-from", "fresh")
+    page.click("#restart-preview")
+    expect(page.locator("#restart-evaluating")).to_contain_text("is in its final evaluation: restarting now stops it")
+    expect(page.locator("#restart-confirm")).to_be_enabled()
+    assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "nothing stopped before the confirm"
+    assert page.errors == []  # type: ignore[attr-defined]
