@@ -16,7 +16,14 @@ backward, clip, optimizer and scheduler. One JSON line per SEQxTTT:
 - tflops: all matrix FLOPs of the step (TTT steps + fc + token half of q/k/v + verifier lm_head) / time;
 - tflops_marginal: the FLOPs of the extra T-1 TTT steps over the extra time against the same
   sequence at T=1 (what one more TTT step costs), and mfu_marginal: that over the measured bf16
-  matmul rate of this GPU (matmul_tflops) — the score docs/trainer.md describes.
+  matmul rate of this GPU (matmul_tflops) — the score docs/trainer.md describes;
+- ttt_iter_ms, step_fixed_ms: the trainer's own split of a compiled step (trainer/step_timing.py, what its metric
+  lines carry and the restart dry run prices a deeper TTT from), over 3 more steps (T >= 2);
+- predicted_ms_per_step, prediction_error: for each later SEQxTTT, the step time that split of the first cell at
+  that sequence length predicts (fixed + T x iteration) and predicted / measured - 1. The dry run's target: within
+  5 % at TTT=5 and 10 from a TTT=3 cell at the Kimi-K2 draft shape:
+
+    python benchmarks/bench_trainer.py --shape kimi-k2 2048x3 2048x5 2048x10
 """
 
 import argparse
@@ -32,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.model import DraftConfig, EagleDraft  # noqa: E402
 from trainer.optim import build_optimizer, build_scheduler  # noqa: E402
 from trainer.step import TrainingStep  # noqa: E402
+from trainer.step_timing import ChainTimer, figures  # noqa: E402
 from trainer.ttt import TTTObjective, plan_trained_rows  # noqa: E402
 from trainer.verifier_model import VerifierHead  # noqa: E402
 
@@ -164,6 +172,13 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
         torch.cuda.synchronize()
     warmup_s = time.time() - t0
     seconds = timed(step, device, steps)
+    split = []
+    for _ in range(3):  # the trainer's split of a step, as its metric lines carry it
+        objective.timer = ChainTimer(device.type == "cuda")
+        split.append(figures(objective.timer, timed(step, device, 1), ttt))
+    objective.timer = None
+    timed_split = {f"{key[:-2]}_ms": round(sum(f[key] for f in split) / len(split) * 1000, 3)
+                   for key in ("ttt_iter_s", "step_fixed_s") if all(key in f for f in split)}
     if profile:  # where the device time of three more steps goes, by op, and whether the GPU waits for the host
         profile_steps(step, f"{seq}x{ttt}", profile if isinstance(profile, str) else None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
@@ -171,7 +186,7 @@ def bench(shape: dict, seq: int, ttt: int, device: torch.device, steps: int, war
     return dict(
         trainer="longrun", seq=seq, ttt=ttt, **({"documents": documents} if documents > 1 else {}), ms_per_step=round(seconds * 1000, 2), tokens_per_s=round(seq / seconds),
         peak_gib=round(peak, 2), warmup_s=round(warmup_s, 1), gflop_per_token_step=round(per_token_step / 1e9, 3),
-        tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step,
+        tflops=round(total / seconds / 1e12, 3), seconds=seconds, per_token_step=per_token_step, **timed_split,
     )
 
 
@@ -251,6 +266,7 @@ def main(argv=None) -> None:
     )
     rate = matmul_tflops(device)
     one_step_seconds: dict[int, float] = {}  # per sequence length, at T=1
+    split_of: dict[int, tuple[float, float]] = {}  # per sequence length: the first timed cell's (fixed, iteration) ms
     for seq, ttt in configs:
         try:
             result = bench(shape, seq, ttt, device, args.steps, args.warmup, args.documents, not args.no_stored_top,
@@ -267,6 +283,13 @@ def main(argv=None) -> None:
                 tflops_marginal=round(marginal, 3) if marginal else None, matmul_tflops=round(rate, 3),
                 mfu_marginal=round(marginal / rate, 3) if marginal else None,
             )
+            if seq in split_of:
+                fixed, iteration = split_of[seq]
+                predicted = fixed + ttt * iteration
+                result.update(predicted_ms_per_step=round(predicted, 2),
+                              prediction_error=round(predicted / result["ms_per_step"] - 1, 4))
+            elif "ttt_iter_ms" in result:
+                split_of[seq] = (result["step_fixed_ms"], result["ttt_iter_ms"])
             for key in ("seconds", "per_token_step"):
                 result.pop(key)
             print(json.dumps(result), flush=True)

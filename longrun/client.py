@@ -349,6 +349,11 @@ class Client:
         spec's deploy host) or keep going, from the latest validation's sim_acc metrics."""
         return self._call("GET", f"/v1/runs/{run_id}/proposal")
 
+    def take_probe(self, run_id: str) -> dict[str, Any]:
+        """Take the probe the proposal offers: the checkpoint resumed at the candidate TTT for its N steps, decided
+        at its validation (POST /v1/runs/{id}/proposal/probe; a 409 where none is offered)."""
+        return self._call("POST", f"/v1/runs/{run_id}/proposal/probe")
+
     # hosts
 
     def hosts(self) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ with growing sleeps and lets the unlucky wait out its timeout under load ("datab
 its busy timeout now only covers other processes on the same file. Reads never take the write lock.
 
 The pool holds a connection for every thread that may use one at once (POOL_SIZE): the API's thread pool
-(server/config.py API_THREADS), the worker's (WORKER_THREADS) and the few threads of its own.
+(server/config.py API_THREADS) and its writers, the worker's (WORKER_THREADS) and the few threads of its own.
 
 On PostgreSQL writers run concurrently: read-then-write paths lock the rows they read (FOR UPDATE). Event ids
 come from a sequence, and two transactions could commit them out of order; a reader that resumes after the last
@@ -19,7 +19,6 @@ event gets its id: events commit in id order, as they do on SQLite, where writer
 
 import contextlib
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -48,9 +47,11 @@ T = TypeVar("T")
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # the PostgreSQL advisory lock that puts event-writing transactions in line (any constant no other program uses)
 EVENTS_LOCK_KEY = 0x6C6F6E6576656E74
-# a connection for each thread that may hold one at once: the API's, its writer, the worker's, and its loop,
+# the API's writer threads on PostgreSQL, where writers run at once (one on SQLite, where they take turns)
+API_WRITERS = 4
+# a connection for each thread that may hold one at once: the API's, its writers, the worker's, and its loop,
 # notifier, wake-up listener and lease claimer
-POOL_SIZE = API_THREADS + 1 + WORKER_THREADS + 8
+POOL_SIZE = API_THREADS + API_WRITERS + WORKER_THREADS + 8
 # how long a writer waits for its turn (in line in this process, then SQLite's busy timeout for other processes)
 # before the request answers 503
 WRITE_WAIT_SECONDS = 60.0
@@ -73,7 +74,7 @@ def make_engine(url: str) -> Engine:
         # let SQLAlchemy's begin event decide how transactions start
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
+        _write_ahead_log(cur)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_SECONDS * 1000)}")
         # a write-ahead log that grew (a large transaction, one that failed for want of room) shrinks back to this
@@ -90,35 +91,63 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def _write_ahead_log(cur: sqlite3.Cursor) -> None:
+    """Put the file in WAL mode (kept in the file: later connections find it so). The switch needs the file to
+    itself, and SQLite answers "database is locked" at once, without its busy handler, while another process holds
+    it (a server migrating the fresh file this one also starts on): tried again until WRITE_WAIT_SECONDS."""
+    deadline = time.monotonic() + WRITE_WAIT_SECONDS
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class WriteTurns:
-    """First come, first served: the writers of this process, one at a time. Not re-entrant: a write
+    """The writers of this process, one at a time, first come, first served; but a writer that asks `first` (the
+    API's, which runs every API write queued at its turn) goes ahead of those in line, once: while others wait, its
+    turns and theirs alternate, so that neither waits behind more than one of the other's. Not re-entrant: a write
     transaction never opens another."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._line: deque[threading.Event] = deque()
+        self._first: deque[threading.Event] = deque()
         self._held = False
 
+    def waiting(self) -> int:
+        """How many writers wait for their turn."""
+        with self._mutex:
+            return len(self._line) + len(self._first)
+
     @contextmanager
-    def turn(self, timeout: float) -> Iterator[None]:
+    def turn(self, timeout: float, first: bool = False) -> Iterator[None]:
         with self._mutex:
             mine = None
-            if self._held or self._line:
+            if self._held:
                 mine = threading.Event()
-                self._line.append(mine)
+                (self._first if first else self._line).append(mine)
             else:
                 self._held = True
         if mine is not None and not mine.wait(timeout):
             with self._mutex:
-                if mine in self._line:  # not handed the turn meanwhile
-                    self._line.remove(mine)
-                    raise Unavailable(f"the database is busy: no turn to write within {timeout:.0f}s; try again")
+                for line in (self._first, self._line):
+                    if mine in line:  # not handed the turn meanwhile
+                        line.remove(mine)
+                        raise Unavailable(f"the database is busy: no turn to write within {timeout:.0f}s; try again")
         try:
             yield
         finally:
             with self._mutex:
-                if self._line:
-                    self._line.popleft().set()  # handed over: held all along, so nobody barges in
+                # handed over: held all along, so nobody barges in
+                ahead, behind = (self._line, self._first) if first else (self._first, self._line)
+                if ahead or behind:
+                    (ahead or behind).popleft().set()
                 else:
                     self._held = False
 
@@ -146,8 +175,13 @@ class Database:
         # this process's view of the store's health (GET /healthz, run answers)
         self.write_failure: WriteFailure | None = None
         self.engine = make_engine(url)
-        self._api_writer: ThreadPoolExecutor | None = None
         self._writer_lock = threading.Lock()
+        # the API's writes waiting for the writer thread (write_soon), and the thread
+        self._api_writes: deque[tuple[Callable[[Session], Any], Future[Any]]] = deque()
+        self._api_queued = threading.Condition(self._writer_lock)
+        self._api_writer: threading.Thread | None = None
+        self._api_closing = False
+        self._api_pool: ThreadPoolExecutor | None = None
         self._released_at = float("-inf")
         self.is_sqlite = url.startswith("sqlite")
         self._turns = WriteTurns() if self.is_sqlite else None
@@ -168,16 +202,17 @@ class Database:
     def writing(self) -> Iterator[Session]:
         """A transaction that holds the write lock from its first statement (BEGIN IMMEDIATE); on SQLite it
         waits for its turn among this process's writers first."""
+        with self._turns.turn(WRITE_WAIT_SECONDS) if self._turns else contextlib.nullcontext():
+            with self._transaction() as session:
+                yield session
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
         try:
-            if self._turns is None:
-                with self._writer() as session, session.begin():
-                    # read-then-write paths lock the rows they read where the database needs it (not SQLite)
-                    session.info["lock_rows"] = True
-                    yield session
-            else:
-                with self._turns.turn(WRITE_WAIT_SECONDS), self._writer() as session, session.begin():
-                    session.info["lock_rows"] = False
-                    yield session
+            with self._writer() as session, session.begin():
+                # read-then-write paths lock the rows they read where the database needs it (not SQLite)
+                session.info["lock_rows"] = not self.is_sqlite
+                yield session
         except OperationalError as exc:
             self.write_failure = WriteFailure(utcnow(), _first_line(exc))
             if self.is_sqlite and "full" in self.write_failure.error:
@@ -189,16 +224,60 @@ class Database:
         """`work` in a write transaction on this database's writer thread, the API's writes one after another in
         the order they came. A request that writes then never waits for a thread of the pool the reads share (on a
         loaded server each of a write's hops to the pool waited behind every queued read, while the write line was
-        held: at 100 clients the writes' p99 was 5 s, 60 s on a slower box), and the write line is a queue."""
+        held: at 100 clients the writes' p99 was 5 s, 60 s on a slower box), and the write line is a queue.
+
+        On SQLite the writer takes one turn among the process's writers for every API write queued when it comes,
+        each in a transaction of its own, and goes ahead of the worker's writers in line (WriteTurns): a turn a
+        write, in line behind the worker's ingest transactions (each storing all that a job wrote since the last
+        tick), made 100 clients' writes wait for every ingest transaction queued before each of them, one write at
+        a time: 23 of 147 failed after the 60 s wait beside two jobs writing 10,000 points a second. On PostgreSQL,
+        where writers run at once (as those of several servers do), API_WRITERS threads write, each write waiting
+        for the database's own locks only: one after another, each write's round trips to the server added up."""
         with self._writer_lock:
+            if not self.is_sqlite:
+                if self._api_pool is None:
+                    self._api_pool = ThreadPoolExecutor(API_WRITERS, thread_name_prefix="api-writer")
+                return self._api_pool.submit(self._write_one, work)
+            future: Future[T] = Future()
+            self._api_writes.append((work, future))
             if self._api_writer is None:
-                self._api_writer = ThreadPoolExecutor(1, thread_name_prefix="api-writer")
+                self._api_writer = threading.Thread(target=self._write_api, name="api-writer", daemon=True)
+                self._api_writer.start()
+            self._api_queued.notify()
+        return future
 
-        def run() -> T:
-            with self.writing() as session:
-                return work(session)
+    def _write_one(self, work: Callable[[Session], T]) -> T:
+        with self._transaction() as session:
+            return work(session)
 
-        return self._api_writer.submit(run)
+    def _write_api(self) -> None:
+        """SQLite's API writer: every API write queued, in one turn."""
+        while True:
+            with self._writer_lock:
+                while not self._api_writes and not self._api_closing:
+                    self._api_queued.wait()
+                if not self._api_writes:
+                    return
+            try:
+                with self._turns.turn(WRITE_WAIT_SECONDS, first=True):
+                    with self._writer_lock:
+                        batch = list(self._api_writes)
+                        self._api_writes.clear()
+                    for work, future in batch:
+                        if future.set_running_or_notify_cancel():  # not given up on by its request meanwhile
+                            try:
+                                result = self._write_one(work)
+                            except BaseException as exc:  # noqa: BLE001 - the request's to answer
+                                future.set_exception(exc)
+                            else:
+                                future.set_result(result)  # once committed
+            except Unavailable as exc:  # no turn within the wait: what is queued is answered so
+                with self._writer_lock:
+                    batch = list(self._api_writes)
+                    self._api_writes.clear()
+                for _, future in batch:
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(exc)
 
     def release_log_space(self) -> None:
         """Hand back the disk space the write-ahead log holds: a write refused for want of room leaves the log as
@@ -223,9 +302,16 @@ class Database:
         upgrade(self.url)
 
     def dispose(self) -> None:
-        if self._api_writer is not None:
-            self._api_writer.shutdown(wait=True)
-            self._api_writer = None
+        if self._api_pool is not None:
+            self._api_pool.shutdown(wait=True)
+            self._api_pool = None
+        with self._writer_lock:
+            writer, self._api_closing = self._api_writer, True
+            self._api_queued.notify()
+        if writer is not None:
+            writer.join()  # what was queued is written first
+        with self._writer_lock:
+            self._api_writer, self._api_closing = None, False
         self.engine.dispose()
 
 
@@ -243,36 +329,17 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-# a fresh SQLite database is built under this name beside its own, then renamed into place
-MIGRATING_SUFFIX = ".migrating-"
-
-
 def upgrade(url: str, revision: str = "head", on_version_apply: Any = None) -> None:
-    """Bring the database to `revision`. A fresh SQLite file is built whole or not at all: SQLite's DDL runs outside
-    a transaction under alembic, so a process killed in the middle would leave a schema half made that no later
-    start could finish; the migrations run on a file of this process's own beside it, renamed into place once at
-    `revision` (what such a kill left behind is removed at the next start). `on_version_apply`: alembic's hook,
-    called after each migration (tests land a kill there)."""
+    """Bring the database to `revision`, all of it or nothing: the whole upgrade is one transaction, on SQLite too
+    (migrations/env.py says how), so a process killed in the middle leaves the schema as it was, and the next start
+    upgrades it again. Chosen over building the upgrade on a copy and renaming it into place: a copy of a large
+    file costs its size in time and disk at every upgrade, and two servers starting together on a fresh file each
+    built their own and unlinked the other's; one transaction is SQLite's own way to serialise them. The transaction
+    takes the write lock first, so servers starting together migrate one at a time (on PostgreSQL an advisory lock
+    does), the later ones finding the schema new. `on_version_apply`: alembic's hook, called after each migration
+    (tests land a kill there)."""
     cfg = alembic_config(url)
     cfg.attributes["on_version_apply"] = on_version_apply
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        command.upgrade(cfg, revision)
-        return
-    path = Path(url.removeprefix("sqlite:///"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for left in path.parent.glob(f"{path.name}{MIGRATING_SUFFIX}*"):
-        left.unlink(missing_ok=True)  # a fresh build a killed process left: never in use
-    if path.exists() and path.stat().st_size > 0:
-        command.upgrade(cfg, revision)
-        return
-    building = path.with_name(f"{path.name}{MIGRATING_SUFFIX}{os.getpid()}")
-    cfg = alembic_config(f"sqlite:///{building}")
-    cfg.attributes["on_version_apply"] = on_version_apply
-    try:
-        command.upgrade(cfg, revision)
-        try:
-            os.link(building, path)  # into place only if no other process put its own there meanwhile
-        except FileExistsError:
-            command.upgrade(alembic_config(url), revision)  # that one's: at `revision` already, or brought there
-    finally:
-        building.unlink(missing_ok=True)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(cfg, revision)

@@ -399,9 +399,12 @@ def retry_or_fail(session: Session, run: Run, why: str, now: datetime) -> None:
 
 
 def fail_run(session: Session, run: Run, message: str, now: datetime) -> None:
-    """A failure retrying cannot cure (the host refused our key, or refused the action)."""
+    """A failure retrying cannot cure (the host refused our key, or refused the action). What may still run of the
+    attempt on its hosts is marked for the orphan reaper, which stops it (a run that fails leaves no job behind)."""
     if run.status in ACTIVE:
         end_attempt(run.current, AttemptStatus.FAILED, None, message, now)
+        if run.current.nodes:
+            abandon_nodes(run.current)
         transition(session, run, RunStatus.FAILED, message, now=now)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import regex
 
+from server import torchrun_launch
+
 FORMATS = ("tqdm", "key_value", "json")
 MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 1000
@@ -122,8 +124,9 @@ class FoundTotal:
 
 
 def _program(entrypoint: str | None, args: list[str]) -> tuple[str, list[str]] | None:
-    """Which trainer's command line `entrypoint args` is (speculators' or SpecForge's `train`) and its arguments
-    after `train`."""
+    """Which trainer's command line `entrypoint args` is (speculators' or SpecForge's `train`, itself or through
+    torchrun: server/torchrun_launch.py) and its arguments after `train`."""
+    entrypoint, args = torchrun_launch.program(entrypoint, args)
     if not entrypoint or not args or args[0] != "train":
         return None
     path = posixpath.normpath(entrypoint)
@@ -171,6 +174,9 @@ def _number(text: str, whole: bool) -> int | float | None:
 def totals_query(spec_entrypoint: str | None, args: list[str], cwd: str | None) -> dict[str, Any] | None:
     """What the host reads for the total of `entrypoint args` (worker/protocol.py TotalsQuery's fields), or None
     where it is no trainer whose total is read this way or its arguments state no more than they do today."""
+    script = torchrun_launch.script_query(spec_entrypoint, args, cwd)
+    if script is not None:
+        return script
     program = _program(spec_entrypoint, args)
     if program is None:
         return None
@@ -321,6 +327,13 @@ def _specforge_total(facts: dict[str, Any], ranks: int) -> FoundTotal | None:
     return None
 
 
+def launch_ranks(entrypoint: str | None, args: list[str], ranks: int) -> int:
+    """The ranks a run's trainer runs on: those torchrun starts where the run's command is a torchrun launch that
+    says, else the run's own."""
+    launch = torchrun_launch.torchrun(entrypoint, [str(a) for a in args])
+    return launch[3] if launch is not None and launch[3] else ranks
+
+
 def total_from_facts(trainer: str, facts: Any, ranks: int = 1) -> FoundTotal | None:
     """The total steps of a speculators or SpecForge run from what the host read for it (untrusted: anything not of
     the shape worker/hostside/totals.py answers with gives None)."""
@@ -331,6 +344,9 @@ def total_from_facts(trainer: str, facts: Any, ranks: int = 1) -> FoundTotal | N
             return _speculators_total(facts, max(1, ranks))
         if trainer == "specforge":
             return _specforge_total(facts, max(1, ranks))
+        if trainer == "specforge_script":
+            found = torchrun_launch.script_total(facts, max(1, ranks), _whole)
+            return FoundTotal(*found) if found else None
     except (TypeError, ValueError, OverflowError, MemoryError):
         return None
     return None

@@ -3,11 +3,14 @@
 Plain functions over loaded rows; the one query that loads earlier attempts is queries.pace_history.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from server import eta
 from server.models import Attempt, Run
 from server.spec import RunCreate
+
+STEP_FIXED_S, TTT_ITER_S = "step_fixed_s", "ttt_iter_s"  # trainer/step_timing.py's figures in a step line
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,15 @@ def measured(a: Attempt) -> eta.Measured:
 
 
 def own_paces(run: Run) -> list[eta.Measured]:
-    """This run's attempts with a measured pace, newest first."""
-    return [measured(a) for a in sorted(run.attempts, key=lambda a: -a.number) if a.sec_per_step and a.total_steps]
+    """This run's attempts with a measured pace, newest first; the current one with the trainer's split of its
+    compiled steps where its metric lines carry one (run.latest: step_fixed_s, ttt_iter_s)."""
+    out = [measured(a) for a in sorted(run.attempts, key=lambda a: -a.number) if a.sec_per_step and a.total_steps]
+    latest = run.latest or {}
+    fixed, iteration = latest.get(STEP_FIXED_S), latest.get(TTT_ITER_S)
+    if out and run.current.sec_per_step and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                                                for v in (fixed, iteration)) and iteration > 0:
+        out[0] = dataclasses.replace(out[0], step_fixed_s=float(fixed), ttt_iter_s=float(iteration))
+    return out
 
 
 def similar_paces(history: list[PastAttempt], spec: RunCreate, exclude_run: str | None = None) -> list[eta.Measured]:

@@ -1,632 +1,93 @@
-"""The depth proposal: after each validation, whether a deeper TTT restart pays off on the deployment box.
+"""What the service does with a run's depth proposal (server/advisor/proposing.py builds it): the `proposal` events, what
+`on_proposal: restart` takes and what it refuses (always said on GET /v1/runs/{id}/proposal as `auto_restart`), the
+probe taken (by POST /v1/runs/{id}/proposal/probe or by itself) and its decision once its validation is in
+(server/advisor/probe.py).
 
-Inputs, all the run's own: the latest `sim_acc_k` of the current attempt (the draft's conditional acceptance at
-draft position k on validation data, chain drafting, greedy: trainer/simulate.py), its trained TTT depth, the
-run's measured step time (through the restart dry run), and the spec's `deploy: {host, tp, engine}`, whose host's
-all-reduce table was measured by probe-interconnect. The advisor (server/advisor) prices every depth there the
-way the engine runs the draft; its retrain rule (RETRAIN_ASSUMPTION) says how positions beyond the trained depth
-improve after a deeper TTT. The answer is "restart at TTT=N" (with the dry run's duration, the GPU-hours and
-the tokens/s gained), "keep going" (with why), or "cannot tell yet" where the evidence's 90% interval holds both
-(the verdict at one end of it is not the verdict at the other). It is the run's one verdict: the page's
-evaluation panel, `longrun advise RUN_ID`, the SSE `proposal` event and the webhook all carry this answer.
-
-The evidence is named in every answer with its sample sizes and interval: the simulation (sim_acc_k and, for the
-retrain rule, sim_step_acc_k, which has no survivor bias: trainer/simulate.py; Wilson intervals from the rounds
-behind each rate, sim_rounds_k and sim_scored_k), or decoding once an evaluation of the run exists (its bootstrap
-interval over prompts).
-
-`after_validation` runs in the worker's transaction when sim_acc metrics arrive: it stores a `proposal` event when
-the proposal changes (the SSE stream and webhooks carry it), and with `on_proposal: restart` in the spec takes a
-restart proposal itself, at most once per run. `current` is what GET /v1/runs/{id}/proposal answers; it changes
-nothing.
+An automatic restart: at most once per run, never over a restart made by hand since the run's first proposal, only
+where the restart's own checks pass (its dry run), and never one that multiplies what is left of the run by more
+than `auto_restart_max_factor` (default 2): a restart's whole predicted duration, or a probe's time plus the rest of
+the run at the deeper TTT, against the current attempt's ETA.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import eta, hosts, pace, views
-from server.advisor import CostModel, Drafting, advise, rule_record
-from server.advisor.depth import UNKNOWN_LINKS, lifted_positions, training_cost
-from server.advisor.results import Advice, FrontierRow, Objective
-from server.advisor.tables import DEFAULT_KV_CONTEXT_TOKENS
-from server.advisor.verifier import Parallelism, VerifierShape, name_of, read_config
+from server import eta, pace
+from server.advisor import probe as probes
+from server.advisor.proposing import (  # noqa: F401 - ProposalPublic: the route's answer
+    MIN_GAIN,
+    ProposalPublic,
+    build,
+    serving_speed,
+    sim_acc_of,
+    sim_metrics,
+)
 from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL, RunStatus, TransitionError, restart_run
-from server.models import Event, Host, MetricPoint, Run, utcnow
-from server.retrain_time import retrain_seconds, with_ttt
-from server.schemas import DryRunPublic, without_env_values
-from server.spec import RunCreate, spec_dict
+from server.models import Attempt, Event, Run
+from server.retrain_time import with_ttt
 from server.wakeup import wake_workers
-from trainer import series
 
 log = logging.getLogger("longrun.proposal")
 
-SIM_ACC = series.indexed_pattern(series.SIM_ACC)
-MAX_SIM_DEPTH = 64
-# the evidence's intervals: 90% two-sided, as decoding's bootstrap (trainer/evaluate.py CONFIDENCE)
-CONFIDENCE = 0.9
-Z = 1.6448536269514722  # the standard normal's 95th percentile
 # how server/runs.py request_restart words a restart asked for by hand (its status event's message)
 HAND_RESTART_MESSAGE = "restart requested"
-# the least serving speed-up worth a restart (the advisor's min_gain)
-MIN_GAIN = 0.02
+DEFAULT_MAX_FACTOR = 2.0
+OFF = "off: the spec has no `on_proposal: restart`, so the service only proposes"
 
-Action = Literal["restart", "keep_going", "cannot_tell", "unavailable"]
 
-
-class Evidence(BaseModel):
-    """Which acceptance decided: `simulation` (the live sim_acc_k, teacher-forced on validation data) or
-    `decoding` (the newest evaluation's real decoding, which calibrates the live sim_acc_k per position)."""
-
-    source: Literal["simulation", "decoding"]
-    detail: str = Field(description="where the acceptance came from, and how it was calibrated")
-    attempt: int | None = Field(None, description="the evaluated attempt (decoding)")
-    acceptance: list[float] = Field(default_factory=list, description="[k-1]: the conditional acceptance at draft "
-                                    "position k the decision read")
-    acceptance_interval: list[list[float] | None] = Field(
-        default_factory=list, description="[k-1]: the 90% interval of acceptance[k-1]: decoding's bootstrap over "
-        "prompts carried through the calibration, or the simulation's Wilson interval over sim_rounds_k (null where "
-        "there is none)")
-    rounds: list[int] = Field(default_factory=list, description="[k-1]: the rounds behind acceptance[k-1] (decoding's "
-                              "position_rounds, or sim_rounds_k)")
-    prompts: int | None = Field(None, description="decoding: the prompts its bootstrap resampled")
-    step_acceptance: list[float] = Field(default_factory=list, description="[k-1]: sim_step_acc_k, proposal k right "
-                                         "over every round (no survivor bias), which the retrain rule reads with "
-                                         "simulation evidence")
-    step_acceptance_interval: list[list[float] | None] = Field(
-        default_factory=list, description="[k-1]: its Wilson 90% interval over sim_scored_k rounds")
-    interval: str = Field("", description="how the intervals were formed, over what, or why there are none")
-    calibration: list[float] = Field(default_factory=list, description="[k-1]: decoding / simulation of the "
-                                     "evaluated attempt at position k (beyond its depth, the deepest one's)")
-    gain_interval: list[float] | None = Field(None, description="the proposed TTT's tokens/s gain at the "
-                                              "interval's low and high ends")
-    verdicts: list[str] = Field(default_factory=list, description="the verdict (restart or keep_going) at each end "
-                                "of the interval: where they differ, the answer is cannot_tell")
-    decay_from: Literal["sim_step_acc_k", "sim_acc_k"] = Field(
-        "sim_acc_k", description="the rate the retrain rule reads the decay past the trained depth from: "
-        "sim_step_acc_k (no survivor bias) where the trainer reports it, else sim_acc_k (an older trainer's run)")
-    decay_note: str = Field("", description="why that rate, and what the fallback misses")
-    settle: str = Field("", description="what would settle a cannot_tell: more validation rounds (about how many "
-                        "times as many) or an evaluation")
-
-
-class ProposalPublic(BaseModel):
-    """The service's proposal for a run: restart at a deeper TTT, keep going, or why it cannot say."""
-
-    run_id: str
-    attempt: int
-    action: Action
-    summary: str = Field(description="one line: the proposal and its figures")
-    reason: str = Field(description="why: the advisor's retrain reasoning, or what is missing")
-    step: int | None = Field(None, description="the training step of the validation the proposal rests on")
-    trained_ttt: int | None = None
-    suggested_ttt: int | None = None
-    deploy: dict[str, Any] | None = None
-    sim_acc: list[float] = Field(default_factory=list, description="[k-1]: sim_acc_k, conditional acceptance")
-    sim_tau: list[float] = Field(default_factory=list, description="[d-1]: sim_tau_d as the trainer reported it")
-    depth_now: int | None = Field(None, description="the depth to serve the draft as it is (0: do not speculate)")
-    tokens_per_second_now: float | None = None
-    depth_after: int | None = Field(None, description="the depth to serve after the restart")
-    tokens_per_second_after: float | None = None
-    gain: float | None = Field(None, description="tokens_per_second_after / tokens_per_second_now - 1")
-    predicted_tau_after: float | None = Field(
-        None, description="tokens per verifier pass at depth_after that a deeper TTT is expected to reach (also "
-        "with keep_going: there it is why a restart does not pay)")
-    predicted_position_acceptance_after: list[float] = Field(default_factory=list)
-    predicted_training_seconds: float | None = Field(None, description="the restart's dry run: its whole duration")
-    remaining_seconds: float | None = Field(None, description="the current attempt's ETA")
-    extra_training_seconds: float | None = Field(None, description="predicted_training_seconds - remaining_seconds")
-    gpus: int | None = Field(None, description="GPUs the run trains on (processes per node x nodes)")
-    restart_gpu_hours: float | None = Field(None, description="the restarted attempt's GPU-hours")
-    extra_gpu_hours: float | None = Field(None, description="GPU-hours beyond finishing the current attempt")
-    break_even_tokens: float | None = Field(
-        None, description="tokens served after which the extra GPU-hours are won back by serving faster (GPU-time "
-        "saved per token on the deployment's tp GPUs); the frontier's, the reason's and the summary's figure")
-    restart: dict[str, Any] | None = Field(None, description="the body of POST /v1/runs/{id}/restart it proposes")
-    dry_run: DryRunPublic | None = None
-    verifier: str | None = Field(None, description="the verifier priced: its config.json's shape, or the built-in "
-                                 "default and why")
-    terms_basis: dict[str, str] = Field(default_factory=dict, description="each cost term and whether it was "
-                                        "measured or modelled (advice.cost_model.basis)")
-    objective: str | None = Field(None, description="how the TTT was picked among the frontier's")
-    frontier: list[FrontierRow] = Field(default_factory=list, description="every candidate TTT: serve depth, "
-                                        "tokens/s, training hours, GPU-hours, tokens served to break even")
-    advice: Advice | None = Field(None, description="the advisor's full answer on the deployment box, with terms")
-    auto_restart: str | None = Field(None, description="what on_proposal: restart did or why it did not")
-    rule_record: str | None = Field(None, description="for a restart the advisor would make: how the retrain rule's "
-                                    "predictions for restarts like it measured against trained drafts "
-                                    "(server/advisor/rule_record.py); past a 10% miss the answer is cannot_tell")
-    evidence: Evidence | None = Field(None, description="the acceptance the decision read: the simulation "
-                                      "(sim_acc_k), or the simulation calibrated per position by decoding")
-
-    @property
-    def key(self) -> list[Any]:
-        """What makes a proposal a different one: a new event is stored when this changes."""
-        return [self.attempt, self.action, self.suggested_ttt, self.depth_after,
-                self.evidence.source if self.evidence else None]
-
-
-def sim_metrics(latest: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """sim_acc_1..K (contiguous from 1) and sim_tau_1..K from the run's latest values."""
-    found = {int(m.group(1)): v for k, v in latest.items() if (m := SIM_ACC.match(k)) and isinstance(v, int | float)}
-    accs: list[float] = []
-    while len(accs) + 1 in found and len(accs) < MAX_SIM_DEPTH:
-        accs.append(min(1.0, max(0.0, float(found[len(accs) + 1]))))
-    taus = []
-    for d in range(1, len(accs) + 1):
-        value = latest.get(series.indexed(series.SIM_TAU, d))
-        if not isinstance(value, int | float):
-            break
-        taus.append(float(value))
-    return accs, taus
-
-
-def _indexed(latest: dict[str, Any], base: str, n: int) -> list[float]:
-    """`base`_1..n from the run's latest values, or [] unless every one is there (an older trainer's run)."""
-    values = [latest.get(series.indexed(base, k)) for k in range(1, n + 1)]
-    ok = all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values)
-    return [float(v) for v in values] if ok and n else []
-
-
-def wilson(rate: float, n: float, z: float = Z) -> list[float] | None:
-    """The Wilson score interval of a binomial rate observed over n trials (None for n = 0). It stays inside
-    [0, 1] and is not degenerate at 0 or 1, unlike rate ± z·sqrt(rate(1-rate)/n)."""
-    if n <= 0:
-        return None
-    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * (rate * (1 - rate) / n + z * z / (4 * n * n)) ** 0.5
-    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
-
-
-def _sim_acc_of(session: Session, run_id: str, attempt: int) -> list[float]:
-    """An attempt's sim_acc_1..K at its last validation (the step of its last sim_acc_1)."""
-    first = series.indexed(series.SIM_ACC, 1)
-    step = session.scalar(select(MetricPoint.step).where(
-        MetricPoint.run_id == run_id, MetricPoint.attempt == attempt, MetricPoint.name == first)
-        .order_by(MetricPoint.id.desc()).limit(1))
-    if step is None:
-        return []
-    rows = session.execute(select(MetricPoint.name, MetricPoint.value).where(
-        MetricPoint.run_id == run_id, MetricPoint.attempt == attempt, MetricPoint.step == step,
-        MetricPoint.name.like(f"{series.SIM_ACC}_%")))
-    return sim_metrics({name: value for name, value in rows})[0]
-
-
-def _unit(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1 else None
-
-
-def _products(conditional: list[float]) -> list[float]:
-    """P(tokens 1..k all accepted) from the conditional rates."""
-    out, running = [], 1.0
-    for a in conditional:
-        running *= a
-        out.append(running)
-    return out
-
-
-def _ends(values: list[float], bounds: list[list[float] | None], high: list[bool], scale: float) -> list[float]:
-    """Each value moved to its interval's high end where `high[k]`, else to its low end, `scale` of the way."""
-    return [a + scale * ((b[1] if up else b[0]) - a) if b else a
-            for a, b, up in zip(values, bounds, high, strict=False)]
-
-
-def _interval_ends(evidence: Evidence, trained: int, scale: float = 1.0) -> list[tuple[list[float], list[float] | None]]:
-    """(conditional, step) acceptance at the ends of the evidence's intervals, `scale` of the way out from the
-    measured rates (1: the interval's ends): [] where the evidence has no interval.
-
-    Each position sits at an end of its own interval, in the patterns that push the gain furthest either way: the
-    conditional rates all low, all high, high inside the trained depth and low beyond (a steeper fall: the most a
-    retrain lifts), and the reverse; the step rates (with the step rule) at the fall's steepest and its flattest
-    (u_T high, u_1 low where T > 1, low beyond; and the mirror). Every rate at an end at once is a band wider than
-    90% jointly: a cannot_tell is where even that much doubt could not change the verdict, is not reported."""
-    n = len(evidence.acceptance)
-    inside = [k < trained for k in range(n)]
-    patterns = [[False] * n, [True] * n, inside, [not x for x in inside]]
-    conditional = ([_ends(evidence.acceptance, evidence.acceptance_interval, high, scale) for high in patterns]
-                   if any(evidence.acceptance_interval) else [evidence.acceptance])
-    steps: list[list[float] | None] = [evidence.step_acceptance or None]
-    if evidence.step_acceptance and any(evidence.step_acceptance_interval):
-        steep = [k < trained and (k > 0 or trained == 1) for k in range(n)]
-        steps = [_ends(evidence.step_acceptance, evidence.step_acceptance_interval, high, scale)
-                 for high in (steep, [not x for x in steep])]
-    if len(conditional) == 1 and len(steps) == 1:
-        return []
-    return [(c, u) for c in conditional for u in steps]
-
-
-
-def _settle(evidence: Evidence, trained: int, verdict: str, verdict_on: Any) -> str:
-    """What would settle a cannot_tell: the width (as a share of the interval's now) at which every end gives the
-    measured rates' verdict, found by halving, and the rounds that take (a Wilson or bootstrap interval narrows as
-    one over the root of its sample): about 1 / share^2 times as many."""
-    agree, disagree = 0.0, 1.0
-    for _ in range(7):
-        share = (agree + disagree) / 2
-        if all(verdict_on(c, u) == verdict for c, u in _interval_ends(evidence, trained, share)):
-            agree = share
-        else:
-            disagree = share
-    times = 1 / max(agree, 1 / 128) ** 2
-    more = f"about {times:.0f}x" if times < 1000 else "over 1000x"
-    said = "restart" if verdict == "restart" else "keep going"
-    if evidence.source == "simulation":
-        return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: {more} "
-                f"the {evidence.rounds[0] if evidence.rounds else 'present'} validation rounds (trainer.sim_samples, "
-                "0 for the whole validation split), or an evaluation of the run (its eval_corpus, at the attempt's end)"
-                ", which decides over the simulation")
-    return (f"the verdict at the measured rates ({said}) holds once the intervals are {agree:.0%} as wide: an "
-            f"evaluation over {more} the {evidence.prompts or 'present'} prompts (trainer.eval_samples)")
-
-
-def _verdict(advice: Advice, trained: int) -> str:
-    retrain = advice.retrain
-    return "restart" if retrain.pays_off and (retrain.suggested_ttt_steps or 0) > trained else "keep_going"
-
-
-def _said(evidence: Evidence, with_gain: bool = True) -> str:
-    """The evidence as the summary's last clause: which, over how many rounds, the rule's rate, and the gain over
-    its interval."""
-    if evidence.source == "simulation":
-        sizes = (f" over {evidence.rounds[0]} validation rounds, {evidence.rounds[-1]} reaching position "
-                 f"{len(evidence.rounds)}" if evidence.rounds else "")
-        what = f"simulation (sim_acc_k{sizes}, not yet checked against decoding"
-    else:
-        sizes = (f" over {evidence.prompts} prompts, {evidence.rounds[0]} rounds" if evidence.prompts and evidence.rounds
-                 else "")
-        what = f"decoding (attempt {evidence.attempt}'s evaluation{sizes} calibrating sim_acc_k per position"
-    rule = ("the decay read from sim_step_acc_k" if evidence.decay_from == "sim_step_acc_k" else
-            "the decay read from sim_acc_k: this run reports no sim_step_acc_k")
-    spread = (f", the gain {evidence.gain_interval[0]:+.1%} to {evidence.gain_interval[1]:+.1%} over "
-              f"{'decoding' if evidence.source == 'decoding' else 'the simulation'}'s 90% intervals"
-              if evidence.gain_interval and with_gain else "")
-    return f"evidence: {what}; {rule}{spread})"
-
-
-STEP_NOTE = ("the retrain rule reads sim_step_acc_k (proposal k right over every round) for the decay past the "
-             "trained depth: sim_acc_k there is taken over the rounds that survived k-1 proposals, the easy ones, so it "
-             "climbs with depth by selection alone (survivor bias)")
-FALLBACK_NOTE = ("this run reports no sim_step_acc_k (a trainer older than it): the retrain rule falls back to "
-                 "reading the decay from sim_acc_k, whose rounds past the trained depth are the ones that survived k-1 "
-                 "proposals (survivor bias), so a draft that falls past its TTT can read as holding up; a run of the "
-                 "current trainer reports sim_step_acc_k")
-
-
-def _step_rates(latest: dict[str, Any], n: int) -> tuple[list[float], list[list[float] | None]]:
-    """sim_step_acc_1..n with their Wilson intervals over sim_scored_k, or ([], []) where not all reported."""
-    step, scored = (_indexed(latest, base, n) for base in (series.SIM_STEP_ACC, series.SIM_SCORED))
-    if not (step and scored):
-        return [], []
-    return [min(1.0, a) for a in step], [wilson(min(1.0, a), r) for a, r in zip(step, scored, strict=True)]
-
-
-def simulation_evidence(latest: dict[str, Any], accs: list[float]) -> Evidence:
-    """The live simulation as evidence: sim_acc_k with its Wilson intervals over sim_rounds_k, and sim_step_acc_k
-    (over every round: no survivor bias) with theirs over sim_scored_k, where the trainer reported them."""
-    n = len(accs)
-    rounds = _indexed(latest, series.SIM_ROUNDS, n)
-    evidence = Evidence(source="simulation", acceptance=accs, detail=(
-        "simulation: the live sim_acc_k (teacher-forced chains on validation data, not decoding; no evaluation of "
-        "this run to calibrate them yet: one comes with the end of an attempt, or --eval-every)"))
-    if rounds:
-        evidence.rounds = [int(r) for r in rounds]
-        evidence.acceptance_interval = [wilson(a, r) for a, r in zip(accs, rounds, strict=True)]
-    evidence.step_acceptance, evidence.step_acceptance_interval = _step_rates(latest, n)
-    evidence.decay_from = "sim_step_acc_k" if evidence.step_acceptance else "sim_acc_k"
-    evidence.decay_note = STEP_NOTE if evidence.step_acceptance else FALLBACK_NOTE
-    evidence.interval = (f"Wilson {CONFIDENCE:.0%} over the rounds behind each rate (sim_rounds_k, sim_scored_k), "
-                         "read as independent: rounds of one sequence are not, so the true spread is wider"
-                         if rounds else "none: this run reports no sim_rounds_k (the rounds behind sim_acc_k)")
-    return evidence
-
-
-def acceptance_evidence(session: Session, run: Run, accs: list[float],
-                        latest: dict[str, Any] | None = None) -> Evidence:
-    """The conditional acceptance by draft position the decision reads, and from what.
-
-    With an evaluation of the run (the end of an attempt, or --eval-every) whose attempt also reported sim_acc_k:
-    at each position decoding measured, the live sim_acc_k times decoding / simulation of that attempt (its last
-    validation); beyond decoding's depth, times the deepest position's ratio. The live sim_step_acc_k, where
-    reported, are calibrated by the same ratios for the retrain rule. The evaluated attempt being the live one, its
-    decoding is read as it is. Without one, the simulation alone, and the answer says so."""
-    latest = latest if latest is not None else run.latest or {}
-    simulated = simulation_evidence(latest, accs)
-    try:
-        reports = views.evaluations(run)
-    except Conflict:
-        return simulated
-    for report in reversed(reports):
-        decoded = [_unit(v) for v in report.conditional_acceptance or []]
-        sim_then = _sim_acc_of(session, run.id, report.attempt)
-        depth = 0
-        while depth < min(len(decoded), len(sim_then)) and decoded[depth] is not None and sim_then[depth] > 0:
-            depth += 1
-        if depth:
-            break
-    else:
-        return simulated
-    ratios = [decoded[k] / sim_then[k] for k in range(depth)]
-    ratios += [ratios[-1]] * (len(accs) - depth)
-    extra = report.model_extra or {}
-    bounds = extra.get("conditional_acceptance_interval") or []
-    calibrated, intervals = [], []
-    for k, (a, f) in enumerate(zip(accs, ratios, strict=False)):
-        calibrated.append(min(1.0, a * f))
-        bound = bounds[k] if k < depth and k < len(bounds) else None
-        low, high = (_unit(b) for b in bound) if isinstance(bound, list) and len(bound) == 2 else (None, None)
-        intervals.append([min(1.0, a * low / sim_then[k]), min(1.0, a * high / sim_then[k])]
-                         if low is not None and high is not None else None)
-    # decoding's own uncertainty, relative, carried onto the calibrated step rates with the simulation's own
-    step, step_bounds = simulated.step_acceptance, simulated.step_acceptance_interval
-    if step:
-        step = [min(1.0, u * f) for u, f in zip(step, ratios, strict=False)]
-        step_bounds = [[min(1.0, b[0] * f), min(1.0, b[1] * f)] if b else None
-                       for b, f in zip(step_bounds, ratios, strict=False)]
-    live = report.attempt == run.attempt
-    position_rounds = [int(r) for r in extra.get("position_rounds") or [] if isinstance(r, int | float)][:depth]
-    prompts = extra.get("prompts")
-    prompts = int(prompts) if isinstance(prompts, int | float) and not isinstance(prompts, bool) else None
-    interval = (f"decoding's {CONFIDENCE:.0%} bootstrap over {prompts or 'its'} prompts (the unit: rounds of one "
-                "prompt are not independent), carried through the calibration" if any(intervals)
-                else "none: the evaluation reports no conditional_acceptance_interval")
-    detail = (f"decoding: attempt {report.attempt}'s evaluation (real decoding with the verifier, "
-              f"{depth} position(s)) calibrates the live sim_acc_k per position by decoding / simulation "
-              f"({' '.join(f'{f:.3f}' for f in ratios[:depth])})" + (
-                  f", beyond position {depth} by position {depth}'s" if len(accs) > depth else "")
-              + ("; it is this attempt's, so its positions read as decoded" if live else "")
-              + ("; the live sim_step_acc_k are calibrated by the same ratios" if step else ""))
-    return Evidence(source="decoding", detail=detail, attempt=report.attempt, acceptance=calibrated,
-                    acceptance_interval=intervals, calibration=ratios, rounds=position_rounds, prompts=prompts,
-                    interval=interval, step_acceptance=step, step_acceptance_interval=step_bounds,
-                    decay_from="sim_step_acc_k" if step else "sim_acc_k",
-                    decay_note=STEP_NOTE if step else FALLBACK_NOTE)
-
-
-def _dry_run(measured: list[eta.Measured], spec: RunCreate) -> DryRunPublic:
-    """What POST /v1/runs/{id}/restart?dry_run=true answers for this spec (server/runs.py dry_run_restart)."""
-    seconds, basis = eta.predict_duration(measured, spec)
-    finish = utcnow() + timedelta(seconds=seconds) if seconds is not None else None
-    return DryRunPublic(new_spec=without_env_values(spec_dict(spec)), predicted_duration_seconds=seconds,
-                        predicted_finish=finish, basis=basis)
-
-
-def _remaining_seconds(run: Run) -> float | None:
-    """The current attempt's ETA from its measured pace (server/views.py progress_and_eta)."""
-    a = run.current
-    if a.sec_per_step is None:
-        return None
-    since = (utcnow() - a.step_seen_at).total_seconds() if a.step_seen_at else 0.0
-    return eta.remaining_seconds(a.total_steps, a.last_step, a.sec_per_step, since)
-
-
-def _unavailable(run: Run, why: str, **fields: Any) -> ProposalPublic:
-    return ProposalPublic(run_id=run.id, attempt=run.attempt, action="unavailable",
-                          summary=f"no proposal yet: {why}", reason=why, **fields)
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.3g} h"
-
-
-def verifier_of(session: Session, spec: RunCreate) -> tuple[VerifierShape | None, dict[str, Any] | None, str]:
-    """The served verifier's shape from its config.json (deploy.verifier, else the trainer's verifier_path), the
-    deploy host's stored probe-verifier timing of it if any, and where the config came from or why it could not
-    be read (then the built-in 70B-class default is priced, and the answer says so)."""
-    deploy = spec.deploy
-    path = deploy.verifier or (spec.trainer.verifier_path if spec.trainer else None)
-    if path is None:
-        return None, None, "no verifier path (deploy.verifier, or the trainer's verifier_path)"
-    host = session.scalar(select(Host).where(Host.name == deploy.host))
-    probe = ((host.interconnect or {}).get("verifier") if host else None) or None
-    if probe and _same_config(probe.get("path"), path) and isinstance(probe.get("config"), dict):
-        config, where = probe["config"], f"read on {deploy.host} by probe-verifier"
-    else:
-        probe = None
-        try:
-            config, where = read_config(path), "read by the server"
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return None, None, (f"{path}: {why} where the server can read it; `longrun hosts probe-verifier "
-                                f"{deploy.host} --config {path} --tp {deploy.tp or 'N'}` reads it on the deploy host")
-    try:
-        shape = VerifierShape.from_config(config, name_of(path, config))
-    except ValueError as exc:
-        return None, None, f"{path}: {exc}"
-    timed = probe if probe and probe.get("layers_ms_ok") else None
-    return shape, timed, f"{path} ({where})"
-
-
-def _same_config(a: Any, b: str) -> bool:
-    """Whether two paths name one model: a config.json or the directory holding it."""
-    def directory(p: str) -> str:
-        return p[:-len("/config.json")] if p.endswith("/config.json") else p.rstrip("/")
-    return isinstance(a, str) and directory(a) == directory(b)
-
-
-def _cost_model(session: Session, spec: RunCreate, tp: int, table: tuple) -> CostModel:
-    deploy = spec.deploy
-    shape, timed, where = verifier_of(session, spec)
-    if shape is None:
-        return CostModel.for_interconnect("nvlink", tp, allreduce_us=table,
-                                          basis={"verifier_forward": f"modelled: the built-in default ({where})"})
-    ep = deploy.ep or 1
-    parallel = Parallelism(tp, ep if shape.experts and ep == tp else 1)
-    try:
-        return CostModel.for_verifier(shape, parallel, table, measured=timed,
-                                      context_tokens=deploy.context_tokens if deploy.context_tokens is not None
-                                      else DEFAULT_KV_CONTEXT_TOKENS)
-    except ValueError as exc:  # a stored timing of another tp or ep: model it, saying so
-        model = CostModel.for_verifier(shape, parallel, table)
-        again = (f"`longrun hosts probe-verifier {deploy.host} --config {timed['path'] if timed else 'PATH'} --tp {tp}"
-                 f"{f' --ep {parallel.ep}' if parallel.ep > 1 else ''}` times it")
-        return dataclasses.replace(model, basis={
-            **model.basis, "verifier_forward": f"{model.basis['verifier_forward']} ({exc}: {again})"})
-
-
-def _objective(spec: RunCreate, remaining: float | None) -> Objective:
-    deploy = spec.deploy
-    return Objective(serve_tokens=deploy.serve_tokens, train_gpus=spec.gpus, remaining_seconds=remaining or 0.0,
-                     train_gpu_hour_price=deploy.train_gpu_hour_price, serve_gpu_hour_price=deploy.serve_gpu_hour_price)
-
-
-def build(session: Session, run: Run, measured: list[eta.Measured] | None = None) -> ProposalPublic:
-    """The proposal for the run's current attempt from what is stored now; changes nothing. `measured`: the
-    paces the dry run predicts from (default: the run's own attempts)."""
-    measured = pace.own_paces(run) if measured is None else measured
-    spec = run.current.typed_spec
-    deploy = spec.deploy
-    latest = run.latest or {}
-    accs, taus = sim_metrics(latest)
-    if deploy and deploy.max_depth:
-        accs, taus = accs[:deploy.max_depth], taus[:deploy.max_depth]
-    step = session.scalar(select(MetricPoint.step).where(
-        MetricPoint.run_id == run.id, MetricPoint.attempt == run.attempt, MetricPoint.name == series.indexed(series.SIM_ACC, 1))
-        .order_by(MetricPoint.id.desc()).limit(1)) if accs else None
-    base = {"step": step, "sim_acc": accs, "sim_tau": taus, "deploy": deploy and deploy.model_dump(mode="json", exclude_none=True)}
-    if not deploy:
-        return _unavailable(run, "the run spec has no `deploy: {host, tp, engine}` to price depths on", **base)
-    if run.status in TERMINAL:
-        return _unavailable(run, f"the run is {run.status}: there is no attempt to restart", **base)
-    if not accs:
-        return _unavailable(run, "no sim_acc_k metrics in this attempt yet: they arrive with each validation "
-                            "(the bundled trainer's --sim-depth)", **base)
-    trained = eta.ttt_of(spec)
-    if trained is None:
-        return _unavailable(run, "the trained TTT depth is unknown (not a bundled-trainer run), so a deeper restart "
-                            "cannot be proposed", **base)
-    remaining = _remaining_seconds(run)
-    evidence = acceptance_evidence(session, run, accs, latest)
-    base["evidence"] = evidence
-    try:
-        tp, links, table, basis = hosts.measured_allreduce(session, deploy.host, deploy.tp)
-        links = links or UNKNOWN_LINKS
-        cost = _cost_model(session, spec, tp, table)
-        drafting = Drafting(engine=deploy.engine, topk=deploy.topk, draft_tp=deploy.draft_tp,
-                            engine_version=deploy.engine_version, round_ms=deploy.round_ms or None)
-
-        def advice_on(conditional: list[float], step: list[float] | None) -> Advice:
-            evaluation = {"position_acceptance": _products(conditional), "by_depth": [],
-                          **({"step_acceptance": step} if step else {})}
-            return advise(evaluation, links, tp, cost,
-                          trained_ttt=trained, retrain_seconds_by_ttt=retrain_seconds(measured, spec, len(accs)),
-                          min_gain=MIN_GAIN, allreduce_basis=basis if tp > 1 else None, drafting=drafting,
-                          objective=_objective(spec, remaining))
-
-        positions = _products(evidence.acceptance)
-        step = evidence.step_acceptance or None
-        advice = advice_on(evidence.acceptance, step)
-        verdict = _verdict(advice, trained)
-        at_ends = [advice_on(c, u) for c, u in _interval_ends(evidence, trained)]
-        if at_ends:
-            evidence.verdicts = [_verdict(a, trained) for a in at_ends]
-            pick = advice.retrain.suggested_ttt_steps
-            gains = [next((r.gain for r in a.retrain.frontier if r.ttt == pick), a.retrain.gain) if pick
-                     else a.retrain.gain for a in at_ends]
-            gains = [g for g in [advice.retrain.gain, *gains] if g is not None]
-            if gains:
-                evidence.gain_interval = [min(gains), max(gains)]
-            if any(v != verdict for v in evidence.verdicts):
-                evidence.settle = _settle(evidence, trained, verdict, lambda c, u: _verdict(advice_on(c, u), trained))
-    except (NotFound, Conflict) as exc:
-        return _unavailable(run, f"deploy host: {exc}", **base)
-    except ValueError as exc:
-        return _unavailable(run, f"the advisor cannot price this deployment: {exc}", **base)
-    retrain = advice.retrain
-    fields: dict[str, Any] = {
-        **base, "trained_ttt": trained, "advice": advice, "depth_now": advice.recommended_depth,
-        "tokens_per_second_now": advice.tokens_per_second, "depth_after": retrain.depth_after,
-        "tokens_per_second_after": retrain.tokens_per_second_after, "gain": retrain.gain,
-        "verifier": advice.cost_model.priced_verifier, "terms_basis": advice.cost_model.basis,
-        "frontier": retrain.frontier, "objective": retrain.objective, "remaining_seconds": remaining,
-    }
-    where = f"{deploy.host} ({advice.interconnect}{' links' if links == UNKNOWN_LINKS else ''}, tp={tp}, " \
-            f"{drafting.engine})"
-    if retrain.depth_after is not None:
-        # what a deeper TTT is expected to reach (RETRAIN_ASSUMPTION), whether or not it pays off
-        after = lifted_positions(positions, trained, retrain.suggested_ttt_steps or len(positions), step)
-        fields |= {"predicted_position_acceptance_after": after,
-                   "predicted_tau_after": 1 + sum(after[:retrain.depth_after])}
-    if any(v != verdict for v in evidence.verdicts):
-        # the interval holds a restart and a keep going: no verdict either way until the evidence narrows
-        low, high = evidence.gain_interval or [retrain.gain, retrain.gain]
-        said = (f"restart at TTT={retrain.suggested_ttt_steps} ({retrain.gain:+.1%})" if verdict == "restart" else
-                "keep going")
-        return ProposalPublic(
-            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
-            summary=(f"cannot tell yet: at the measured acceptance the advisor says {said} on {where}, but over the "
-                     f"evidence's 90% intervals the gain runs {low:+.1%} to {high:+.1%} and "
-                     f"{evidence.verdicts.count('restart')} of the {len(evidence.verdicts)} ends say restart; "
-                     f"{evidence.settle}; {_said(evidence, with_gain=False)}"))
-    if verdict == "keep_going":
-        return ProposalPublic(
-            run_id=run.id, attempt=run.attempt, action="keep_going", reason=retrain.reason, **fields,
-            summary=(f"keep going: the advisor predicts {advice.tokens_per_second:.1f} tokens/s at depth "
-                     f"{advice.recommended_depth} on {where}; {retrain.reason}; {_said(evidence)}"))
-
-    ttt = retrain.suggested_ttt_steps
-    trusted, record = rule_record.judge(trained, ttt, advice.interconnect)
-    fields["rule_record"] = record
-    if not trusted:
-        # the rule's gain is a prediction, and on restarts like this one it has missed: no restart on its word
-        return ProposalPublic(
-            run_id=run.id, attempt=run.attempt, action="cannot_tell", reason=retrain.reason, **fields,
-            summary=(f"cannot tell: the advisor predicts restart at TTT={ttt} ({retrain.gain:+.1%}, "
-                     f"{retrain.tokens_per_second_after:.1f} against {advice.tokens_per_second:.1f} tokens/s on "
-                     f"{where}), but {record}; {_said(evidence)}"))
-    restart = {"overrides": {"ttt_steps": ttt}, "clean": True}
-    fields |= {"suggested_ttt": ttt, "restart": restart}
-    dry = _dry_run(measured, with_ttt(spec, ttt))
-    fields["dry_run"] = dry
-    seconds = dry.predicted_duration_seconds
-    gpus = spec.gpus
-    fields |= {"gpus": gpus, "predicted_training_seconds": seconds}
-    training = "the dry run has no measured step to predict from yet"
-    row = next((r for r in retrain.frontier if r.ttt == ttt), None)
-    if seconds is not None and row is not None and row.training_seconds is not None:
-        fields |= {"restart_gpu_hours": row.gpu_hours, "break_even_tokens": retrain.break_even_tokens}
-        if remaining is not None:
-            fields |= {"extra_training_seconds": seconds - remaining, "extra_gpu_hours": row.extra_gpu_hours}
-        objective = _objective(spec, remaining)
-        training = "the dry run predicts " + (training_cost(row, objective, tp) if remaining is not None else (
-            f"{seconds:.0f} s of training ({row.gpu_hours:.3g} GPU-h on {gpus} GPU(s)); this attempt's ETA is "
-            f"unknown, so the whole restart is counted, won back after {retrain.break_even_tokens:.3g} tokens served"))
-    return ProposalPublic(
-        run_id=run.id, attempt=run.attempt, action="restart", reason=retrain.reason, **fields,
-        summary=(f"restart at TTT={ttt}: {training}; the advisor predicts {retrain.tokens_per_second_after:.1f} "
-                 f"tokens/s at depth {retrain.depth_after} on {where} against {advice.tokens_per_second:.1f} "
-                 f"now at depth {advice.recommended_depth} ({retrain.gain:+.1%}); {record}; {_said(evidence)}"))
-
-
-def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:
-    """GET /v1/runs/{id}/proposal; with what on_proposal: restart did, if it did."""
-    proposal = build(session, run, measured)
-    taken = _auto_restart_event(session, run.id)
-    if taken is not None and proposal.auto_restart is None:
-        proposal.auto_restart = taken.data.get("auto_restart")
-    return proposal
-
-
-def _proposal_events(session: Session, run_id: str) -> list[Event]:
+def proposal_events(session: Session, run_id: str) -> list[Event]:
     return list(session.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "proposal")
                                 .order_by(Event.id)))
-
-
-def _auto_restart_event(session: Session, run_id: str) -> Event | None:
-    return next((e for e in _proposal_events(session, run_id) if e.data.get("restarted_to_attempt")), None)
 
 
 def event_data(proposal: ProposalPublic) -> dict[str, Any]:
     """What a `proposal` event carries: the decision and its figures, not the whole advice."""
     return {**proposal.model_dump(mode="json", exclude={"advice", "dry_run", "predicted_position_acceptance_after"}),
             "predicted_duration_seconds": proposal.predicted_training_seconds, "key": proposal.key}
+
+
+def _taken(events: list[Event]) -> Event | None:
+    """The automatic restart or probe the run took, if any (a probe's decision and a probe taken by hand are not)."""
+    return next((e for e in events if e.data.get("restarted_to_attempt") and not e.data.get("probe_decided")
+                 and e.data.get("auto", True)), None)
+
+
+def current(session: Session, run: Run, measured: list[eta.Measured]) -> ProposalPublic:
+    """The proposal, with what on_proposal: restart did with it or would do, and the probe under way if any."""
+    proposal = build(session, run, measured)
+    events = proposal_events(session, run.id)
+    running = probes.running(events, run)
+    if running is not None:
+        proposal.probe = probes.ProbePublic(**{**running.data["probe_taken"], "status": "running"})
+        proposal.next_step = (f"the probe (attempt {run.attempt}) decides at its validation: "
+                              f"{proposal.probe.decides}")
+        if proposal.action == "unavailable":
+            proposal.summary = (f"probe under way: attempt {run.attempt} trains TTT={proposal.probe.ttt} for "
+                                f"{proposal.probe.steps} steps; {proposal.next_step}")
+    decided = next((e for e in reversed(events) if e.data.get("probe_decided")), None)
+    if running is None and decided is not None and proposal.probe is None:
+        proposal.probe = probes.ProbePublic(**decided.data["probe_decided"])
+    proposal.auto_restart = auto_restart_text(session, run, proposal, events)
+    return proposal
+
+
+def auto_restart_text(session: Session, run: Run, proposal: ProposalPublic, events: list[Event]) -> str:
+    """Taken, refused and why, or off: never empty."""
+    spec = run.current.typed_spec
+    if (taken := _taken(events)) is not None:
+        return str(taken.data.get("auto_restart") or "taken")
+    if spec.on_proposal != "restart":
+        return OFF
+    if proposal.action not in ("restart", "probe"):
+        return f"nothing to take: the proposal is {proposal.action.replace('_', ' ')}"
+    refusal = refusal_of(session, run, proposal, events)
+    return f"refused: {refusal}" if refusal else "to be taken at the next validation"
 
 
 def _hand_restart_since(session: Session, run: Run, first: Event) -> Event | None:
@@ -637,14 +98,36 @@ def _hand_restart_since(session: Session, run: Run, first: Event) -> Event | Non
             HAND_RESTART_MESSAGE)), None)
 
 
-def _auto_restart_refusal(session: Session, run: Run, proposal: ProposalPublic, events: list[Event]) -> str | None:
+def _factor_refusal(run: Run, proposal: ProposalPublic) -> str | None:
+    """Why the restart would multiply what is left of the run by more than auto_restart_max_factor, or None."""
+    spec = run.current.typed_spec
+    factor = spec.auto_restart_max_factor or DEFAULT_MAX_FACTOR
+    remaining = proposal.remaining_seconds
+    if proposal.action == "probe" and proposal.probe is not None:
+        seconds = proposal.probe.predicted_seconds
+        measured = pace.own_paces(run)
+        if seconds is not None and remaining is not None and measured:
+            a, b, _ = eta.step_cost_model(measured)
+            trained = proposal.trained_ttt or 1
+            seconds += remaining * (a + b * proposal.probe.ttt) / (a + b * trained)
+    else:
+        seconds = proposal.predicted_training_seconds
+    if seconds is None or not remaining:
+        return "the current attempt's ETA or the restart's duration is unknown, so its cost cannot be bounded"
+    if seconds > factor * remaining:
+        return (f"it would take {seconds / 3600:.3g} h against the {remaining / 3600:.3g} h this attempt has left "
+                f"({seconds / remaining:.2f}x), past auto_restart_max_factor {factor:g}: take it by hand, or raise "
+                "auto_restart_max_factor in the spec")
+    return None
+
+
+def refusal_of(session: Session, run: Run, proposal: ProposalPublic, events: list[Event]) -> str | None:
     """Why on_proposal: restart must not take this proposal, or None. Every precondition of the restart is checked
     here, before anything is stopped: the restart's own validation (server/runs.py, as its dry run does)."""
     from server import runs  # runs -> queries -> proposal
     from server.schemas import RestartRequest
 
-    taken = next((e for e in events if e.data.get("restarted_to_attempt")), None)
-    if taken is not None:
+    if (taken := _taken(events)) is not None:
         return (f"on_proposal: restart took a proposal once already (attempt {taken.data['restarted_to_attempt']}); "
                 "no further automatic restart")
     if run.status != RunStatus.RUNNING:
@@ -653,32 +136,120 @@ def _auto_restart_refusal(session: Session, run: Run, proposal: ProposalPublic, 
         return (f"the run was restarted by hand at {hand.time:%Y-%m-%d %H:%M:%S} UTC (attempt {hand.data.get('attempt')})"
                 " since its first proposal; an automatic restart never overrides that: restart it yourself to "
                 "take this proposal")
+    body = proposal.probe.restart if proposal.action == "probe" and proposal.probe else proposal.restart
     try:
-        runs.dry_run_restart(session, run.id, RestartRequest(**proposal.restart))
+        runs.dry_run_restart(session, run.id, RestartRequest(**body))
     except (FieldError, Conflict, NotFound) as exc:
         return f"the restart would not succeed, so the attempt is left running: {exc}"
-    return None
+    return _factor_refusal(run, proposal)
+
+
+def take_probe(session: Session, run: Run, proposal: ProposalPublic, auto: bool = False) -> Attempt:
+    """Start the probe the proposal offers: the current checkpoint resumed at the candidate TTT for N steps."""
+    from server import runs
+    from server.schemas import RestartRequest
+
+    offer = proposal.probe
+    if offer is None or offer.status != "offered":
+        raise Conflict(f"run {run.id}'s proposal offers no probe ({proposal.action}: {proposal.summary})",
+                       proposal.action)
+    runs.dry_run_restart(session, run.id, RestartRequest(**offer.restart))  # its checks, before anything stops
+    spec = probes.with_steps(with_ttt(run.current.typed_spec, offer.ttt), offer.restart["overrides"]["max_steps"])
+    previous, measured = run.attempt, pace.own_paces(run)
+    try:
+        attempt = restart_run(session, run, spec, False, f"probe taken{' (on_proposal: restart)' if auto else ''}: "
+                              f"attempt {previous + 1} resumes the checkpoint at step {offer.from_step} at TTT="
+                              f"{offer.ttt} for {offer.steps} steps", overrides=offer.restart["overrides"])
+    except TransitionError as exc:
+        raise Conflict(f"run {run.id} is {exc.current}; wait until it settles", exc.current) from None
+    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(
+        measured, spec, done_steps=offer.from_step)
+    wake_workers(session)
+    taken = {**offer.model_dump(mode="json"), "status": "running", "attempt": run.attempt}
+    text = (f"{'taken by on_proposal: restart' if auto else 'taken'}: the probe, attempt {run.attempt} at TTT="
+            f"{offer.ttt} for {offer.steps} steps from attempt {previous}'s checkpoint; no further automatic restart")
+    session.add(Event(run_id=run.id, kind="proposal", data={
+        **event_data(proposal), "probe_taken": {**taken, "from_attempt": previous}, "auto": auto,
+        "auto_restart": text, "restarted_to_attempt": run.attempt, "key": [*proposal.key, "probe", run.attempt]}))
+    log.info("run %s: probe taken at TTT=%s for %s steps", run.id, offer.ttt, offer.steps)
+    return attempt
+
+
+def take_probe_by_hand(session: Session, run_id: str) -> Run:
+    """POST /v1/runs/{id}/proposal/probe."""
+    from server.queries import get_run
+
+    run = get_run(session, run_id)
+    take_probe(session, run, build(session, run))
+    return run
+
+
+def decide_probe(session: Session, run: Run, started: Event) -> str | None:
+    """The probe's validation is in: price its draft against the running attempt's and continue the run as that
+    says. Returns the decision, or None where the probe's sim acceptance is not in yet."""
+    taken = started.data["probe_taken"]
+    accs, _ = sim_metrics(run.latest or {})
+    before = sim_acc_of(session, run.id, taken["from_attempt"])
+    n = min(len(accs), len(before))
+    if not n:
+        return None
+    ttt, trained = taken["ttt"], taken["trained_ttt"]
+    now, probed = serving_speed(session, run, before[:n]), serving_speed(session, run, accs[:n])
+    chosen, why = probes.verdict(now, probed, MIN_GAIN, ttt, trained)
+    earlier = next(a for a in run.attempts if a.number == taken["from_attempt"])
+    spec, overrides = probes.continuation(earlier.typed_spec, chosen)
+    probe_attempt, measured = run.attempt, pace.own_paces(run)
+    try:
+        attempt = restart_run(session, run, spec, False, f"probe decided: {why}; attempt {probe_attempt + 1} "
+                              f"continues at TTT={chosen} from the probe's checkpoint", overrides=overrides)
+    except TransitionError:
+        return None
+    done = run.attempts[-2].last_step or 0 if len(run.attempts) > 1 else 0
+    attempt.predicted_duration_seconds, attempt.prediction_basis = eta.predict_duration(measured, spec, done)
+    wake_workers(session)
+    decided = {**taken, "status": "decided", "attempt": probe_attempt, "decision": why}
+    # shaped as a proposal event (its run, attempt, action and summary) for the stream's and webhooks' readers
+    session.add(Event(run_id=run.id, kind="proposal", data={
+        "run_id": run.id, "attempt": probe_attempt, "action": "restart" if chosen != trained else "keep_going",
+        "summary": f"probe decided: {why}; attempt {run.attempt} continues at TTT={chosen}", "reason": why,
+        "suggested_ttt": chosen if chosen != trained else None, "depth_after": None, "evidence": None,
+        "trained_ttt": trained, "probe": decided, "probe_decided": decided, "continued_ttt": chosen,
+        "restarted_to_attempt": run.attempt, "key": [probe_attempt, "probe_decided", chosen]}))
+    log.info("run %s: probe decided, continuing at TTT=%s", run.id, chosen)
+    return why
 
 
 def after_validation(session: Session, run: Run) -> ProposalPublic | None:
-    """Store a `proposal` event if the proposal changed; take it with on_proposal: restart (once per run, never
-    over a restart made by hand since the first proposal, and only where the restart's checks pass). Nothing for
-    a run without `deploy` or one that has ended."""
+    """Decide a probe whose validation is in; else store a `proposal` event if the proposal changed, and take it
+    with on_proposal: restart where refusal_of finds nothing against it. Nothing for a run without `deploy`."""
     spec = run.current.typed_spec
-    if spec.deploy is None or run.status in TERMINAL:
+    if spec.deploy is None:
+        return None
+    events = proposal_events(session, run.id)
+    if (started := probes.running(events, run)) is not None:
+        decide_probe(session, run, started)
+        return None
+    if run.status in TERMINAL:
         return None
     proposal = build(session, run)
     if proposal.action == "unavailable" and not proposal.sim_acc:
         return None
-    events = _proposal_events(session, run.id)
     take = False
-    if proposal.action == "restart" and spec.on_proposal == "restart" and proposal.suggested_ttt is not None:
-        refusal = _auto_restart_refusal(session, run, proposal, events)
-        proposal.auto_restart = f"not taken: {refusal}" if refusal else None
+    if proposal.action in ("restart", "probe") and spec.on_proposal == "restart" and proposal.suggested_ttt:
+        refusal = refusal_of(session, run, proposal, events)
+        proposal.auto_restart = f"refused: {refusal}" if refusal else ""
         take = refusal is None
+    else:
+        proposal.auto_restart = auto_restart_text(session, run, proposal, events)
     if not take and (not events or events[-1].data.get("key") != proposal.key):
         session.add(Event(run_id=run.id, kind="proposal", data=event_data(proposal)))
     if not take:
+        return proposal
+    if proposal.action == "probe":
+        try:
+            take_probe(session, run, proposal, auto=True)
+        except (FieldError, Conflict, NotFound):
+            pass
         return proposal
     previous, measured = run.attempt, pace.own_paces(run)
     try:
@@ -692,7 +263,7 @@ def after_validation(session: Session, run: Run) -> ProposalPublic | None:
     proposal.auto_restart = (f"taken by on_proposal: restart: attempt {previous} stopped, attempt {run.attempt} "
                              f"starts at TTT={proposal.suggested_ttt} (clean); no further automatic restart")
     session.add(Event(run_id=run.id, kind="proposal",
-                      data={**event_data(proposal), "restarted_to_attempt": run.attempt,
+                      data={**event_data(proposal), "restarted_to_attempt": run.attempt, "auto": True,
                             "key": [*proposal.key, "restarted"]}))
     log.info("run %s: proposal taken, restarted at TTT=%s", run.id, proposal.suggested_ttt)
     return proposal

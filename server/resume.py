@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from server.errors import FieldError
 from server.models import Run
-from server.spec import RunCreate
+from server.spec import RunCreate, TrainerSpec
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
         saved = checkpoint_step(past, a.last_step, a.total_steps)
         if saved and saved >= step:
             step, ttt = saved, past.trainer.ttt_steps
-            total = _steps_at(a.total_steps, past.trainer.epochs, trainer.epochs)
+            total = _steps_at(a.total_steps, past.trainer, trainer)
     if not step:
         return StartPlan("fresh", None, None, f"no checkpoint in {trainer.output_dir} yet: training starts at step 0")
     why = f"resumes the checkpoint at step {step} in {trainer.output_dir}"
@@ -95,9 +95,13 @@ def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
     return StartPlan("resume", step, ttt, why, other_depth, total)
 
 
-def _steps_at(total_steps: int | None, epochs: int | None, new_epochs: int | None) -> int | None:
-    """The steps a training of `new_epochs` makes, from one of `epochs` that made `total_steps` (the same data,
-    batch and ranks); None when that attempt never said its total."""
+def _steps_at(total_steps: int | None, past: TrainerSpec, new: TrainerSpec) -> int | None:
+    """The steps the new attempt's training makes in all, from the attempt that made `total_steps` (the same data,
+    batch and ranks): its epochs scaled, capped by the new `max_steps`; None when unknown (that attempt never said
+    its total, or its own max_steps cut it short, as a probe's does)."""
     if not total_steps:
         return None
-    return total_steps * (new_epochs or 1) // (epochs or 1)
+    capped = past.max_steps is not None and total_steps >= past.max_steps
+    by_epochs = None if capped else total_steps * (new.epochs or 1) // (past.epochs or 1)
+    limits = [n for n in (by_epochs, new.max_steps) if n]
+    return min(limits) if limits else None

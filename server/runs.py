@@ -66,6 +66,26 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     return [hosts[n] for n in names]
 
 
+def _check_deploy(session: Session, spec: RunCreate) -> None:
+    """A `deploy` is priced on its host's all-reduce table at its tp: a host without one at that tp is refused at
+    submit, naming the probe that measures it, rather than found at the first validation."""
+    deploy = spec.deploy
+    if deploy is None or deploy.tp == 1:
+        return
+    command = f"`longrun hosts probe-interconnect {deploy.host} --tp {deploy.tp or 'N'}`"
+    host = session.scalar(select(Host).where(Host.name == deploy.host))
+    if host is None:
+        raise FieldError(("deploy", "host"), f"unknown host {deploy.host!r}: register it with POST /v1/hosts, then "
+                         f"measure its all-reduce with {command}", deploy.host)
+    measured = host.interconnect or {}
+    if "allreduce" not in measured:
+        raise FieldError(("deploy", "host"), f"{deploy.host} has no measured all-reduce table to price the "
+                         f"deployment on: {command} measures it", deploy.host)
+    if deploy.tp is not None and deploy.tp != measured.get("tp"):
+        raise FieldError(("deploy", "tp"), f"{deploy.host}'s all-reduce was measured at tp={measured.get('tp')}, "
+                         f"not {deploy.tp}: {command} measures it there", deploy.tp)
+
+
 def _check_scheduler(spec: RunCreate, hosts: list[Host], loc: tuple[str, ...] = ()) -> None:
     """A run on a Slurm host names that one host (its nodes are `slurm.nodes`); `slurm` goes only with one."""
     slurm_hosts = [h.name for h in hosts if h.kind == "slurm"]
@@ -199,6 +219,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     run's checkpoint says where it starts (`start`: "resume" or "fresh", or the spec's `trainer.no_resume`)."""
     body = spec_dict(spec)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    _lock_names(session)  # first: a repeat sent while the first is being written finds it once it is
     if idempotency_key:
         existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
         if existing is not None:
@@ -208,8 +229,8 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     hosts = _check_hosts(session, spec)
     _check_scheduler(spec, hosts)
     _check_launch_size(body)
+    _check_deploy(session, spec)
     _check_start(session, spec, hosts, start)
-    _lock_names(session)
     name = _run_name(session, spec.name, name_suffix)
     if name != spec.name:
         spec = spec.model_copy(update={"name": name})

@@ -321,6 +321,8 @@ class DeploySpec(Strict):
     verifier: AbsPath | None = Field(None, description="the served verifier's config.json or model directory "
                                      "(default: the trainer's verifier_path): its layers, experts, attention and "
                                      "weight bits price each verifier forward")
+    dp_attention: int | None = Field(None, ge=1, le=64, description="sglang only: --enable-dp-attention with "
+                                     "--dp-size N; attention and the EAGLE-3 draft run in groups of tp/N ranks")
     ep: int | None = Field(None, ge=1, le=64, description="expert parallelism of an MoE verifier: 1 (experts "
                            "sliced by tp, the default) or the tp (whole experts per GPU, all-to-all dispatch)")
     context_tokens: int | None = Field(None, ge=0, le=1 << 24, description="the context whose KV cache each "
@@ -338,6 +340,9 @@ class DeploySpec(Strict):
             return self
         if self.draft_tp is not None and self.engine != "vllm":
             raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size: give it with engine vllm")
+        if self.dp_attention not in (None, 1) and (self.engine != "sglang" or (self.tp and self.tp % self.dp_attention)):
+            raise ValueError("dp_attention is SGLang's --dp-size with --enable-dp-attention: engine sglang, and a tp "
+                             "that is a multiple of it")
         if (self.round_ms is not None) != (self.engine == "measured"):
             raise ValueError("round_ms goes with engine measured, and engine measured needs it")
         if (self.train_gpu_hour_price is None) != (self.serve_gpu_hour_price is None):
@@ -374,6 +379,9 @@ class RunCreate(Strict):
     on_proposal: Literal["restart"] | None = Field(
         None, description="`restart`: take a restart proposal by itself (clean, at the proposed TTT), at most once "
         "per run; unset: only propose")
+    auto_restart_max_factor: float | None = Field(
+        None, ge=1, le=1000, description="on_proposal: restart takes no restart (or probe) that would make what is "
+        "left of the run more than this many times the current attempt's ETA (default 2)")
 
     @model_validator(mode="after")
     def _one_target(self, info: ValidationInfo) -> "RunCreate":
@@ -422,7 +430,8 @@ class RunCreate(Strict):
 
 # top-level fields a restart may override; any trainer field may be overridden too
 RESTART_TOP_LEVEL = frozenset({"args", "nproc_per_node", "env", "name", "max_retries", "entrypoint", "cwd",
-                               "log_metrics", "on_stall", "slurm", "deploy", "on_proposal"})
+                               "log_metrics", "on_stall", "slurm", "deploy", "on_proposal",
+                               "auto_restart_max_factor"})
 TRAINER_FIELDS = frozenset(TrainerSpec.model_fields)
 
 

@@ -241,3 +241,14 @@ def rule_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rule_record, "MEASURED", tuple(
         rule_record.Checked("a record that held", "regenerated", link, 3, to, 0.1, 0.1, 0.0)
         for link in ("nvlink", "pcie", "unknown") for to in range(4, 17)))
+
+
+@pytest.fixture
+def rule_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retrain rule without its record's bounds (server/advisor/rule_record.py DEEPEST_MEASURED and
+    HIGHEST_ACCEPTANCE), for the tests of how evidence and intervals decide: their figures were made for the rule
+    as it reads the decay; tests/unit/test_depth_step_rule.py checks the bounds."""
+    from server.advisor import rule_record
+
+    monkeypatch.setattr(rule_record, "DEEPEST_MEASURED", 64)
+    monkeypatch.setattr(rule_record, "HIGHEST_ACCEPTANCE", 1.0)

@@ -64,7 +64,7 @@ LONGRUN_REACHES = {
     "longrun.processes": ("server", "worker"),
     "longrun.commands.advise": ("server.advisor",),
     "longrun.tensorboard_export": ("trainer.trackers",),
-    "longrun.commands.check_draft": ("trainer.evaluate", "trainer.model", "trainer.verifier_model"),  # smoke decode
+    "longrun.draft_smoke": ("trainer.evaluate", "trainer.model"),  # check-draft's smoke decode
     "longrun.views": (TRAINER_SERIES,),
 }
 

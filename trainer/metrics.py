@@ -12,7 +12,8 @@ from typing import TextIO
 
 import torch
 
-from trainer import series
+from trainer import series, step_timing
+from trainer.step_timing import ChainTimer
 from trainer.timefmt import duration
 from trainer.trackers import Trackers
 from trainer.ttt import summarize_stats
@@ -181,6 +182,7 @@ class _QueuedStep:
     started: StepStart | None = None
     host_wait: float = 0.0  # seconds the loop waited on the loader for this step's batches
     queued_at: float = 0.0  # the host's clock once the step was queued
+    timer: ChainTimer | None = None  # the step's TTT chains, where it is timed (trainer/step_timing.py)
 
 
 class TrainingMetrics:
@@ -203,7 +205,7 @@ class TrainingMetrics:
 
     def queue(self, step: int, epoch: float, lr: float, loss: torch.Tensor, stats: torch.Tensor,
               grad_norm: torch.Tensor, tokens: torch.Tensor, stop_requested: bool, started: StepStart | None = None,
-              host_wait: float = 0.0) -> None:
+              host_wait: float = 0.0, timer: ChainTimer | None = None) -> None:
         """`started`: taken before the step was queued; `host_wait`: the loop's wait for its batches
         (`InputWait.take()`). Without them the line has no `data_wait_s` / `input_bound`."""
         flag = torch.ones(1, device=loss.device) * float(stop_requested)
@@ -212,14 +214,14 @@ class TrainingMetrics:
         )
         if not packed.is_cuda:
             self.in_flight = _QueuedStep(step, epoch, lr, packed, stats.shape, None, started, host_wait,
-                                         self.input_wait.clock())
+                                         self.input_wait.clock(), timer)
             return
         # copied now, in stream order, so that reading it waits for this step only, not for the next one queued
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True).copy_(packed, non_blocking=True)
         ready = torch.cuda.Event(enable_timing=started is not None)
         ready.record()
         self.in_flight = _QueuedStep(step, epoch, lr, host, stats.shape, ready, started, host_wait,
-                                     self.input_wait.clock())
+                                     self.input_wait.clock(), timer)
 
     def waiting(self, step: _QueuedStep) -> dict:
         """The step's wait for data against its time, once its figures are in (its events complete).
@@ -258,6 +260,7 @@ class TrainingMetrics:
         values = pending.values
         stats_sum = values[4:].view(pending.stats_shape).clone()
         stats_sum[:, 0] /= self.world_size
+        waited = self.waiting(pending)
         self.reporter.train_step({
             series.STEP: pending.step,
             series.TOTAL_STEPS: self.total_steps,
@@ -268,7 +271,8 @@ class TrainingMetrics:
             series.LR: pending.lr,
             series.TOKENS_PER_S: self.throughput.add(values[2].item()),
             series.TTT_STEPS: self.ttt_steps,
-            **self.waiting(pending),
+            **waited,
+            **step_timing.figures(pending.timer, waited.get(series.STEP_TIME_S), self.ttt_steps),
         })
         return values[3].item() > 0
 

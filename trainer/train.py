@@ -38,6 +38,7 @@ from trainer.model import DraftConfig, EagleDraft, load_draft_weights
 from trainer.optim import SCHEDULERS, build_optimizer, build_scheduler
 from trainer.profiling import StartupClock, StepProfiler
 from trainer.step import TrainingStep, rehearsal
+from trainer.step_timing import ChainTimer
 from trainer.trackers import TRACKERS, open_trackers, parse_report_to
 from trainer.ttt import TTTObjective, plan_trained_rows
 from trainer.validation import Validator
@@ -480,6 +481,9 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
                 if clock is not None:
                     clock.mark("first batch")  # the loaders' start and the first batch's way to the device
                 started, waited = StepStart(ctx.device), metrics.input_wait.take()
+                # timed once the compiled regions run (or where nothing compiles): what the rest of the attempt runs
+                objective.timer = ChainTimer(ctx.device.type == "cuda") if not background or (
+                    compiling is not None and compiling.taken) else None
                 result = train_step(micro_batches)
                 if clock is not None:
                     warm_up = ": torch.compile warm-up" if ctx.device.type == "cuda" and compiled.ENABLED else ""
@@ -492,7 +496,8 @@ def run(config: TrainConfig, ctx: Distributed, stop: StopRequest, size_readers: 
                 previous_stops = metrics.publish()  # the step before this one: its figures are ready by now
                 profiler.step()
                 metrics.queue(position.step, position.epoch + position.batch / epoch_batches, lr, result.loss,
-                              result.stats, result.grad_norm, result.tokens, stop.requested, started, waited)
+                              result.stats, result.grad_norm, result.tokens, stop.requested, started, waited,
+                              objective.timer)
                 if previous_stops:
                     return stopped()
                 if position.step >= total_steps:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from trainer import series
 from trainer.fused_loss import soft_cross_entropy
 from trainer.model import EagleDraft, TTTCache
+from trainer.step_timing import ChainTimer
 from trainer.verifier_model import VerifierHead
 
 # Per TTT step, summed over positions (then over ranks): what the metrics are made of.
@@ -172,6 +173,7 @@ class TTTObjective(nn.Module):
         self.draft = draft
         self.ttt_steps = ttt_steps
         self.step_decay = step_decay
+        self.timer: ChainTimer | None = None  # set by the training loop for the steps it times (trainer/step_timing.py)
 
     def forward(
         self, hidden_states: Tensor, input_ids: Tensor, targets: VerifierTargets, position_ids: Tensor | None = None,
@@ -199,11 +201,16 @@ class TTTObjective(nn.Module):
         watching = observer is not None
         loss = torch.zeros((), dtype=torch.float32, device=device)
         losses, rights = [], []
+        timer = self.timer if observer is None and torch.is_grad_enabled() else None
+        if timer is not None:
+            timer.start_chain()
         for k, hidden in enumerate(unroll(draft, hidden_states, input_ids, depth, position_ids, documents)):
             if k >= steps:
                 if not (watching and observer(k, hidden)):
                     break
                 continue
+            if timer is not None:
+                timer.watch_backward(k, hidden)
             trained = step_rows[k]
             target_rows = trained + (1 + k)
             logits = draft.logits(hidden.reshape(b * s, -1)[trained])
@@ -217,6 +224,8 @@ class TTTObjective(nn.Module):
             right[trained] = draft_top == top[target_rows]
             losses.append(loss_k.detach())
             rights.append(right)
+            if timer is not None:
+                timer.forward_done(k)
             watching = watching and observer(k, hidden, right)
         return loss, step_stats(torch.stack(losses), step_valid, torch.stack(rights).view(steps, b, s))
 

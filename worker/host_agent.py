@@ -8,7 +8,9 @@ stdin is the request as one JSON line, then the zipapp. The agent installs itsel
 into a directory named by its content under <workspace>/.longrun/bin, inside the same single command, so every
 action stays one round trip. Unpacked, the host's python caches the agent's bytecode beside it once: run from the
 zipapp, every call compiled its modules again (61 against 32 ms of CPU a probe, docs/benchmarks.md). Its answer is untrusted input: anything but one JSON object of the expected
-shape, within MAX_ANSWER_BYTES, is a CommandFailed that says so.
+shape, within MAX_ANSWER_BYTES, is a CommandFailed that says so; but an answer that did not come back whole (empty,
+or not JSON: the agent SIGKILLed mid-answer, a stray line on its stdout) is asked again, ANSWER_TRIES times in all,
+and then an AnswerLost: the run's driver keeps the run and treats the host as away (the unreachable deadline).
 """
 
 import hashlib
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from server.layout import PYTHON_UNFIT, HostLayout
-from worker.host_errors import CommandFailed, HostUnreachable
+from worker.host_errors import AnswerLost, CommandFailed, HostUnreachable
 from worker.hostside.files import READ_LIMIT
 from worker.protocol import (
     CancelAnswer,
@@ -61,6 +63,10 @@ HOSTSIDE_ZIPAPP = hostside_zipapp()
 HOSTSIDE_NAME = f"hostside-{hashlib.sha256(HOSTSIDE_ZIPAPP).hexdigest()[:12]}"
 # ssh's own exit status when the connection failed: the host never ran the command
 SSH_FAILED = 255
+# the shell's exit status when the host's python cannot be run (not executable, not found): asking again cannot help
+NOT_RUNNABLE = (126, 127)
+# how many times one call is sent while its answer comes back empty or unreadable (each verb may be asked again)
+ANSWER_TRIES = 3
 # a probe answers at most 4 MiB of metrics and 4 MiB of log, escaped into JSON: anything far larger is not ours
 MAX_ANSWER_BYTES = 64 << 20
 # run when the agent is not installed yet: install it from stdin (after the request line), then run it. It unpacks the
@@ -162,8 +168,14 @@ class HostAgent:
         if self.registered_real:
             wire[WORKSPACE_CHECK] = {"path": self.layout.workspace, "real": self.registered_real}
         payload = json.dumps(wire).encode() + b"\n" + HOSTSIDE_ZIPAPP
-        result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
-        answer = _answer_of(request.verb, result)
+        for tries in range(1, ANSWER_TRIES + 1):
+            result = self.transport.exec(command, stdin=payload, timeout=timeout or self.timeout)
+            try:
+                answer = _answer_of(request.verb, result)
+                break
+            except AnswerLost as exc:
+                if tries == ANSWER_TRIES:
+                    raise AnswerLost(f"{exc} ({ANSWER_TRIES} tries in a row)") from None
         try:
             return request.answer.from_wire(answer)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -201,7 +213,10 @@ class HostAgent:
             raise PythonUnfit(f"{PYTHON_UNFIT}{self.python!r} did not run on the host (exit {result.returncode}: "
                               f"{result.stderr.strip()[-300:]}); register the host with --python naming a Python "
                               f"{_floor()} or newer")
-        answer = _answer_of("workspace", result)
+        try:
+            answer = _answer_of("workspace", result)
+        except AnswerLost as exc:  # asked once, before anything is installed: a python that answers so is unfit
+            raise CommandFailed(str(exc)) from None
         version = str(answer.get("python", "?"))[:32]
         if "real" not in answer:
             raise PythonUnfit(f"{PYTHON_UNFIT}the host's python {self.python!r} is Python {version}; the agent needs Python "
@@ -243,7 +258,8 @@ def _floor() -> str:
 
 
 def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:
-    """The host's answer: one JSON object on the last line of stdout; anything else raises."""
+    """The host's answer: one JSON object on the last line of stdout; anything else raises. An answer that is not
+    JSON at all (none, cut off, a stray line) is an AnswerLost, unless ssh failed or the python could not run."""
     if len(result.stdout) > MAX_ANSWER_BYTES:
         raise CommandFailed(f"{verb}: the host answered {len(result.stdout)} bytes, more than the "
                             f"{MAX_ANSWER_BYTES} an answer may hold")
@@ -252,8 +268,11 @@ def _answer_of(verb: str, result: CommandResult) -> dict[str, Any]:
     except (IndexError, ValueError):
         if result.returncode == SSH_FAILED:
             raise HostUnreachable(result.stderr.strip() or "connection lost") from None
-        raise CommandFailed(f"{verb} failed on the host (exit {result.returncode}): "
-                            f"{(result.stderr or result.stdout).strip()[-2000:]}") from None
+        said = (result.stderr or result.stdout).strip()[-2000:]
+        if result.returncode in NOT_RUNNABLE:
+            raise CommandFailed(f"{verb} failed on the host (exit {result.returncode}): {said}") from None
+        raise AnswerLost(f"{verb}: no readable answer from the host agent (exit {result.returncode}): "
+                         f"{said!r}") from None
     if not isinstance(answer, dict):
         raise CommandFailed(f"{verb}: the host answered {type(answer).__name__}, not a JSON object: "
                             f"{result.stdout.strip()[:200]!r}")

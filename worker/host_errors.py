@@ -2,6 +2,8 @@
 
 - `HostUnreachable`: the host did not answer (refused, timed out, connection dropped). The run is kept
   and the call retried later: unreachable is not dead (server.lifecycle.host_unreachable).
+- `AnswerLost`: the host ran the command, but no answer of the agent's came back whole (nothing, or not JSON): a
+  HostUnreachable, asked again at once (worker/host_agent.py), then kept and retried as one.
 - `HostKeyRefused`: the host presented a key nobody trusted. Nothing was run there.
 - `AuthRefused`: the host refused our key.
 - `CommandFailed`: the host answered, but the action was refused or failed there.
@@ -20,6 +22,12 @@ class HostError(Exception):
 
 class HostUnreachable(HostError):
     """The host could not be reached, or the command did not complete: the host may come back."""
+
+
+class AnswerLost(HostUnreachable):
+    """The host ran the command, but the agent's answer came back empty or unreadable: the agent was killed
+    mid-answer (as an out-of-memory kill does), or something else wrote on its stdout. Every verb may be asked again
+    (the same request does the same thing), and a host that keeps answering so is away, not refusing."""
 
 
 class HostKeyRefused(HostError):

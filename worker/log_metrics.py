@@ -339,4 +339,7 @@ def found_total(spec: RunCreate, facts: Any) -> FoundTotal | None:
     """The run's total steps from what its host read for `totals_query(spec)` (LaunchAnswer.totals), with how it
     was found (`note`: an estimate says so and from what); None where the host could not read it."""
     query = totals_query(spec)
-    return log_patterns.total_from_facts(query.trainer, facts, spec.ranks) if query else None
+    if query is None:
+        return None
+    ranks = log_patterns.launch_ranks(spec.entrypoint, list(spec.args), spec.ranks)
+    return log_patterns.total_from_facts(query.trainer, facts, ranks)

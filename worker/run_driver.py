@@ -51,7 +51,6 @@ from worker.clock import Clock
 from worker.gpu_placement import WaitForGpus, placement_env, visible_devices
 from worker.host_contact import HostContact, mark_unreachable, store_snapshot
 from worker.host_errors import HostError, HostUnreachable
-from worker.hostside.files import READ_LIMIT
 from worker.jobs import job_argv
 from worker.log_metrics import found_total, totals_query
 from worker.protocol import GpuView, LaunchRequest
@@ -63,6 +62,12 @@ from worker.workspace_check import refuse_workspace
 log = logging.getLogger("longrun.worker")
 # the least a probe reads of each file while the store refuses writes: a few hundred metric lines
 MIN_READ_BYTES = 16 << 10
+# the most a step reads of each file and stores in its one transaction (about 500 metric lines of 20 fields, 0.1 to
+# 0.3 s of SQLite's time); what is left is read in the next step, at once. On SQLite the API's writes wait for the
+# write transaction under way: a job writing faster than a tick's ingest kept up with had each step store all the
+# host hands back (READ_LIMIT, 4 MiB: seconds of SQLite's time), and 100 clients' writes beside two such jobs had
+# a p99 of 3.2 s on two cores (benchmarks/bench_write_beside_ingest.py, docs/benchmarks.md)
+INGEST_READ_BYTES = 256 << 10
 
 # a handler returns True when it left the run with more to do at once (queued or retried: now launching)
 Handler = Callable[[Run, dict[str, Host]], bool | None]
@@ -74,7 +79,7 @@ class RunDriver:
         self.db, self.settings, self.contact, self.stopper = db, settings, contact, stopper
         self.worker_id, self.clock = worker_id, clock
         self._lock = threading.Lock()
-        # run id -> the bytes of each file its probes read while the store refuses writes (READ_LIMIT otherwise)
+        # run id -> the bytes of each file its probes read while the store refuses writes (INGEST_READ_BYTES otherwise)
         self._read_limit: dict[str, int] = {}
         # run id -> monotonic time its GPUs were last sampled
         self._gpu_sampled: dict[str, float] = {}
@@ -102,7 +107,7 @@ class RunDriver:
             with self._lock:
                 if run_id in self._read_limit:  # stored: the next reads may be larger again
                     self._read_limit[run_id] *= 2
-                    if self._read_limit[run_id] >= READ_LIMIT:
+                    if self._read_limit[run_id] >= INGEST_READ_BYTES:
                         del self._read_limit[run_id]
         except HostUnreachable as exc:
             with fresh_run(self.db, run_id) as (s, fresh):
@@ -127,7 +132,7 @@ class RunDriver:
                 # are halved meanwhile, so that a backlog larger than the room a refused write frees is stored in
                 # pieces that fit, each moving the offsets on, rather than retried whole for ever
                 with self._lock:
-                    self._read_limit[run_id] = max(MIN_READ_BYTES, self._read_limit.get(run_id, READ_LIMIT) // 2)
+                    self._read_limit[run_id] = max(MIN_READ_BYTES, self._read_limit.get(run_id, INGEST_READ_BYTES) // 2)
                 log.warning("run %s: the database failed, trying again next tick: %s", run_id, str(exc).splitlines()[0][:300])
                 return False
             # anything else is a bug or untrusted input gone wrong: counted, and past the rule's limit the run fails
@@ -240,7 +245,7 @@ class RunDriver:
     def _poll(self, run: Run, hosts: dict[str, Host]) -> bool:
         attempt = run.current
         nodes = nodes_of(attempt)
-        limit = self._read_limit.get(run.id, READ_LIMIT)
+        limit = self._read_limit.get(run.id, INGEST_READ_BYTES)
         probes = probe_nodes(self.contact, attempt, hosts, with_gpus=self._gpu_sample_due(run.id), limit=limit)
         # a node whose wrapper died is not over while processes of it survive the host's stop of them; a batch job
         # that its scheduler put back in the queue (requeued after a node failure) is not over either
@@ -260,9 +265,10 @@ class RunDriver:
                 current = fresh.current
                 stall_seen(s, fresh, self.clock.now(), self.settings.stall_factor, self.settings.stall_floor,
                            self._still_watched(run.id, current.number, current.last_step))
-                # a job that is over with its files still being read: the next read follows at once, not a tick
-                # later, so that its outcome waits only on the reads (at most the log's kept tail: hostside/attempt.py)
-                return not running
+                # files still being read (the host had more than INGEST_READ_BYTES): the next read follows at once,
+                # not a tick later, each in a short transaction of its own; so does a job's outcome, waiting only on
+                # the reads (at most the log's kept tail: hostside/attempt.py)
+                return not drained
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
                                    time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit,

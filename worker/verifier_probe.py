@@ -11,8 +11,11 @@ torch._scaled_mm; int4 by torch._weight_int4pack_mm where this torch has it, els
 attends over a KV cache of --context tokens, and times each token count as a replayed CUDA graph (median of 20
 replays of 10), so kernel launches cost what they cost in a serving engine's captured decode. Routing is uniform
 random, so n tokens touch the experts they would on average. Collectives are not run: the all-reduce table prices
-them. Its kernels are torch's, one matmul per expert touched (no fused MoE kernel, SDPA for MLA's latent
-attention): an upper bound on an engine's layer. On one H200 (torch 2.11, int4 by tinygemm, 4096 tokens of
+them. Its kernels are torch's: MLA's absorbed attention as multi-query GEMMs over the shared latent (FlashMLA's
+arithmetic, not its one kernel), bf16 experts as one grouped GEMM (torch._grouped_mm, a fused MoE's), int4 and fp8
+experts one matmul per expert touched (torch has no grouped kernel for them; `moe_kernel` says which): an upper
+bound on an engine's layer. The figures below are from the probe before 2026-12-07, whose MLA attention ran SDPA
+over the latent expanded to every head (0.44 ms of the 0.45 ms dense layer). On one H200 (torch 2.11, int4 by tinygemm, 4096 tokens of
 context) a Kimi-K2.5 MoE layer's tp=8 share took 0.59 ms at 1 token and 2.73 ms at 16 (ep=8: 0.46 and 0.84), its
 dense layer 0.45 ms; a Llama-3-70B layer's tp=8 share 0.085 ms at 1 token and 0.135-0.138 ms at 2-16
 (tests/fixtures/verifier-probe).
@@ -24,6 +27,7 @@ cannot measure (no torch, no GPU), {"error"} with exit status 3.
 from __future__ import annotations  # hosts may run Python 3.8
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -85,9 +89,9 @@ class Linear:
         return x @ self.w
 
 
-def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind: str, tokens: int):
-    """A closure running one layer's forward over `tokens` tokens (one rank's share)."""
-    dev = torch.device("cuda", 0)
+def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind: str, tokens: int, dev=None):
+    """A closure running one layer's forward over `tokens` tokens (one rank's share); on GPU 0 unless `dev`."""
+    dev = dev if dev is not None else torch.device("cuda", 0)
     h, heads = c["hidden_size"], c["num_attention_heads"]
     hp = max(1, heads // tp)
     bf = torch.bfloat16
@@ -102,12 +106,17 @@ def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind:
         v_b = torch.randn(hp, kvl, vd, dtype=bf, device=dev) * 0.01
         o = Linear(torch, hp * vd, h, attn_kind, dev)
 
+        keys, scale = latent[0, 0], (c.get("qk_nope_head_dim", 128) + rope) ** -0.5
+
         def attention(x):
-            q = q_b(q_a(x) if q_a else x).view(1, tokens, hp, kvl + rope).transpose(1, 2)
+            # absorbed MLA is multi-query attention over one shared latent head: every head's and token's query
+            # against the latent cache as one GEMM, its softmax, one GEMM against the latent values (what
+            # FlashMLA computes in one kernel); SDPA over the latent expanded to every head took 0.44 ms a layer
+            q = q_b(q_a(x) if q_a else x).view(tokens * hp, kvl + rope)
             kv_a(x)
-            a = torch.nn.functional.scaled_dot_product_attention(q, latent.expand(1, hp, -1, -1),
-                                                                 latent[..., :kvl].expand(1, hp, -1, -1))
-            return o(torch.bmm(a[0], v_b).transpose(0, 1).reshape(tokens, hp * vd))
+            weights = torch.softmax((q @ keys.t()).float() * scale, -1).to(bf)
+            a = (weights @ keys[:, :kvl]).view(tokens, hp, kvl).transpose(0, 1)
+            return o(torch.bmm(a, v_b).transpose(0, 1).reshape(tokens, hp * vd))
     else:
         hd = c.get("head_dim") or h // heads
         kvp = max(1, c.get("num_key_value_heads", heads) // tp)
@@ -125,8 +134,9 @@ def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind:
         k = c["num_experts_per_tok"]
         inter = c.get("moe_intermediate_size") or c["intermediate_size"]
         local, width = (experts // ep, inter) if ep > 1 else (experts, max(1, inter // tp))
-        ups = [Linear(torch, h, 2 * width, kind, dev) for _ in range(local)]
-        downs = [Linear(torch, width, h, kind, dev) for _ in range(local)]
+        grouped = grouped_experts(torch, local, h, width, kind, dev)
+        ups = [Linear(torch, h, 2 * width, kind, dev) for _ in range(local)] if grouped is None else []
+        downs = [Linear(torch, width, h, kind, dev) for _ in range(local)] if grouped is None else []
         shared_w = (c.get("n_shared_experts") or 0) * inter or c.get("shared_expert_intermediate_size") or 0
         shared = [Linear(torch, h, 2 * max(1, shared_w // tp), attn_kind, dev),
                   Linear(torch, max(1, shared_w // tp), h, attn_kind, dev)] if shared_w else None
@@ -143,10 +153,23 @@ def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind:
         # token indices live on the GPU: a captured graph cannot copy from the host
         rows_of = {e: torch.tensor(rows, device=dev) for e, rows in routed.items()}
 
+        if grouped is not None:  # the touched experts' rows in expert order, one grouped GEMM each way
+            order = sorted(rows_of)
+            rows_all = torch.cat([rows_of[e] for e in order]) if order else torch.zeros(0, dtype=torch.long, device=dev)
+            offsets = torch.tensor(list(itertools.accumulate(len(routed[e]) for e in order)), dtype=torch.int32,
+                                   device=dev)
+            # the rows taken from the weights' storage order, so the copies keep the layout the kernel was tried on
+            up_w = grouped[0].transpose(1, 2)[order].transpose(1, 2)
+            down_w = grouped[1].transpose(1, 2)[order].transpose(1, 2)
+
         def mlp(x):
             router(x)
             out = torch.zeros_like(x)
-            for e, rows in rows_of.items():
+            if grouped is not None and order:
+                g = torch._grouped_mm(x.index_select(0, rows_all), up_w, offs=offsets)
+                y = torch._grouped_mm(torch.nn.functional.silu(g[:, :width]) * g[:, width:], down_w, offs=offsets)
+                out.index_add_(0, rows_all, y)
+            for e, rows in rows_of.items() if grouped is None else ():
                 g = ups[e](x.index_select(0, rows))
                 out.index_add_(0, rows, downs[e](torch.nn.functional.silu(g[:, :g.shape[1] // 2])
                                                  * g[:, g.shape[1] // 2:]))
@@ -165,6 +188,22 @@ def build_layer(torch, c: dict, tp: int, ep: int, moe: bool, context: int, kind:
 
     x = torch.randn(tokens, h, dtype=bf, device=dev)
     return lambda: mlp(attention(x))
+
+
+def grouped_experts(torch, local: int, h: int, width: int, kind: str, dev):
+    """(up [E, h, 2w], down [E, w, h]) bf16 weights for torch._grouped_mm, a fused MoE's one GEMM over every
+    touched expert, where the checkpoint is bf16 and this torch and GPU run it; None: one matmul per expert (int4 and
+    fp8 have no grouped kernel in torch: the loop's launches are the probe's stated excess over an engine's)."""
+    if kind != "bf16" or not hasattr(torch, "_grouped_mm"):
+        return None
+    try:
+        up = torch.randn(local, 2 * width, h, dtype=torch.bfloat16, device=dev).transpose(1, 2) * 0.01
+        down = torch.randn(local, h, width, dtype=torch.bfloat16, device=dev).transpose(1, 2) * 0.01
+        x = torch.randn(16, h, dtype=torch.bfloat16, device=dev)
+        torch._grouped_mm(x, up[:1], offs=torch.tensor([16], dtype=torch.int32, device=dev))
+        return up, down
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
 
 
 def time_ms(torch, forward, replays: int = 20, per_replay: int = 10) -> float:
@@ -203,6 +242,9 @@ def measure(config_path: str, tp: int, ep: int, max_tokens: int, context: int) -
     answer = {"path": config_path, "config": c, "tp": tp, "ep": ep, "gpu": torch.cuda.get_device_name(0),
               "tokens": tokens, "context": context}
     used = set()
+    answer["moe_kernel"] = ("one grouped GEMM over the touched experts (torch._grouped_mm)"
+                            if experts and grouped_experts(torch, 1, 64, 64, kind, torch.device("cuda", 0)) is not None
+                            else "one matmul per expert touched (no grouped kernel in torch for this dtype)")
     with torch.inference_mode():
         for moe, key in ((False, "dense_ms"), (True, "moe_ms")):
             if moe and not experts:

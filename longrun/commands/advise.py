@@ -34,6 +34,14 @@ def proposal_view(p: dict) -> Group:
     if p.get("rule_record"):
         parts.append(Text(f"the retrain rule's record: {p['rule_record']}"))
     parts += evidence_lines(p)
+    if probe := p.get("probe"):
+        parts.append(Text(f"probe ({probe['status']}): TTT={probe['ttt']} for {probe['steps']} steps from step "
+                          f"{probe['from_step']}; {probe['decides']}" + (f"; decided: {probe['decision']}"
+                                                                         if probe.get("decision") else "")))
+    if p.get("next_step"):
+        parts.append(Text(f"next step: {p['next_step']}"))
+    if p.get("auto_restart"):
+        parts.append(Text(f"on_proposal: {p['auto_restart']}"))
     if p.get("action") == "restart":
         econ = Table(show_header=False, box=None, pad_edge=False)
         for label, value in (
@@ -100,6 +108,21 @@ def ended_run_answer(client: Client, run: dict, proposal: dict) -> dict:
     return {"run_id": run["id"], "attempt": advice["attempt"], "action": "ended", "summary": summary,
             "reason": retrain.get("reason"), "frontier": retrain.get("frontier") or [], "advice": advice,
             "objective": retrain.get("objective"), "allreduce_source": advice.get("allreduce_source")}
+
+
+def one_verdict(p: dict) -> str:
+    """A run's proposal (GET /v1/runs/{id}/proposal, or its `proposal` event) as one line: the verdict, its next
+    step where it has one, and the simulation/decoding gap its evidence measured (decoding / simulation per
+    position, where an evaluation calibrated it). What `make demo` prints."""
+    line = p.get("summary") or p.get("action", "")
+    verdict = line.split(": ", 1)[0]
+    if p.get("next_step") and p.get("action") in ("probe", "cannot_tell"):
+        verdict += f" (next: {p['next_step']})"
+    calibration = (p.get("evidence") or {}).get("calibration") or []
+    if calibration:
+        verdict += (f"; measured decoding / simulation {min(calibration):.2f}-{max(calibration):.2f} by position "
+                    f"(the simulation {1 / min(calibration):.1f}x decoding at worst)" if min(calibration) > 0 else "")
+    return verdict
 
 
 def evidence_lines(p: dict) -> list[Text]:
@@ -170,6 +193,8 @@ def advise(
     topk: Annotated[int, typer.Option(help="With --engine: 1 chain drafting, more a tree of top-k per step.")] = 1,
     draft_tp: Annotated[int | None, typer.Option(help="With --engine vllm: its draft_tensor_parallel_size.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output (the answer from a file is always JSON).")] = False,
+    probe: Annotated[bool, typer.Option("--probe", help="With RUN_ID: take the probe its proposal offers (resume "
+                                        "at the candidate TTT for N steps, then decide on measured acceptance).")] = False,
 ) -> int:
     """Expected tokens/s per speculation depth, the depth to serve, and whether a deeper TTT retrain pays off.
 
@@ -184,6 +209,9 @@ def advise(
         begin(as_json)
         with connect(ctx) as client:
             answer = client.proposal(run_id)
+            if probe:
+                client.take_probe(run_id)
+                answer = client.proposal(run_id)
             if answer.get("action") == "unavailable":
                 answer = ended_run_answer(client, client.get(run_id), answer)
         emit(answer, as_json, proposal_view(answer))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from server.advisor import rule_record
 from server.advisor.cost import CostModel, check_number
 from server.advisor.engine import Drafting, EngineCost, drafting_public
 from server.advisor.results import (
@@ -41,7 +42,9 @@ RETRAIN_ASSUMPTION = (
     "their conditional rates. With step_acceptance (the simulation's sim_step_acc_k: proposal k right over every "
     "round, not only those that survived k-1 proposals) the decay is read from it instead, and a position beyond T "
     "is lifted by the factor that brings its step rate up to u_T * r_u^(i-T), r_u the geometric-mean step ratio "
-    "over 1..T (1 for T = 1; at most 1), applied to its conditional rate"
+    "over 1..T (1 for T = 1; at most 1), applied to its conditional rate. Bounded by the rule's record: no lifted "
+    "position above the highest acceptance a deeper draft measured there (rule_record.HIGHEST_ACCEPTANCE), no "
+    "candidate TTT past the deepest the record trained (rule_record.DEEPEST_MEASURED)"
 )
 
 # Why step_acceptance: the conditional rate at position k is taken over the rounds that survived k-1 proposals,
@@ -188,7 +191,8 @@ def improved_positions(positions: list[float], trained_ttt: int, step: list[floa
         return list(positions)
     if step is None:
         ratio = _inside_ratio(positions, t)
-        return positions[:t] + [max(a, positions[t - 1] * ratio**k) for k, a in enumerate(positions[t:], start=1)]
+        lifted = positions[:t] + [max(a, positions[t - 1] * ratio**k) for k, a in enumerate(positions[t:], start=1)]
+        return _bounded(positions, lifted)
     ratio = _step_ratio(step, t)
     out, lifting = positions[:t], False
     for i, conditional in enumerate(_conditional(positions)[t:], start=t):
@@ -197,6 +201,23 @@ def improved_positions(positions: list[float], trained_ttt: int, step: list[floa
         lifting = lifting or lifted > conditional
         # the measured value itself until a position is lifted (so an unlifted draft compares equal)
         out.append(out[-1] * max(conditional, lifted) if lifting else positions[i])
+    return _bounded(positions, out)
+
+
+def _bounded(positions: list[float], lifted: list[float]) -> list[float]:
+    """`lifted` with no position's conditional rate lifted above what the rule's record measured a deeper draft
+    reach (rule_record.HIGHEST_ACCEPTANCE); a rate measured higher already keeps its value."""
+    if lifted == positions:
+        return lifted
+    measured, after = _conditional(positions), _conditional(lifted)
+    out, capped = [], False
+    for i, (a, b) in enumerate(zip(measured, after, strict=True)):
+        bound = max(a, rule_record.HIGHEST_ACCEPTANCE)
+        if b > bound or capped:  # from the first capped position on, the products are rebuilt
+            capped = True
+            out.append((out[-1] if out else 1.0) * min(b, bound))
+        else:
+            out.append(lifted[i])
     return out
 
 
@@ -350,8 +371,13 @@ def _retrain_advice(
         advice.depth_after, advice.tokens_per_second_after, advice.gain = depth_now, tps_now, 0.0
         advice.reason = _nothing_to_lift(positions, trained_ttt, step)
         return advice
+    deepest = min(max(taus), rule_record.DEEPEST_MEASURED)
+    if trained_ttt >= deepest:
+        advice.reason = (f"the retrain rule's record trained no draft deeper than TTT={rule_record.DEEPEST_MEASURED} "
+                         f"({rule_record.SOURCE}): a restart past TTT={trained_ttt} is not predicted")
+        return advice
     rows = [_frontier_row(cost, taus, positions, trained_ttt, t, tps_now, retrain_seconds_by_ttt, objective, step)
-            for t in range(trained_ttt + 1, max(taus) + 1)]
+            for t in range(trained_ttt + 1, deepest + 1)]
     advice.frontier = rows
     fastest = max(rows, key=lambda r: (r.tokens_per_second, -r.ttt))
     advice.depth_after, advice.tokens_per_second_after, advice.gain = (

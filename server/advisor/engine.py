@@ -49,7 +49,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from server.advisor.cost import CostModel, check_number
-from server.advisor.tables import DEFAULT_DRAFT_VOCAB
+from server.advisor.tables import DEFAULT_DRAFT_VOCAB, DEFAULT_HBM_BYTES_PER_S
 
 SGLANG_PLACEMENT = (
     "SGLang runs the EAGLE worker in the target's tensor group: python/sglang/srt/speculative/eagle_worker.py "
@@ -57,6 +57,11 @@ SGLANG_PLACEMENT = (
     "layers of python/sglang/srt/models/llama_eagle3.py (@03d5a7771f6082e7737a5f19cae7d1e863087013); its logits "
     "all-gathered in python/sglang/srt/layers/logits_processor.py (LogitsProcessor._get_logits, "
     "@009db01a7c0d5460611d543516401eb497641918)")
+SGLANG_DP_PLACEMENT = (
+    "SGLang with dp-attention (--dp-size {dp}) runs the EAGLE-3 draft in its own attention group of {group} rank(s), "
+    "not the target's tensor group: sglang 0.5.23's wheel, sglang/srt/speculative/draft_parallel.py "
+    "(resolve_draft_parallel_layout: EAGLE-3 is SINGLE_GROUP, and with attn_dp_enabled its tp_group is the attention "
+    "group, attn_tp_size = tp / dp); its collectives priced on the tp table (at most what a smaller group pays)")
 VLLM_V1_PLACEMENT = (
     "vLLM V1 builds the draft with the target's config: vllm/v1/spec_decode/eagle.py (EagleProposer.load_model -> "
     "get_model(vllm_config=self.vllm_config, ...), vllm-project/vllm@f7eef1b6987f4780fe8636077682936fe075aa2f), so "
@@ -66,6 +71,30 @@ VLLM_V0_PLACEMENT = (
     "smaller_tp_proposer_worker.py (SmallerTpProposerWorker, vllm-project/vllm@0f79d54e130ad86876bbefa837bd09b2ae17eaf8)"
     "; unset, the target's tp (SpeculativeConfig._verify_and_get_draft_tp)")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?")
+# The target architectures vLLM serves an EAGLE-3 draft for, by release: `eagle3_target_supported` in
+# SpeculativeConfig's checks, a substring match on the target's hf_text_config.model_type; any other target is a
+# ValueError at start-up. Read from each release's wheel, vllm/config/speculative.py (0.11.0 line 540, 0.12.0 line
+# 620): kimi_k2 and deepseek_v3 are refused (vllm-project/vllm#31254, adding kimi_k2, is open).
+VLLM_EAGLE3_TARGETS = {(0, 11, 0): ("llama", "qwen", "minicpm", "gpt_oss"),
+                       (0, 12, 0): ("llama", "qwen", "minicpm", "gpt_oss")}
+
+
+def vllm_eagle3_refusal(engine_version: str | None, model_type: str) -> str | None:
+    """Why this vLLM release would refuse an EAGLE-3 draft for a target of `model_type`, or None. A release not read
+    is judged by the newest read one at or before it (the oldest read one before that), and says so."""
+    text = (engine_version or "").strip().lower()
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    want = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else max(VLLM_EAGLE3_TARGETS)
+    read = sorted(VLLM_EAGLE3_TARGETS)
+    release = max((r for r in read if r <= want), default=read[0])
+    supported = VLLM_EAGLE3_TARGETS[release]
+    if any(name in model_type for name in supported):
+        return None
+    named = ".".join(map(str, release))
+    judged = "" if release == want else f" (vLLM {engine_version or 'unversioned'} judged by {named}, the release read)"
+    return (f"vLLM {named} refuses an EAGLE-3 draft for a {model_type!r} verifier: its vllm/config/speculative.py "
+            f"serves EAGLE-3 only for targets named {', '.join(supported)}{judged}; not priced. Serve it with "
+            "SGLang (deploy.engine: sglang) or a vLLM release that lists it")
 
 
 def vllm_generation(engine_version: str | None) -> str:
@@ -125,6 +154,7 @@ class Drafting:
     draft_hidden: int | None = None  # default: the verifier's hidden size (EAGLE-3 drafts share it)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
     round_ms: dict[int, float] | None = None  # measured: round cost by depth (0: no speculation)
+    attention_dp: int = 1  # sglang: --enable-dp-attention --dp-size; attention and the draft in groups of tp/dp
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -133,6 +163,8 @@ class Drafting:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.attention_dp != 1 and self.engine != "sglang":
+            raise ValueError("attention_dp is SGLang's --enable-dp-attention --dp-size: give it with engine sglang")
         if self.draft_tp is not None and self.engine != "vllm":
             raise ValueError("draft_tp is vLLM's draft_tensor_parallel_size; SGLang runs the draft at the target's tp")
         if self.engine == "vllm":
@@ -144,9 +176,17 @@ class Drafting:
                 check_number(ms, f"round_ms[{depth}]", low=1e-9)
             object.__setattr__(self, "round_ms", {int(d): float(ms) for d, ms in self.round_ms.items()})
 
+    def group(self, tp: int) -> int:
+        """The ranks one draft forward spans: the target's tp, or with SGLang's dp-attention its attention group."""
+        if self.engine == "sglang" and self.attention_dp > 1:
+            if tp % self.attention_dp:
+                raise ValueError(f"dp-attention needs the tp ({tp}) a multiple of its dp size ({self.attention_dp})")
+            return tp // self.attention_dp
+        return tp
+
     def sharded(self, tp: int) -> bool:
         if self.engine == "sglang":
-            return tp > 1
+            return self.group(tp) > 1
         if self.engine == "vllm":
             draft_tp = self.draft_tp or tp
             if draft_tp not in (1, tp):
@@ -158,7 +198,8 @@ class Drafting:
     def placement(self, tp: int) -> str:
         """Where the engine puts the draft, and the code that says so (file and commit)."""
         if self.engine == "sglang":
-            return SGLANG_PLACEMENT
+            return SGLANG_PLACEMENT if self.attention_dp == 1 else SGLANG_DP_PLACEMENT.format(
+                dp=self.attention_dp, group=self.group(tp))
         if self.engine == "vllm":
             if vllm_generation(self.engine_version) == "v0":
                 return VLLM_V0_PLACEMENT
@@ -170,8 +211,10 @@ class Drafting:
         if self.engine == "measured":
             return f"measured round cost at depths {sorted(self.round_ms or {})}"
         shape = "chain" if self.topk == 1 else f"tree, top-{self.topk} per step (acceptance: the chain's, a lower bound)"
-        where = (f"draft sharded at tp={tp}: {DRAFT_ALLREDUCES_PER_FORWARD} all-reduces + 1 logits all-gather per "
-                 "draft forward" if self.sharded(tp) else "draft replicated on every rank: no collective")
+        where = (f"draft sharded at tp={self.group(tp)}: {DRAFT_ALLREDUCES_PER_FORWARD} all-reduces + 1 logits "
+                 "all-gather per draft forward" if self.sharded(tp) else "draft replicated on every rank: no collective")
+        if self.attention_dp > 1:
+            where += f" (dp-attention, dp {self.attention_dp})"
         engine = self.engine if self.engine != "vllm" else f"vllm {vllm_generation(self.engine_version).upper()}"
         return f"{engine}, {shape}, {where}"
 
@@ -221,9 +264,13 @@ class EngineCost:
         if depth == 0:
             return RoundTerms(verifier_ms=verifier_ms, verified_tokens=1, **collectives, draft_forwards=0,
                               draft_compute_ms=0.0, round_ms=verifier_ms + verifier_comm + alltoall)
-        sharded = self.drafting.sharded(c.tp)
-        per_forward = c.draft_step_ms / c.tp if sharded else c.draft_step_ms
+        sharded, group = self.drafting.sharded(c.tp), self.drafting.group(c.tp)
+        per_forward = c.draft_step_ms / group if sharded else c.draft_step_ms
         draft_compute = c.draft_round_ms + depth * per_forward
+        if sharded and self.drafting.engine == "sglang":
+            # the EAGLE-3 fc (3 x hidden -> hidden) is a torch.nn.Linear, replicated on every rank (sglang 0.5.23,
+            # sglang/srt/models/llama_eagle3.py): read whole once a round, not 1/tp of it
+            draft_compute += 3 * c.hidden * c.hidden * c.bytes_per_value * (1 - 1 / group) / DEFAULT_HBM_BYTES_PER_S * 1e3
         draft_calls, draft_comm = 0, 0.0
         if sharded:
             hidden = self.drafting.draft_hidden or c.hidden

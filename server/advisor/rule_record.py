@@ -17,6 +17,13 @@ from dataclasses import dataclass
 
 MISS = 0.10
 
+# The evidence's bounds: no prediction past the deepest TTT a restart in the record was trained to, nor a position
+# lifted above the highest conditional acceptance a deeper draft of the record measured at a position past the
+# shallower draft's depth (docs/benchmarks.md, the depth experiment: regenerated TTT=5, position 5, 0.80). Both come
+# from the rows below and move with them when the record is rebuilt from another verifier.
+DEEPEST_MEASURED = 7
+HIGHEST_ACCEPTANCE = 0.80
+
 
 @dataclass(frozen=True)
 class Checked:

@@ -159,6 +159,7 @@ class VerifierShape:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     tied_embeddings: bool = False
+    model_type: str = ""  # config.json's (its text_config's) model_type: what an engine checks a target by
     bits: WeightBits = field(default_factory=lambda: WeightBits(16, 16, 16, 16, 16, "bfloat16 (16 bits)"))
 
     @classmethod
@@ -203,7 +204,8 @@ class VerifierShape:
         return cls(name=name, layers=layers, hidden=hidden, vocab=_need(config, "vocab_size"), heads=heads,
                    attention=attention, kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate,
                    dense_layers=dense_layers, moe_layers=layers - dense_layers,
-                   tied_embeddings=bool(config.get("tie_word_embeddings")), bits=_weight_bits(config), **fields_)
+                   tied_embeddings=bool(config.get("tie_word_embeddings")), bits=_weight_bits(config),
+                   model_type=str(config.get("model_type") or "")[:64], **fields_)
 
     # parameters, per layer and in all
 
@@ -291,6 +293,12 @@ class Parallelism:
 
     tp: int
     ep: int = 1
+    # SGLang reads an MLA verifier's A-projection (fused_qkv_a_proj_with_mqa, a ReplicatedLinear) whole on every
+    # rank: sglang 0.5.23's wheel, sglang/srt/models/deepseek_v2.py (DeepseekV2AttentionMLA.__init__)
+    mla_a_replicated: bool = False
+    # SGLang's dp-attention (--dp-size): attention weights sliced over tp / dp ranks, not tp (sglang 0.5.23,
+    # sglang/srt/layers/dp_attention.py: the attention TP group is tp_size // dp_size)
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp):
@@ -340,7 +348,12 @@ def verifier_cost(shape: VerifierShape, parallel: Parallelism, hbm_bytes_per_s: 
     tp, ep = parallel.tp, parallel.ep
     to_ms = 1000 / hbm_bytes_per_s
     kv = shape.kv_bytes_per_gpu_per_token(tp) * context_tokens
-    fixed_ms = (shape.fixed_weight_bytes / tp + kv) * to_ms
+    a_proj = (shape.layers * shape.hidden * (shape.q_lora_rank + shape.kv_lora_rank + shape.qk_rope_head_dim)
+              * shape.bits.attention / 8 if parallel.mla_a_replicated and shape.attention == "mla" else 0.0)
+    attn_tp = max(1, tp // parallel.attention_dp)
+    attention = shape.layers * shape.attention_params * shape.bits.attention / 8
+    fixed_ms = ((shape.fixed_weight_bytes - attention) / tp + attention / attn_tp + a_proj * (1 - 1 / attn_tp)
+                + kv) * to_ms
     moe_calls = shape.moe_layers if ep > 1 else 0
     allreduce_calls = 2 * shape.layers - moe_calls if tp > 1 else 0
     cost = VerifierCost(
@@ -360,7 +373,12 @@ def verifier_cost(shape: VerifierShape, parallel: Parallelism, hbm_bytes_per_s: 
                f"(1 - (1 - {shape.experts_per_token}/{shape.experts})^n)" if shape.experts else "")
             + f", over tp={tp} GPUs at {hbm_bytes_per_s / 1e12:g} TB/s; KV cache {shape.kv_bytes_per_token} B/token "
             f"x {context_tokens} tokens of context ({'replicated per rank: MLA' if shape.attention == 'mla' else 'GQA'}"
-            f"); 2 x {shape.active_params / 1e9:.4g}B active parameters per token at {tflops:g} TFLOP/s; {placement}"),
+            f"); 2 x {shape.active_params / 1e9:.4g}B active parameters per token at {tflops:g} TFLOP/s; {placement}"
+            + (f"; the MLA A-projection ({a_proj / 1e9:.3g} GB) read whole on every rank, as SGLang replicates it "
+               "(sglang 0.5.23, sglang/srt/models/deepseek_v2.py: fused_qkv_a_proj_with_mqa is a ReplicatedLinear)"
+               if a_proj and attn_tp > 1 else "")
+            + (f"; dp-attention (dp {parallel.attention_dp}): attention's {attention / 1e9:.3g} GB sliced over "
+               f"{attn_tp} rank(s), not {tp}" if parallel.attention_dp > 1 else "")),
         "verifier_collectives": (
             f"{allreduce_calls} all-reduces per forward" + (
                 f" and {2 * moe_calls} all-to-alls (dispatch + combine in {moe_calls} MoE layers, "
@@ -390,7 +408,9 @@ def _with_measured(cost: VerifierCost, shape: VerifierShape, probe: dict[str, An
     why = (f"measured on {probe.get('host')} by probe-verifier at {probe.get('measured_at')}: one layer of "
            f"{shape.name}'s shape ({probe.get('dtype')}, random weights, torch kernels: an upper bound on an "
            f"engine's fused ones) on {probe.get('gpu')} at 1..{int(count)} tokens, x {shape.layers} layers; the lm "
-           f"head's read modelled; beyond {int(count)} tokens the model's growth")
+           f"head's read modelled; beyond {int(count)} tokens the model's growth; the model (bytes and FLOPs alone) "
+           f"says {cost.modelled_ms(1):.3g} ms at 1 token against {forward[0]:.3g} ms measured "
+           f"({forward[0] / cost.modelled_ms(1):.2g}x): the measured forward is priced")
     return VerifierCost(**{**cost.__dict__, "measured_ms": forward, "basis": {"verifier_forward": why}})
 
 

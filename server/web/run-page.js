@@ -126,7 +126,7 @@ function advicePanel(advice) {
     el("p", { class: "muted small" }, advice.allreduce_basis));
 }
 
-const VERDICT = { restart: "restart", keep_going: "keep going", cannot_tell: "cannot tell yet", unavailable: "no proposal yet" };
+const VERDICT = { restart: "restart", probe: "probe first", keep_going: "keep going", cannot_tell: "cannot tell yet", unavailable: "no proposal yet" };
 
 // The run's verdict in one line, for the evaluation panel: the proposal's action and the evidence that decided.
 function verdictText(p) {
@@ -159,10 +159,29 @@ function evidencePanel(e) {
     e.settle ? [el("dt", {}, "To settle"), el("dd", { id: "proposal-settle" }, e.settle)] : null);
 }
 
-// The service's depth proposal (GET /v1/runs/{id}/proposal): restart at a deeper TTT, with the economics, or keep
-// going; `onRestart` opens the restart form pre-filled with what it proposes.
-function proposalPanel(p, onRestart) {
-  if (p.action === "unavailable") return el("p", { class: "muted", id: "proposal-summary" }, p.summary);
+// The probe that settles what the evidence cannot (server/advisor/probe.py): what it runs and costs, stated before
+// it runs, and one button that takes it (POST /v1/runs/{id}/proposal/probe); under way or decided, what it says.
+function probePanel(p, onProbe) {
+  const probe = p.probe;
+  if (!probe) return p.next_step ? el("p", { id: "proposal-next-step", class: "small" }, `Next step: ${p.next_step}`) : null;
+  const cost = probe.predicted_seconds == null ? "its time unknown yet"
+    : `${duration(probe.predicted_seconds)}, ${number(probe.gpu_hours, 3)} GPU-h`;
+  return el("div", { id: "proposal-probe", class: `probe ${probe.status}` },
+    el("dl", {},
+      el("dt", {}, "Probe"), el("dd", { id: "proposal-probe-plan" },
+        `TTT=${probe.ttt} for ${probe.steps} steps from the checkpoint at step ${probe.from_step} (${cost})`),
+      el("dt", {}, "Decides"), el("dd", { class: "small" }, probe.decides),
+      probe.decision ? [el("dt", {}, "Decided"), el("dd", { id: "proposal-probe-decision" }, probe.decision)] : null,
+      p.next_step ? [el("dt", {}, "Next step"), el("dd", { id: "proposal-next-step", class: "small" }, p.next_step)] : null),
+    probe.status === "offered" ? el("div", { class: "buttons" }, el("button", { id: "proposal-probe-take", type: "button",
+      onclick: (event) => onProbe(event.target) }, `Probe TTT=${probe.ttt} for ${probe.steps} steps`)) : null);
+}
+
+// The service's depth proposal (GET /v1/runs/{id}/proposal): restart at a deeper TTT, with the economics, a probe
+// first, or keep going; `onRestart` opens the restart form pre-filled with what it proposes, `onProbe` takes the probe.
+function proposalPanel(p, onRestart, onProbe) {
+  if (p.action === "unavailable") return el("div", {}, el("p", { class: "muted", id: "proposal-summary" }, p.summary),
+    p.probe ? probePanel(p, onProbe) : null);
   const restart = p.action === "restart";
   return el("div", { class: `advice proposal ${p.action}` },
     el("p", { id: "proposal-verdict", class: "verdict" }, VERDICT[p.action]),
@@ -178,8 +197,9 @@ function proposalPanel(p, onRestart) {
       p.rule_record ? [el("dt", {}, "Rule's record"), el("dd", { id: "proposal-rule-record", class: "small" }, p.rule_record)] : null),
     restart ? el("div", { class: "buttons" }, el("button", { id: "proposal-restart", type: "button",
       onclick: () => onRestart({ ttt: p.suggested_ttt, clean: p.restart.clean }) }, `Restart at TTT=${p.suggested_ttt}…`)) : null,
+    probePanel(p, onProbe),
     evidencePanel(p.evidence),
-    p.auto_restart ? el("p", { class: "muted small" }, p.auto_restart) : null,
+    p.auto_restart ? el("p", { id: "proposal-auto-restart", class: "muted small" }, `on_proposal: ${p.auto_restart}`) : null,
     p.advice ? el("p", { class: "muted small" }, `${p.advice.drafting?.description ?? ""}; ${p.advice.allreduce_basis}`) : null);
 }
 
@@ -472,13 +492,24 @@ export function showRun(root, runId, signal) {
     form.scrollIntoView({ block: "nearest" });
   }
 
+  async function takeProbe(button) {
+    button.disabled = true;
+    try {
+      await api(runPath(runId, "/proposal/probe"), { method: "POST" });
+      loadProposal();
+    } catch (error) {
+      button.disabled = false;
+      button.after(el("p", { class: "error" }, error.message));
+    }
+  }
+
   // one verdict per run: the proposal panel and the evaluation panel's verdict line read the same answer
   let proposal = null;
   const verdictBox = el("p", { id: "evaluation-verdict", class: "verdict" });
   const loadProposal = coalesced(async () => {
     try {
       proposal = await api(runPath(runId, "/proposal"));
-      replace(proposalBox, proposalPanel(proposal, openRestart));
+      replace(proposalBox, proposalPanel(proposal, openRestart, takeProbe));
     } catch (error) {
       replace(proposalBox, el("p", { class: "muted" }, error.message));
     }

@@ -16,7 +16,7 @@ from tests.server.test_proposal import SHALLOW, feed, trainer_run, validate
 from worker.interconnect import InterconnectResponder
 
 # what a restart proposal does once made: the retrain rule's record as one that held (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("rule_trusted")
+pytestmark = pytest.mark.usefixtures("rule_trusted", "rule_unbounded")
 
 
 @pytest.mark.usefixtures("fake_host_env")

@@ -38,7 +38,7 @@ def test_healthz_and_the_openapi_document_list_every_route_with_typed_answers(ap
         "/v1/runs", "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/restart", "/v1/runs/{run_id}/metrics",
         "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/traceback", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/evaluation",
-        "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/metrics"}
+        "/v1/runs/{run_id}/advice", "/v1/runs/{run_id}/proposal", "/v1/runs/{run_id}/proposal/probe", "/metrics"}
 
     def answer(path: str) -> str:
         return doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
@@ -62,7 +62,8 @@ def test_with_a_token_set_every_route_but_healthz_is_a_401_without_it(tmp_path: 
         paths = guarded.client.get("/openapi.json").json()["paths"]
         routes = [(method.upper(), path.replace("{run_id}", "x").replace("{name}", "local"))
                   for path, methods in paths.items() if path != "/healthz" for method in methods]
-        assert len(routes) == 24  # PATCH and DELETE of a host, DELETE of a run, a rank's traceback, the verifier probe
+        assert len(routes) == 25  # PATCH and DELETE of a host, DELETE of a run, a rank's traceback, the verifier probe,
+        # the proposal's probe
         for method, path in routes:
             r = bare.request(method, path)
             assert r.status_code == 401, (method, path)
@@ -94,7 +95,7 @@ def test_host_gpus_answers_a_fresh_snapshot_at_once_and_503_while_there_is_none(
     started = time.monotonic()
     none = api.client.get("/v1/hosts/local/gpus", params={"wait": 0.5})
     assert none.status_code == 503 and "no GPU snapshot of local yet" in none.json()["detail"]
-    assert 0.4 < time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.5, "it waited for the worker's answer"
     with api.session() as s:
         host = s.query(Host).filter_by(name="local").one()
         host.gpu_snapshot, host.gpu_snapshot_at, host.gpu_wanted_at = SNAPSHOT, utcnow(), None
@@ -132,24 +133,46 @@ def test_host_gpus_waits_for_the_workers_answer(api: App) -> None:
 
 
 def test_waiting_gpu_requests_hold_no_thread_so_other_requests_are_answered(api: App) -> None:
-    # more waiters than the server's thread pool has threads (40): a sleeping handler would hold them all
-    async def scenario() -> tuple[list[int], float, int]:
+    # more waiters than the server's thread pool has threads (40), each waiting up to 60 s for the worker's answer,
+    # which comes only once the listing was answered: a handler that held its thread while it waited would hold
+    # them all, and the listing would be answered only after the waiters gave up, not before any of them
+    def worker_answers() -> None:
+        with api.session() as s:
+            host = s.query(Host).filter_by(name="local").one()
+            if host.gpu_wanted_at is not None:
+                host.gpu_snapshot, host.gpu_snapshot_at, host.gpu_wanted_at = SNAPSHOT, utcnow(), None
+
+    def asked() -> bool:
+        with api.session() as s:
+            return s.query(Host).filter_by(name="local").one().gpu_wanted_at is not None
+
+    async def scenario() -> tuple[list[str], list[int], int]:
+        answered: list[str] = []  # who was answered, in order
+
+        async def get(who: str, path: str, **params: float) -> httpx.Response:
+            r = await client.get(path, params=params)
+            answered.append(who)
+            return r
+
         transport = httpx.ASGITransport(app=api.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as client:
-            waiters = [asyncio.create_task(client.get("/v1/hosts/local/gpus", params={"max_age": 0, "wait": 2}))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=120) as client:
+            waiters = [asyncio.create_task(get("waiter", "/v1/hosts/local/gpus", max_age=0, wait=60))
                        for _ in range(60)]
             await asyncio.sleep(1.0)
-            started = time.monotonic()
-            listing = await client.get("/v1/runs")
-            took = time.monotonic() - started
-            return [w.status_code for w in await asyncio.gather(*waiters)], took, listing.status_code
+            while not await asyncio.to_thread(asked):  # the waiters are in
+                await asyncio.sleep(0.05)
+            listing = await get("listing", "/v1/runs")
+            while not all(w.done() for w in waiters):  # then the worker answers (again for a waiter that asks late)
+                await asyncio.to_thread(worker_answers)
+                await asyncio.sleep(0.05)
+            return answered, [w.result().status_code for w in waiters], listing.status_code
 
     # on a thread of its own: a test before it in this process may leave an event loop running on this one
     # (Playwright's sync API does), where asyncio.run refuses to start
     with ThreadPoolExecutor(1) as pool:
-        codes, took, listing = pool.submit(asyncio.run, scenario()).result()
-    assert listing == 200 and took < 2.0, f"GET /v1/runs waited {took:.1f} s behind the GPU waiters"
-    assert codes == [503] * 60
+        answered, codes, listing = pool.submit(asyncio.run, scenario()).result()
+    assert listing == 200 and answered[0] == "listing", "GET /v1/runs waited behind the GPU waiters"
+    assert codes == [200] * 60
 
 
 def test_submit_answers_201_then_200_for_the_same_idempotency_key_and_409_for_another_body(api: App) -> None:
@@ -416,7 +439,9 @@ def test_advice_prices_the_draft_the_way_the_engine_given_runs_it(api: App) -> N
     assert [row["terms"]["draft_allreduces"] for row in vllm["by_depth"]] == [4, 8, 12]
     # a draft_tp of 1 changes nothing on V1 (vllm#17499): the rounds cost what SGLang's do
     vllm_tp = api.client.get(url, params={**base, "engine": "vllm", "draft_tp": 1}).json()
-    assert [r["round_ms"] for r in vllm_tp["by_depth"]] == pytest.approx([r["round_ms"] for r in sglang["by_depth"]])
+    # priced as SGLang shards it, less the EAGLE-3 fc SGLang replicates (read whole once a round)
+    assert [r["round_ms"] for r in vllm_tp["by_depth"]] == pytest.approx([r["round_ms"] for r in sglang["by_depth"]],
+                                                                         rel=0.01)
     # measured: the rounds as timed, only the depths timed
     timed = api.client.get(url, params={**base, "engine": "measured", "round_ms": ["0=20", "1=21.5", "3=24"]}).json()
     assert [(r["depth"], r["round_ms"]) for r in timed["by_depth"]] == [(1, 21.5), (3, 24.0)]

@@ -111,15 +111,19 @@ def test_a_validation_with_sim_acceptance_gives_a_restart_proposal_priced_on_the
 
 
 @pytest.mark.usefixtures("fake_host_env")
-def test_keep_going_when_deeper_training_would_not_pay_and_unavailable_without_a_measured_deploy_host(
+def test_keep_going_when_deeper_training_would_not_pay_and_an_unprobed_deploy_host_refused_at_submit(
         api: App, responder: InterconnectResponder) -> None:  # noqa: F811
-    unmeasured = trainer_run(api, deploy={"host": "local", "engine": "vllm", "draft_tp": 1})
-    validate(api, unmeasured, 0, 10, SHALLOW)
-    got = api.client.get(f"/v1/runs/{unmeasured}/proposal").json()
-    assert got["action"] == "unavailable" and "probe-interconnect" in got["reason"]
-    assert got["sim_acc"] == SHALLOW
+    body = {"name": "eagle3", "host": "local", "trainer": {"verifier_path": "/m/v", "data_dir": "/d",
+            "vocab_mapping_dir": "/v", "output_dir": str(api.workspace / "out")}}
+    unmeasured = api.client.post("/v1/runs", json={**body, "deploy": {"host": "local", "engine": "vllm"}})
+    assert unmeasured.status_code == 422, "an unprobed deploy host is refused at submit, not at the first validation"
+    (error,) = unmeasured.json()["detail"]
+    assert error["loc"] == ["body", "deploy", "host"] and "longrun hosts probe-interconnect local" in error["msg"]
 
     probe(api, responder, tp=2)
+    elsewhere = api.client.post("/v1/runs", json={**body, "deploy": {"host": "local", "tp": 8}})
+    assert elsewhere.status_code == 422 and elsewhere.json()["detail"][0]["loc"] == ["body", "deploy", "tp"]
+    assert "measured at tp=2, not 8" in elsewhere.json()["detail"][0]["msg"]
     run_id = trainer_run(api, deploy={"host": "local", "engine": "vllm", "draft_tp": 1})
     feed(api, run_id, 0, {"step": 10, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
     validate(api, run_id, 1, 10, STEADY)
@@ -142,7 +146,18 @@ def test_keep_going_when_deeper_training_would_not_pay_and_unavailable_without_a
 @pytest.mark.usefixtures("fake_host_env")
 def test_on_proposal_restart_takes_the_proposal_once_per_run(api: App, responder: InterconnectResponder) -> None:  # noqa: F811
     probe(api, responder, tp=2)
-    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart")
+    # the restart (6000 s) against the 2700 s this attempt has left: 2.2x, past the default factor of 2
+    bounded = trainer_run(api, deploy={"host": "local"}, on_proposal="restart")
+    feed(api, bounded, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, bounded, 1, 100, SHALLOW)
+    assert api.client.get(f"/v1/runs/{bounded}").json()["status"] == "running"
+    refused = api.client.get(f"/v1/runs/{bounded}/proposal").json()
+    assert refused["action"] == "restart" and refused["auto_restart"].startswith("refused: it would take 1.67 h")
+    assert "past auto_restart_max_factor 2" in refused["auto_restart"]
+    off = trainer_run(api, deploy={"host": "local"})
+    assert api.client.get(f"/v1/runs/{off}/proposal").json()["auto_restart"].startswith("off:")
+
+    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart", auto_restart_max_factor=3)
     feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
     validate(api, run_id, 1, 100, SHALLOW)
     run = api.client.get(f"/v1/runs/{run_id}").json()
@@ -319,7 +334,8 @@ def test_the_proposal_prices_the_deployments_own_verifier_from_its_config_json(
     assert own["advice"]["cost_model"]["priced_verifier"] == own["verifier"]
     assert own["terms_basis"]["verifier_forward"].startswith("modelled from kimi-k2.5")
     assert own["terms_basis"]["allreduce_times"].startswith("measured on local by probe-interconnect")
-    assert [row["ttt"] for row in own["frontier"]] == list(range(4, 17))
+    # no candidate past the deepest TTT the rule's record trained (rule_record.DEEPEST_MEASURED)
+    assert [row["ttt"] for row in own["frontier"]] == list(range(4, rule_record.DEEPEST_MEASURED + 1))
     assert all(row["training_hours"] and row["gpu_hours"] for row in own["frontier"])
     # an MoE verifier reads more experts for every token it verifies: deeper rounds cost it more than the dense one
     assert own["advice"]["by_depth"][15]["terms"]["verifier_ms"] > 3 * own["advice"]["by_depth"][0]["terms"][
@@ -327,7 +343,7 @@ def test_the_proposal_prices_the_deployments_own_verifier_from_its_config_json(
 
 
 @pytest.mark.usefixtures("fake_host_env")
-def test_where_the_retrain_rule_missed_on_restarts_like_it_the_proposal_cannot_tell_and_restarts_nothing(
+def test_where_the_retrain_rule_missed_a_probe_is_offered_priced_taken_and_decided(
         api: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     probe(api, responder, tp=2)
     run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart")
@@ -346,15 +362,115 @@ def test_where_the_retrain_rule_missed_on_restarts_like_it_the_proposal_cannot_t
     assert held["action"] == "restart", held["summary"]
     assert "the retrain rule held within 10%" in held["rule_record"] and held["rule_record"] in held["summary"]
 
-    # a miss past 10% on a restart from TTT=3 up to the one proposed: cannot tell, and on_proposal restarts nothing
+    # a miss past 10% on a restart from TTT=3 up to the one proposed: no restart on the rule's word; the probe
+    # that settles it is offered, priced before it runs, and taken as one action
     monkeypatch.setattr(rule_record, "MEASURED", measured(0.25))
     feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
     validate(api, run_id, 1, 100, SHALLOW)
     got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
-    assert got["action"] == "cannot_tell", got["summary"]
-    assert got["summary"].startswith("cannot tell: the advisor predicts restart at TTT=")
+    assert got["action"] == "probe", got["summary"]
+    offer = got["probe"]
+    ttt = offer["ttt"]
+    assert got["summary"].startswith(f"probe TTT={ttt}: resume the checkpoint at step 0 at TTT={ttt} for 200 steps")
     assert "missed by +25.0% on a restart like this one" in got["summary"] and got["restart"] is None
+    assert offer["steps"] == 200 and offer["restart"] == {"overrides": {"ttt_steps": ttt, "max_steps": 200},
+                                                          "resume": True}
+    # 200 steps at (1 + TTT) / (1 + 3) x 3 s, on 2 GPUs
+    assert offer["predicted_seconds"] == pytest.approx(200 * 3.0 * (1 + ttt) / 4)
+    assert offer["gpu_hours"] == pytest.approx(offer["predicted_seconds"] * 2 / 3600)
+    assert got["next_step"] and got["auto_restart"].startswith("refused: it would take")
     run = api.client.get(f"/v1/runs/{run_id}").json()
-    assert run["status"] == "running" and run["attempt"] == 1, "no restart on a rule that missed"
-    # the advisor itself still says what it predicts: the frontier and the gain are in the answer
-    assert got["suggested_ttt"] is None and got["gain"] > 0 and got["frontier"]
+    assert run["status"] == "running" and run["attempt"] == 1, "past auto_restart_max_factor: not taken by itself"
+
+    taken = api.client.post(f"/v1/runs/{run_id}/proposal/probe")
+    assert taken.status_code == 202, taken.text
+    probe_spec = taken.json()["attempts"][-1]["spec"]["trainer"]
+    assert (probe_spec["ttt_steps"], probe_spec["max_steps"]) == (ttt, 200)
+    assert api.client.post(f"/v1/runs/{run_id}/proposal/probe").status_code == 409, "one probe at a time"
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    running = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert running["probe"]["status"] == "running" and running["probe"]["attempt"] == 2
+
+    # the probe's validation: its deep positions hold up, so the run continues at the deeper TTT, uncapped again
+    feed(api, run_id, 0, {"step": 200, "total_steps": 200, "loss": 2.0}, step_seconds=4.0)
+    validate(api, run_id, 1, 200, [0.8, 0.75, 0.7] + [0.65] * 13)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "restarting" and run["attempt"] == 3
+    assert run["attempts"][-1]["spec"]["trainer"]["ttt_steps"] == ttt
+    assert "max_steps" not in run["attempts"][-1]["spec"]["trainer"]
+    decided = api.client.get(f"/v1/runs/{run_id}/proposal").json()["probe"]
+    assert decided["status"] == "decided" and decided["decision"].startswith(f"restart at TTT={ttt}: the probe's")
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_the_restarts_dry_run_prices_a_deeper_ttt_from_the_trainers_timed_split(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"})
+    # the attempt's pace (3 s/step) came from eager steps; compiled, the trainer timed 0.5 s + 0.25 s per iteration
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0, "step_fixed_s": 0.5, "ttt_iter_s": 0.25},
+         step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    ttt = got["suggested_ttt"]
+    assert got["action"] == "restart" and "timed by the trainer over compiled steps" in got["dry_run"]["basis"]
+    assert got["predicted_training_seconds"] == pytest.approx(1000 * (0.5 + 0.25 * ttt), rel=0.01)
+    # no deploy.serve_tokens: the stated default weighs the training; the pick is the smallest TTT within 1 % of the
+    # best net GPU-hours, not the fastest
+    assert "the stated default, 1e+09 tokens" in got["objective"]
+    nets = {row["ttt"]: row["net_gpu_hours"] for row in got["frontier"] if row["gain"] >= 0.02}
+    best = max(nets.values())
+    assert ttt == min(t for t, net in nets.items() if net >= best - 0.01 * abs(best))
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_a_vllm_release_that_refuses_the_verifier_for_eagle3_is_named_not_priced(
+        api: App, responder: InterconnectResponder) -> None:  # noqa: F811
+    probe(api, responder, tp=2)
+    kimi = str(Path(__file__).resolve().parents[1] / "fixtures" / "verifiers" / "kimi-k2.5")
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "vllm", "engine_version": "0.11.0", "verifier": kimi})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["action"] == "unavailable" and got["advice"] is None and got["frontier"] == []
+    assert got["reason"].startswith("vLLM 0.11.0 refuses an EAGLE-3 draft for a 'kimi_k2' verifier")
+    assert "vllm/config/speculative.py" in got["reason"] and "deploy.engine: sglang" in got["reason"]
+    # SGLang serves it, and prices it as it runs it: dp-attention puts the draft on its own rank
+    sglang = trainer_run(api, deploy={"host": "local", "engine": "sglang", "dp_attention": 2, "verifier": kimi})
+    feed(api, sglang, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, sglang, 1, 100, SHALLOW)
+    served = api.client.get(f"/v1/runs/{sglang}/proposal").json()
+    assert served["action"] != "unavailable" and "draft_parallel.py" in served["terms_basis"]["draft_placement"]
+    assert "dp-attention (dp 2)" in served["terms_basis"]["verifier_forward"]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_on_proposal_restart_takes_the_probe_within_its_factor_and_the_decision_keeps_going(
+        api: App, responder: InterconnectResponder, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setattr(rule_record, "MEASURED", tuple(
+        rule_record.Checked("tiny", "regenerated", link, 3, to, 0.2, 0.16, 0.25)
+        for link in ("nvlink", "pcie") for to in range(4, 8)))
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local"}, on_proposal="restart", auto_restart_max_factor=4)
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "restarting" and run["attempt"] == 2, "the probe taken by itself"
+    got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert got["probe"]["status"] == "running" and got["auto_restart"].startswith("taken by on_proposal: restart")
+    ttt = run["attempts"][-1]["spec"]["trainer"]["ttt_steps"]
+
+    # the probe's deep positions fell as the shallow draft's did: the run goes on at TTT=3, its steps uncapped
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 200, "total_steps": 200, "loss": 2.0}, step_seconds=4.0)
+    validate(api, run_id, 1, 200, SHALLOW)
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["attempt"] == 3 and run["attempts"][-1]["spec"]["trainer"]["ttt_steps"] == 3
+    assert "max_steps" not in run["attempts"][-1]["spec"]["trainer"]
+    decided = api.client.get(f"/v1/runs/{run_id}/proposal").json()["probe"]
+    assert decided["decision"].startswith(f"keep going at TTT=3: the probe's draft (TTT={ttt})")
+    # one automatic act per run: attempt 3's proposals are only proposed
+    api.move(run_id, RunStatus.LAUNCHING, RunStatus.RUNNING)
+    feed(api, run_id, 0, {"step": 300, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 300, SHALLOW)
+    assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 3

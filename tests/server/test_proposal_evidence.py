@@ -14,7 +14,7 @@ from worker.interconnect import InterconnectResponder
 from worker.notifier import WebhookNotifier
 
 # what a restart proposal does once made: the retrain rule's record as one that held (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("rule_trusted")
+pytestmark = pytest.mark.usefixtures("rule_trusted", "rule_unbounded")
 
 # the TTT=3 draft: the simulation past its trained depth above the decay inside it (keep going) ...
 SIM = [0.9, 0.85, 0.84, 0.88, 0.87, 0.86]

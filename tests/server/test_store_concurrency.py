@@ -1,15 +1,20 @@
 """Two writers at once on the same run, on both stores: what several servers and workers sharing a PostgreSQL
 database do all the time, and what one process on SQLite does between its threads."""
 
+import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+
+import httpx
 
 from server.config import Settings
 from server.db import Database
 from server.lifecycle import RunStatus, load_run, transition
 from server.models import Event, Run
 from server.queries import events_after
+from tests.inprocess import App
 from worker.clock import Clock
 from worker.lease_claimer import LeaseClaimer
 from worker.notifier import WebhookNotifier
@@ -99,3 +104,20 @@ def test_the_webhook_notifier_sees_every_end_when_two_runs_end_at_once(db: Datab
     finally:
         notifier.close()
     assert sorted((n.run_id, n.event) for n in queued) == [(first_run, "succeeded"), (second_run, "failed")]
+
+
+def test_submits_with_one_idempotency_key_sent_at_once_make_one_run(api: App) -> None:
+    # the API's writes run at once on PostgreSQL (server/db.py API_WRITERS), one after another on SQLite
+    spec = {"name": "once", "host": "local", "entrypoint": "/opt/train.py", "nproc_per_node": 1}
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=api.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/runs", json=spec, headers={"Idempotency-Key": "k"})
+                                          for _ in range(20)))
+
+    with ThreadPoolExecutor(1) as pool:  # on a thread of its own: a test before may leave a loop running here
+        answers = pool.submit(asyncio.run, scenario()).result()
+    assert sorted(r.status_code for r in answers) == [200] * 19 + [201], [r.text[:200] for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert len(api.client.get("/v1/runs").json()["items"]) == 1

@@ -187,3 +187,12 @@ def test_the_expected_training_rate_follows_the_measured_steps():
     assert expected_tokens_per_s(7168, 1) == pytest.approx(36_500, rel=0.02)  # Kimi-K2's 56.1 ms a 2048-token step
     assert expected_tokens_per_s(4096, 8) == 600_000
     assert expected_tokens_per_s(64, 1) is None  # too small a draft for the rule
+
+
+def test_each_step_line_splits_its_time_into_a_fixed_part_and_one_ttt_iteration(train, tmp_path):
+    # on the CPU nothing compiles: every step runs as the rest of the run will, and is timed
+    lines = train(tmp_path / "timed", "--num-workers", "0")
+    for line in lines:
+        iteration, fixed = line["ttt_iter_s"], line["step_fixed_s"]
+        assert iteration > 0 and fixed >= 0
+        assert fixed + 2 * iteration == pytest.approx(max(line[series.STEP_TIME_S], 2 * iteration), abs=2e-6)

@@ -51,7 +51,8 @@ def test_vllm_v1_shards_the_draft_at_the_targets_tp_whatever_draft_tp_says_and_c
                      Drafting(engine="vllm", draft_tp=1, engine_version="0.11.0"),
                      Drafting(engine="vllm", draft_tp=2, engine_version="v0")):
         own = advise(CHAIN, "pcie", 2, COST, drafting=drafting)
-        assert [r.round_ms for r in own.by_depth] == [r.round_ms for r in sglang.by_depth], drafting
+        # vLLM V1 is priced as SGLang shards it, less the fc SGLang replicates (read whole once a round)
+        assert [r.round_ms for r in own.by_depth] == pytest.approx([r.round_ms for r in sglang.by_depth], rel=1e-6), drafting
         assert own.drafting.sharded
     v1 = advise(CHAIN, "pcie", 2, COST, drafting=Drafting(engine="vllm", draft_tp=1)).drafting
     assert "vllm/v1/spec_decode/eagle.py" in v1.placement and "@f7eef1b6987f" in v1.placement

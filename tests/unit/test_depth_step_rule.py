@@ -3,8 +3,9 @@ simulated rate."""
 
 import pytest
 
+from server.advisor import rule_record
 from server.advisor.depth import improved_positions, lifted_positions
-from server.proposal import wilson
+from server.advisor.evidence import wilson
 
 
 def products(conditional: list[float]) -> list[float]:
@@ -23,6 +24,13 @@ def test_without_step_rates_a_climbing_conditional_rate_hides_the_fall_and_nothi
     assert improved_positions(BIASED, 3) == BIASED
 
 
+@pytest.fixture
+def unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule as it reads the decay, without the record's bound on the acceptance a lift may reach."""
+    monkeypatch.setattr(rule_record, "HIGHEST_ACCEPTANCE", 1.0)
+
+
+@pytest.mark.usefixtures("unbounded")
 def test_step_rates_that_fall_past_ttt_are_lifted_to_the_decay_kept_inside_it() -> None:
     falling = [0.9, 0.8, 0.72, 0.5, 0.4, 0.3]
     after = improved_positions(BIASED, 3, falling)
@@ -39,11 +47,22 @@ def test_step_rates_that_keep_the_inside_decay_leave_the_draft_as_it_is() -> Non
     assert improved_positions(BIASED, 3, steady) == BIASED
 
 
+@pytest.mark.usefixtures("unbounded")
 def test_step_rates_rising_inside_the_trained_depth_do_not_promise_better_than_its_last() -> None:
     rising = [0.6, 0.7, 0.8, 0.5, 0.5, 0.5]  # r_u would be 1.15: capped at 1, the target stays 0.8
     after = improved_positions(BIASED, 3, rising)
     conditional = [a / b for a, b in zip(after[3:], after[2:], strict=False)]
     assert conditional == pytest.approx([min(1.0, c * 0.8 / 0.5) for c in (0.88, 0.87, 0.86)])
+
+
+def test_no_position_is_lifted_above_the_acceptance_the_rules_record_measured() -> None:
+    # a draft that falls to 0.02 past TTT=3: the old rule lifted position 4 to 1.0 (0.72 x 0.8 / 0.02, capped)
+    shallow = products([0.9, 0.85, 0.84, 0.3, 0.3, 0.3])
+    after = improved_positions(shallow, 3, [0.9, 0.8, 0.72, 0.02, 0.02, 0.02])
+    conditional = [a / b for a, b in zip(after[3:], after[2:], strict=False)]
+    assert conditional == pytest.approx([rule_record.HIGHEST_ACCEPTANCE] * 3)
+    # a rate measured above the bound keeps its own value: nothing is lowered
+    assert improved_positions(BIASED, 3, [0.9, 0.8, 0.72, 0.5, 0.4, 0.3]) == BIASED
 
 
 def test_wilson_intervals_narrow_with_rounds_and_stay_inside_0_and_1() -> None:

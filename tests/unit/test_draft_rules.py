@@ -15,7 +15,9 @@ import pytest
 
 from longrun.cli import main
 from longrun.commands.check_draft import check
-from longrun.draft_rules import READ_RELEASES, parse_version, read, safetensors_header
+from longrun.draft_engines import read
+from longrun.draft_releases import READ_RELEASES, parse_version
+from longrun.draft_rules import safetensors_header
 
 VERIFIER = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
@@ -241,9 +243,12 @@ def test_versions_parse_and_releases_outside_those_read_are_named():
         parse_version("latest")
     config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "num_attention_heads": 4,
               "vocab_size": 100, "intermediate_size": 64}
-    assert "newest release read" in read("vllm", config, {}, None, "0.34.0").rules
-    assert "oldest release read" in read("sglang", config, {}, None, "0.4.0").rules
-    assert read("vllm", config, {}, None, "0.23.1").rules == "vllm 0.22.0"
+    newer = read("vllm", config, {}, None, "0.35.0")
+    assert newer.rules.startswith("vllm 0.34.0") and "newer than the newest release read (0.34.0)" in newer.unverified
+    assert newer.refused[-1] == newer.unverified  # not assumed to read drafts as 0.34.0 does: refused
+    assert "older than the oldest release read" in read("sglang", config, {}, None, "0.4.0").refused[-1]
+    assert read("vllm", config, {}, None, "0.23.1").rules == "vllm 0.23.0 (the release read nearest to 0.23.1)"
+    assert read("vllm", config, {}, None, "0.34.0").unverified is None
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:

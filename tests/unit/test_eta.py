@@ -32,6 +32,17 @@ def test_deeper_ttt_is_predicted_from_one_measured_depth() -> None:
     assert "TTT=3" in basis
 
 
+def test_a_deeper_ttt_is_priced_from_the_trainers_split_of_its_compiled_steps() -> None:
+    # the eager warm-up made the attempt's pace 0.123 s/step; compiled, the trainer timed 0.011 s fixed + 0.008 s per
+    # TTT iteration (0.035 s at TTT=3): the dry run prices TTT=5 and 10 from those, not from the warm-up's pace
+    measured = Measured(_trainer(3), 0.123, 1000, step_fixed_s=0.011, ttt_iter_s=0.008)
+    five, basis = predict_duration([measured], _trainer(5))
+    assert five == pytest.approx(1000 * (0.011 + 5 * 0.008))
+    assert "timed by the trainer over compiled steps" in basis
+    ten, _ = predict_duration([measured], _trainer(10))
+    assert ten == pytest.approx(1000 * (0.011 + 10 * 0.008))
+
+
 def test_a_finished_attempts_start_up_and_wrap_up_are_added() -> None:
     # the final validation and evaluation of a finished attempt do not depend on the TTT depth
     seconds, basis = predict_duration([Measured(_trainer(3), 2.0, 1000, startup_seconds=15, wrapup_seconds=40)],

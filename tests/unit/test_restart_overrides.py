@@ -34,7 +34,7 @@ def test_the_overrides_are_the_spec_fields_a_restart_may_change_and_the_trainers
 
 def test_an_unknown_override_is_named_with_what_may_be_overridden() -> None:
     [(loc, msg)] = refusal({"colour": "red"})
-    assert loc == ("overrides", "colour") and msg.startswith("unknown override 'colour'; allowed: args, cwd, ")
+    assert loc == ("overrides", "colour") and msg.startswith("unknown override 'colour'; allowed: args, auto_restart_max_factor, cwd, ")
     assert "trainer's fields: batch_size, " in msg and "ttt_steps" in msg
     both = refusal({"colour": "red", "ttt_steps": 0})
     assert {loc for loc, _ in both} == {("overrides", "colour"), ("overrides", "ttt_steps")}

@@ -56,3 +56,37 @@ def test_the_h200_probe_of_kimi_k25_prices_a_16_token_forward_as_measured() -> N
     head = 163840 * 7168 * 2 / 8 / 3.5e12 * 1000
     assert cost.verifier_ms(15) == pytest.approx(captured["dense_ms"][15] + 60 * captured["moe_ms"][15] + head)
     assert cost.verifier_ms(15) > cost.verifier_ms(0)
+
+
+def test_the_probes_layers_of_an_mla_moe_shape_run_at_every_token_count() -> None:
+    # a tiny DeepSeek/Kimi-shaped config on the CPU (bf16, one matmul per expert: no grouped kernel here): the
+    # absorbed MLA attention over the shared latent and the routed experts give one row per token
+    import torch
+
+    tiny = {"hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 32, "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 16,
+            "num_experts_per_tok": 4, "moe_intermediate_size": 32, "n_shared_experts": 1, "intermediate_size": 128}
+    for moe in (False, True):
+        for tokens in (1, 5):
+            out = verifier_probe.build_layer(torch, tiny, 2, 2 if moe else 1, moe, 64, "bf16", tokens,
+                                             torch.device("cpu"))()
+            assert out.shape == (tokens, 64) and torch.isfinite(out.float()).all()
+
+
+def test_the_reconciliation_sets_the_model_against_a_probe_token_by_token(capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("verifier_reconcile", root / "benchmarks" / "verifier_reconcile.py")
+    reconcile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reconcile)
+    # the probe of before 2026-12-07 (SDPA over the expanded MLA latent): 22x the model at 1 token, the gap
+    assert reconcile.main([str(root / "tests" / "fixtures" / "verifier-probe" / "kimi-k2.5-tp8-ep8.json")]) == 0
+    *rows, last = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert len(rows) == 16 and rows[0]["measured_ms"] == pytest.approx(28.2, abs=0.05)
+    assert rows[0]["ratio"] == pytest.approx(22.1, abs=0.1) and last["within_1_5x"] is False
+    # a dense bf16 verifier's layer: the model within 1.5x of the probe at 1 token
+    reconcile.main([str(root / "tests" / "fixtures" / "verifier-probe" / "llama-3-70b-tp8.json")])
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert 1 / 1.5 < first["ratio"] < 1.5

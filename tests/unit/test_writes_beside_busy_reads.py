@@ -4,7 +4,6 @@ took up to four hops to the pool, each waiting behind every queued read while th
 clients on two cores the writes' p99 was 5 s, 60 s and 94 client timeouts on a slower box)."""
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -38,13 +37,11 @@ def test_a_cancel_is_answered_while_every_pool_thread_is_held_by_a_read(api: App
                 t.start()
             for _ in range(API_THREADS):  # every thread of the pool holds a read
                 assert held.acquire(timeout=120)
-            started = time.monotonic()
             cancel = httpx.post(f"{url}/v1/runs/{run['id']}/cancel", timeout=60)
             assert cancel.status_code == 202, cancel.text
             assert cancel.json()["status"] == "cancelling"
             repeat = httpx.post(f"{url}/v1/runs/{run['id'][:6]}/cancel", timeout=60)  # a prefix resolves too
             assert repeat.status_code == 409 and repeat.json()["status"] == "cancelling", repeat.text
-            assert time.monotonic() - started < 60
         finally:
             release.set()
             for t in readers:

@@ -42,7 +42,7 @@ def proposal_clock_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     ETA down by the wall clock, so the summary the test reads from the API and the one the page reads later differed
     in a last digit on a loaded machine (+1.83 against +1.84 GPU-h, beside stress -c 8)."""
     now = utcnow()
-    monkeypatch.setattr("server.proposal.utcnow", lambda: now)
+    monkeypatch.setattr("server.advisor.proposing.utcnow", lambda: now)
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     assert page.errors == []  # type: ignore[attr-defined]
 
 
-@pytest.mark.usefixtures("fake_host_env")
+@pytest.mark.usefixtures("fake_host_env", "rule_unbounded")  # the evidence's figures, not the record's bounds
 def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_and_its_interval(
         api: App, responder: InterconnectResponder, served: SimpleNamespace, page: Page) -> None:  # noqa: F811
     probe(api, responder, tp=2)
@@ -131,7 +131,7 @@ def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_
     decided = api.client.get(url).json()
     assert decided["evidence"]["source"] == "decoding"
     said = {"restart": f"restart at TTT={decided['suggested_ttt']}", "keep_going": "keep going",
-            "cannot_tell": "cannot tell yet"}[decided["action"]]
+            "cannot_tell": "cannot tell yet", "probe": "probe first"}[decided["action"]]
     page.reload()
     expect(page.locator("#proposal-summary")).to_have_text(decided["summary"])
     expect(page.locator("#proposal-evidence-source")).to_contain_text("decoding (attempt 1's evaluation")
@@ -157,4 +157,35 @@ def test_the_restart_form_says_when_the_attempt_is_in_its_final_evaluation(
     expect(page.locator("#restart-evaluating")).to_contain_text("is in its final evaluation: restarting now stops it")
     expect(page.locator("#restart-confirm")).to_be_enabled()
     assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "nothing stopped before the confirm"
+    assert page.errors == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fake_host_env")
+def test_where_the_rules_record_missed_the_page_offers_the_probe_priced_and_takes_it(
+        api: App, responder: InterconnectResponder, served: SimpleNamespace, page: Page,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.advisor import rule_record
+
+    monkeypatch.setattr(rule_record, "MEASURED", tuple(
+        rule_record.Checked("tiny", "regenerated", "nvlink", 3, to, 0.2, 0.16, 0.25) for to in range(4, 8)))
+    probe(api, responder, tp=2)
+    run_id = trainer_run(api, deploy={"host": "local", "engine": "sglang"})
+    feed(api, run_id, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    validate(api, run_id, 1, 100, SHALLOW)
+    offered = api.client.get(f"/v1/runs/{run_id}/proposal").json()
+    assert offered["action"] == "probe", offered["summary"]
+    ttt, steps = offered["probe"]["ttt"], offered["probe"]["steps"]
+
+    sign_in(page, served, f"#/runs/{run_id}")
+    expect(page.locator("#proposal-verdict")).to_have_text("probe first")
+    expect(page.locator("#proposal-summary")).to_have_text(offered["summary"])
+    expect(page.locator("#proposal-probe-plan")).to_contain_text(
+        f"TTT={ttt} for {steps} steps from the checkpoint at step 0 (")
+    expect(page.locator("#proposal-auto-restart")).to_have_text(f"on_proposal: {offered['auto_restart']}")
+    expect(page.locator("#proposal-restart")).to_have_count(0)
+    page.click("#proposal-probe-take")
+    expect(page.locator("#proposal-probe-take")).to_have_count(0)  # under way: nothing more to take
+    expect(page.locator("#proposal-probe-plan")).to_contain_text(f"TTT={ttt} for {steps} steps")
+    run = api.client.get(f"/v1/runs/{run_id}").json()
+    assert run["attempt"] == 2 and run["attempts"][-1]["spec"]["trainer"]["ttt_steps"] == ttt
     assert page.errors == []  # type: ignore[attr-defined]

@@ -80,6 +80,8 @@ class FakeHost(Transport):
     refuse: HostError | None = None
     # answered instead of the verb's answer (a broken or hostile host); None answers
     garble: str | None = None
+    # how many calls answer `garble` before the host answers right again (None: every call while it is set)
+    garble_left: int | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     # where a workspace's symlinks lead on this host (a workspace not named here is its own real path)
     real_paths: dict[str, str] = field(default_factory=dict)
@@ -132,7 +134,9 @@ class FakeHost(Transport):
         verb = shlex.split(command.split("; then exec ", 1)[1].split(";", 1)[0])[-1]
         request = json.loads((stdin or b"").split(b"\n", 1)[0])
         self.calls.append((verb, request))
-        if self.garble is not None:
+        if self.garble is not None and self.garble_left != 0:
+            if self.garble_left is not None:
+                self.garble_left -= 1
             return CommandResult(0, self.garble, "")
         answer = getattr(self, f"_{verb}")(request)
         return CommandResult(2 if "error" in answer else 0, json.dumps(answer) + "\n", "")

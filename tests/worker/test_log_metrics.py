@@ -256,11 +256,10 @@ def test_a_total_from_the_spec_gives_progress_to_a_log_without_one(db: Database)
 def test_a_pattern_that_backtracks_without_end_cannot_hold_the_worker() -> None:
     config = LogMetricsConfig(patterns=(compile_pattern(r"(?P<x>(a|aa)+)$"),))
     text = "".join(f"step={i} loss=1.0 " + "a" * 60 + "!\n" for i in range(2000))
-    started = time.monotonic()
-    records = read_log(text, 0, False, False, config).records
-    # alone, one search of one line takes minutes; regex checks its time limit coarsely on a busy machine
-    assert time.monotonic() - started < 8.0, "about a second for the run's patterns per read, and the rest"
-    assert [r.values["step"] for r in records] == list(range(2000)), "the built-in formats still read every line"
+    read = read_log(text, 0, False, False, config)
+    # alone, one search of one line takes minutes: the pattern is given up on once its time is spent, and said
+    assert read.slow_patterns == [r"(?P<x>(a|aa)+)$"], "the pattern was cut off at its time limit"
+    assert [r.values["step"] for r in read.records] == list(range(2000)), "the built-in formats still read every line"
 
 
 def test_a_full_read_of_a_chatty_log_parses_in_reasonable_time() -> None:

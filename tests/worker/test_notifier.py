@@ -150,13 +150,11 @@ def test_a_real_server_notifies_each_change_and_a_hung_receiver_delays_nothing(t
         for call in receiver.calls:
             verify(call)
 
-        started = time.time()
         first = slow.submit(toy_spec(steps=5, sleep=0.01, nproc=1, args=["--fail-at", "2"], max_retries=1))
         assert slow.wait_status(first["id"], "succeeded", "failed")["status"] == "failed"
         second = slow.submit(toy_spec(steps=5, sleep=0.01, nproc=1))
         assert slow.wait_status(second["id"], "succeeded", "failed")["status"] == "succeeded"
-        assert time.time() - started < 100, "runs moved on while the receiver held each call for 120 s"
-        assert len(hung.calls) == 0, "the receiver answered nothing yet"
+        assert len(hung.calls) == 0, "both runs ended while the receiver held its first call (for 120 s)"
     finally:
         for svc in services:
             svc.stop()
@@ -173,9 +171,8 @@ def test_a_receiver_dripping_a_byte_every_2s_holds_a_delivery_no_longer_than_its
         first, second = (api.submit(name=n)["id"] for n in ("first", "second"))
         api.move(first, S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
         api.move(second, S.LAUNCHING, S.RUNNING, S.FAILED)
-        started = time.monotonic()
         assert len(notifier.run_once()) == 2
-        assert time.monotonic() - started < 1, "the worker's tick only queues"
+        assert dripper.answered == [], "the worker's tick only queues: it returned before any delivery ended"
         wait_for("the second delivery", lambda: dripper.answered, timeout=30)
         # the first call is given up at its 3 s deadline (before: held for as long as the bytes dripped)
         assert dripper.answered[0] - dripper.calls[0] < 5, dripper.answered[0] - dripper.calls[0]

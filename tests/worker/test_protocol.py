@@ -16,8 +16,15 @@ from pathlib import Path
 import pytest
 
 from server import layout
-from worker.host_agent import HOSTSIDE_NAME, HOSTSIDE_ZIPAPP, MAX_ANSWER_BYTES, HostAgent, hostside_zipapp
-from worker.host_errors import CommandFailed
+from worker.host_agent import (
+    ANSWER_TRIES,
+    HOSTSIDE_NAME,
+    HOSTSIDE_ZIPAPP,
+    MAX_ANSWER_BYTES,
+    HostAgent,
+    hostside_zipapp,
+)
+from worker.host_errors import AnswerLost, CommandFailed, HostUnreachable
 from worker.hostside import files as hostside_files
 from worker.local_transport import LocalTransport
 from worker.protocol import (
@@ -112,8 +119,6 @@ PROBE = {"state": "running", "exit_code": None, "pid": 7, "metrics": "", "metric
 
 
 @pytest.mark.parametrize(("stdout", "says"), [
-    ("", "probe failed on the host (exit 0)"),
-    ('{"state": "running", "exit_co', "probe failed on the host (exit 0)"),
     ("[1, 2]\n", "probe: the host answered list, not a JSON object"),
     ("x" * (MAX_ANSWER_BYTES + 1), f"more than the {MAX_ANSWER_BYTES}"),
     ('{"state": "running"}\n', "probe: the host's answer is not of the expected shape (KeyError"),
@@ -127,6 +132,37 @@ def test_a_host_answer_of_another_shape_is_a_command_failed_naming_the_verb(stdo
     with pytest.raises(CommandFailed) as raised:
         HostAgent(Answering(stdout), "/ws").probe("/ws/.longrun/r/1", ReadFrom())
     assert says in str(raised.value)
+
+
+class AnsweringInTurn(Transport):
+    """A host that answers each command with the next of its answers (the last one for ever)."""
+
+    def __init__(self, *answers: tuple[int, str]):
+        self.answers = list(answers)
+        self.calls = 0
+
+    def exec(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        self.calls += 1
+        returncode, stdout = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return CommandResult(returncode, stdout, "")
+
+
+@pytest.mark.parametrize("lost", [(0, ""), (0, "NOT JSON\n"), (-9, '{"state": "running", "exit_co')])
+def test_an_answer_that_did_not_come_back_whole_is_asked_again(lost: tuple[int, str]) -> None:
+    host = AnsweringInTurn(lost, (0, json.dumps(PROBE) + "\n"))
+    assert HostAgent(host, "/ws").probe("/ws/.longrun/r/1", ReadFrom()).pid == 7
+    assert host.calls == 2
+
+
+def test_an_agent_that_keeps_answering_nothing_readable_is_a_host_away_not_a_refusal() -> None:
+    host = AnsweringInTurn((0, "NOT JSON\n"))
+    with pytest.raises(AnswerLost) as raised:
+        HostAgent(host, "/ws").probe("/ws/.longrun/r/1", ReadFrom())
+    assert isinstance(raised.value, HostUnreachable) and host.calls == ANSWER_TRIES
+    assert str(raised.value) == (f"probe: no readable answer from the host agent (exit 0): 'NOT JSON' "
+                                 f"({ANSWER_TRIES} tries in a row)")
+    with pytest.raises(CommandFailed, match="exit 127"):  # a python that cannot run is not asked again
+        HostAgent(AnsweringInTurn((127, "")), "/ws").probe("/ws/.longrun/r/1", ReadFrom())
 
 
 def test_a_cancel_answer_without_its_verdict_is_not_taken_for_nothing_left() -> None:

@@ -10,6 +10,7 @@ from server.lifecycle import NodeState, nodes_of
 from server.models import Host, MetricPoint, Run
 from tests.worker.conftest import GPU_WAIT_DEADLINE, UNREACHABLE_DEADLINE, Rig
 from worker.host_errors import AuthRefused
+from worker.run_driver import INGEST_READ_BYTES
 
 
 def test_a_run_goes_from_queued_through_launching_to_running(rig: Rig) -> None:
@@ -280,6 +281,50 @@ def test_a_host_answer_of_another_shape_fails_the_run_with_a_message_and_escapes
     run = rig.run(run_id)
     assert run.status == "failed"
     assert run.message.startswith("probe: the host's answer is not of the expected shape (TypeError: pid is str")
+    # the failed run leaves no job behind: the reaper stops it
+    attempt = run.attempts[0]
+    assert attempt.abandoned and rig.supervisor.reaper.run_once() == [attempt.id]
+    rig.hosts["a"].garble = None
+    rig.supervisor.reaper.stop(attempt.id)
+    assert not rig.hosts["a"].job(run_id, 1).alive and not rig.attempt(run_id, 1).abandoned
+
+
+def test_an_unreadable_host_answer_is_asked_again_and_the_run_keeps_running(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    host.write_metrics(host.job(run_id, 1), {"step": 1, "loss": 0.9})
+    for lost in ("NOT JSON\n", "", '{"state": "running", "exit_co'):  # a stray line; an agent killed mid-answer
+        host.garble, host.garble_left = lost, 1
+        rig.step(run_id)
+        run = rig.run(run_id)
+        assert (run.status, run.host_reachable, run.message) == ("running", True, "attempt 1 running"), lost
+    assert run.latest["loss"] == 0.9 and host.job(run_id, 1).alive
+
+
+def test_an_agent_that_keeps_answering_garbage_is_a_host_away_then_the_run_fails_and_its_job_is_stopped(
+        rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    host.garble = "NOT JSON\n"
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "running" and run.host_reachable is False
+    assert run.message.startswith("host not answering since 12:00:00 UTC: probe: no readable answer from the host "
+                                  "agent (exit 0): 'NOT JSON' (3 tries in a row)"), run.message
+    rig.clock.advance(UNREACHABLE_DEADLINE + 1)
+    rig.step(run_id)
+    run = rig.run(run_id)
+    assert run.status == "failed" and run.message.startswith(
+        f"host unreachable for more than {UNREACHABLE_DEADLINE:.0f}s: probe: no readable answer"), run.message
+    attempt = run.attempts[0]
+    assert attempt.abandoned and host.job(run_id, 1).alive
+    rig.supervisor.reaper.stop(attempt.id)
+    assert rig.attempt(run_id, 1).abandoned, "no readable answer yet: tried again later"
+    host.garble = None
+    rig.supervisor.reaper.stop(attempt.id)
+    assert not host.job(run_id, 1).alive and not rig.attempt(run_id, 1).abandoned
 
 
 def test_a_refused_key_fails_the_run_at_once(rig: Rig) -> None:
@@ -402,3 +447,22 @@ def test_a_workspace_that_leads_to_the_root_on_its_host_fails_the_run_before_any
     assert host.verbs() == ["workspace"], "nothing launched, nothing installed"
     with rig.db.reading() as s:
         assert s.scalar(select(Host).where(Host.name == "a")).workspace_real == "/"
+
+
+def test_a_backlog_of_metrics_is_stored_in_short_transactions_one_after_another(rig: Rig) -> None:
+    run_id = rig.submit()
+    rig.step(run_id, 2)
+    host = rig.hosts["a"]
+    job = host.job(run_id, 1)
+    lines = 4 * INGEST_READ_BYTES // 40  # lines of 40 to 50 bytes
+    host.write_metrics(job, *({"step": i, "loss": 1.0 / i} for i in range(1, lines + 1)))
+    assert len(job.metrics) > 3 * INGEST_READ_BYTES
+    stored, more = [], True
+    while more:
+        more = rig.supervisor.driver.step(run_id)  # True: the next step follows at once, not a tick later
+        stored.append(rig.attempt(run_id, 1).metrics_lines)
+    assert len(stored) >= 4 and stored[-1] == lines
+    assert all(0 < b - a <= INGEST_READ_BYTES // 30 for a, b in zip([0, *stored], stored[:-1], strict=False)), \
+        "each transaction stored at most INGEST_READ_BYTES of lines"
+    assert [r["limit"] for verb, r in host.calls if verb == "probe"][-len(stored):] == [INGEST_READ_BYTES] * len(stored)
+    assert rig.run(run_id).latest["step"] == lines and rig.run(run_id).status == "running"

@@ -317,3 +317,77 @@ def test_a_workspace_that_leads_to_the_root_on_the_host_is_refused_at_registrati
     assert (shown["workspace"], shown["workspace_real"]) == (str(workspace), os.path.realpath(workspace)), "undone"
     run = svc.submit(ssh_spec("box", steps=3, sleep=0.01))
     assert svc.wait_status(run["id"], "succeeded", "failed")["status"] == "succeeded"
+
+
+# the host's python, answering the host agent badly while a fault file of the test says so: `once` (one stray line
+# instead of the answer), `killed` (the agent's answer cut off, then a SIGKILL, as an out-of-memory kill does),
+# `always` (the agent does its work but its answer is garbage, every call); anything else runs as the real python
+FAULTY_PYTHON = """#!/bin/sh
+faults={faults}
+if [ "$1" = "-S" ]; then
+    if mv "$faults/once" "$faults/once.taken" 2>/dev/null; then
+        cat > /dev/null; echo "NOT JSON"; exit 0
+    fi
+    if mv "$faults/killed" "$faults/killed.taken" 2>/dev/null; then
+        {python} "$@" > "$faults/answer"; head -c 20 "$faults/answer"; kill -9 $$
+    fi
+    if [ -e "$faults/always" ]; then
+        {python} "$@" > /dev/null; echo "NOT JSON"; exit 0
+    fi
+fi
+exec {python} "$@"
+"""
+
+
+def faulty_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A python for a host, and the directory of its fault files."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    python = tmp_path / "faulty-python"
+    python.write_text(FAULTY_PYTHON.format(faults=faults, python=sys.executable))
+    python.chmod(0o755)
+    return python, faults
+
+
+def test_one_unreadable_or_cut_off_agent_answer_leaves_the_run_running(rig: Rig, tmp_path: Path) -> None:
+    svc = rig.service()
+    sshd = rig.sshd()
+    python, faults = faulty_python(tmp_path)
+    rig.host(svc, "box", sshd, python=str(python))
+
+    run = svc.submit(ssh_spec("box", steps=2000, sleep=0.05, nproc=1))
+    svc.wait(run["id"], at_step(2), what="running")
+    for fault in ("once", "killed"):
+        (faults / fault).touch()
+        deadline = time.monotonic() + 60
+        while not (faults / f"{fault}.taken").exists():
+            assert time.monotonic() < deadline, f"no agent call met the fault {fault}"
+            time.sleep(0.1)
+        step = svc.run(run["id"])["latest"].get("step") or 0
+        after = svc.wait(run["id"], lambda r, step=step: r["status"] != "running"
+                         or (r["latest"].get("step") or 0) > step + 5, what=f"steps after the fault {fault}")
+        assert after["status"] == "running" and after["host_reachable"] is True, after
+    assert svc.client.post(f"/v1/runs/{run['id']}/cancel").status_code == 202
+    assert svc.wait_status(run["id"], "cancelled", "failed")["status"] == "cancelled"
+
+
+def test_an_agent_that_keeps_answering_garbage_fails_the_run_saying_so_and_leaves_no_process(
+        rig: Rig, tmp_path: Path) -> None:
+    svc = rig.service(unreachable_deadline=3)
+    sshd = rig.sshd()
+    python, faults = faulty_python(tmp_path)
+    workspace = rig.host(svc, "box", sshd, python=str(python))
+
+    run = svc.submit(ssh_spec("box", steps=2000, sleep=0.05, nproc=1))
+    running = svc.wait(run["id"], at_step(2), what="running")
+    assert attempt_processes(running, 1)
+    (faults / "always").touch()
+    done = svc.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=60)
+    assert done["status"] == "failed", done
+    assert done["message"].startswith("host unreachable for more than 3s: ") and \
+        "no readable answer from the host agent (exit 0): 'NOT JSON' (3 tries in a row)" in done["message"], \
+        done["message"]
+    deadline = time.monotonic() + 60
+    while run_processes(workspace):  # stopped by the orphan reaper, whose cancel the host ran
+        assert time.monotonic() < deadline, f"processes of the failed run still alive: {run_processes(workspace)}"
+        time.sleep(0.2)

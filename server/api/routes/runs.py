@@ -284,6 +284,14 @@ def get_proposal(run_id: RunRef, session: ReadSession) -> proposal.ProposalPubli
     return proposal.current(session, run, queries.measured_attempts(session, run))
 
 
+@router.post("/{run_id}/proposal/probe", status_code=status.HTTP_202_ACCEPTED, responses={**NOT_FOUND, **CONFLICT})
+async def take_probe(run_id: RunRef, db: DB) -> RunPublic:
+    """Take the probe the proposal offers (`probe`): the current checkpoint resumed at the candidate TTT for its N
+    steps; at its validation the service decides on measured acceptance and the run continues as that says. A 409
+    where the proposal offers none."""
+    return await _write(db, lambda session: _public(session, proposal.take_probe_by_hand(session, run_id)))
+
+
 @router.get("/{run_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 async def run_events(run_id: str, db: DB, last_event_id: Annotated[int | None, Header(ge=0, le=INT64_MAX)] = None) -> EventSourceResponse:
