@@ -316,7 +316,8 @@ class Client:
 
     def logs(self, run_id: str, tail: int | None = None, attempt: int | None = None,
              since_offset: int | None = None, node: int = 0) -> dict[str, Any]:
-        """Log lines of the current (or a given) attempt: {"attempt", "log_path", "lines", "next_offset"}."""
+        """Log lines of the current (or a given) attempt: {"attempt", "log_path", "lines", "next_offset", "more"}
+        (`more`: a read from since_offset stopped at the answer's 1 MiB bound; read on from next_offset)."""
         params = {k: v for k, v in {"tail": tail, "attempt": attempt, "since_offset": since_offset}.items()
                   if v is not None}
         if node:

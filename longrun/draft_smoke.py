@@ -56,7 +56,7 @@ def load_engine_draft(directory: Path, capture: list[int], embed_weight):
     import torch  # noqa: PLC0415
     from safetensors.torch import load_file  # noqa: PLC0415
 
-    from trainer.model import DraftConfig, EagleDraft  # noqa: PLC0415
+    from trainer.model import DraftConfig, EagleDraft, identity_vocab_mapping  # noqa: PLC0415
 
     config = DraftConfig(**engine_draft_config(json.loads((directory / "config.json").read_text()), capture))
     draft = EagleDraft(config, embed_weight)
@@ -69,9 +69,9 @@ def load_engine_draft(directory: Path, capture: list[int], embed_weight):
     h = config.hidden_size
     state["midlayer.self_attn.qkv_token.weight"] = torch.cat([w[:, :h] for w in weights])
     state["midlayer.self_attn.qkv_hidden.weight"] = torch.cat([w[:, h:] for w in weights])
+    for name, tensor in identity_vocab_mapping(config).items():  # no d2t: the engines take draft id i as target id i
+        state.setdefault(name, tensor)
     own = draft.state_dict()
-    state.setdefault("d2t", torch.zeros_like(own["d2t"]))
-    state.setdefault("t2d", torch.zeros_like(own["t2d"]))
     draft.load_state_dict({name: tensor.to(own[name].dtype) for name, tensor in state.items()}, strict=True)
     return draft
 

@@ -56,7 +56,11 @@ def serve(host: str | None = None, port: int | None = None, with_worker: bool = 
         "longrun %s: serving on http://%s:%d (the page at /, the API under /v1, its schema at /docs); "
         "the host `local` runs jobs on this machine under %s", version("longrun"), shown, port,
         settings.local_workspace)
-    uvicorn.run(app, host=bind, port=port, log_level="warning")
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 by default (uvicorn/config.py 0.55: proxy_headers=True,
+    # forwarded_allow_ips from $FORWARDED_ALLOW_IPS, else "127.0.0.1,::1"): only from the proxies named here
+    trusted = settings.forwarded_allow_ips.strip()
+    uvicorn.run(app, host=bind, port=port, log_level="warning", proxy_headers=bool(trusted),
+                forwarded_allow_ips=trusted or None)
 
 
 def work() -> None:

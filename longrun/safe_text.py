@@ -25,15 +25,25 @@ ESCAPE_SEQUENCE = re.compile(
 )
 # C0 but tab and newline, DEL, C1: whatever of them a sequence above did not take
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-ANY_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+# Unicode's format characters (category Cf: bidi overrides and isolates, zero-width spaces and joiners, the BOM)
+# and line and paragraph separators (Zl, Zp), as of Unicode 15.1: a terminal shows them as nothing, or reorders
+# the text after them (U+202E shows `txt.exe` as `exe.txt`: Trojan Source, CVE-2021-42574). They are shown as
+# `<U+202E>`, as GitHub shows hidden characters (tests/unit/test_terminal_injection.py pins the ranges to
+# unicodedata's)
+FORMAT = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e"
+                    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+                    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
+ANY_CONTROL = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f]|{FORMAT.pattern}")
 
 
 def clean(text: str, multiline: bool = False) -> str:
     """`text` without terminal control: escape sequences and control characters removed; a tab is kept, and a
-    newline where one belongs (`multiline`: a traceback, a message of several lines), else it reads as a space."""
+    newline where one belongs (`multiline`: a traceback, a message of several lines), else it reads as a space;
+    format characters made visible (`<U+202E>`)."""
     if not ANY_CONTROL.search(text):
         return text  # the common case, at the cost of one scan
     text = CONTROL.sub("", ESCAPE_SEQUENCE.sub("", text))
+    text = FORMAT.sub(lambda m: f"<U+{ord(m[0]):04X}>", text)
     return text if multiline else text.replace("\n", " ")
 
 

@@ -22,6 +22,9 @@ GPU_KEY = re.compile(r"^(?:node(?P<node>\d+)_)?gpu_(?P<kind>util|mem)_(?P<gpu>\d
 # one style per status of longrun.client.RUN_STATUSES and ATTEMPT_STATUSES
 STATE_STYLES = {"queued": "cyan", "launching": "cyan", "running": "green", "restarting": "yellow", "pending": "cyan",
                 "cancelling": "yellow", "succeeded": "bold green", "failed": "bold red", "cancelled": "magenta"}
+# the server's markers of a non-finite value in a run's latest (worker/metric_values.py), and as a line shows them
+NOT_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})
+NOT_FINITE_SHOWN = frozenset(m.upper() for m in NOT_FINITE)
 ACC_CELL = 8  # "15 0.57" and a space
 GPU_CELL = 17  # "n1:7 100% 140.4G" and a space
 
@@ -73,21 +76,28 @@ def ttt_depth(run: dict[str, Any]) -> int | None:
     return trainer.get("ttt_steps") or (run.get("latest") or {}).get(series.TTT_STEPS)
 
 
-def comparable_loss(latest: dict[str, Any], key: str = series.LOSS) -> tuple[str, float] | None:
+def comparable_loss(latest: dict[str, Any], key: str = series.LOSS) -> tuple[str, float | str] | None:
     """(name, value) of the loss that compares across TTT depths: `loss_0` (TTT step 0's, what the page charts), not
     `loss`, which sums w^k * loss_k over the steps and so grows with the depth (14.78 at TTT=5 against 10.73 at
     TTT=3 for the same draft); `loss` itself for a trainer that logs no per-step losses. `key` val_loss for the
-    validation's."""
+    validation's. The value may be a marker of a non-finite loss ("NaN", "Infinity", "-Infinity")."""
     for name in (series.indexed(key, 0), key):
-        if isinstance(latest.get(name), int | float):
-            return name, latest[name]
+        value = latest.get(name)
+        if isinstance(value, int | float) or value in NOT_FINITE:
+            return name, value
     return None
 
 
+def figure(value: float | str, digits: int = 4) -> str:
+    """A metric's value: the number, or the server's marker of a non-finite one (JSON has no NaN) as it is."""
+    return value if isinstance(value, str) else f"{value:.{digits}f}"
+
+
 def loss_figures(latest: dict[str, Any]) -> list[str]:
-    """The training and validation losses a line shows, each the comparable one."""
+    """The training and validation losses a line shows, each the comparable one; a non-finite one in capitals."""
     found = [comparable_loss(latest, key) for key in (series.LOSS, series.VAL_LOSS)]
-    return [f"{name} {value:.4f}" for name, value in filter(None, found)]
+    return [f"{name} {figure(value).upper()}" if isinstance(value, str) else f"{name} {figure(value)}"
+            for name, value in filter(None, found)]
 
 
 def progress_line(run: dict[str, Any]) -> str:
@@ -160,11 +170,12 @@ def run_panel(run: dict[str, Any], width: int = 80) -> Panel:
     bar.add_row(ProgressBar(total=1.0, completed=p or 0.0), label)
     rows.append(bar)
 
-    figures = loss_figures(latest)
-    figures += [f"epoch {latest[series.EPOCH]:.2f}"] if series.EPOCH in latest else []
-    figures += [f"{latest[series.TOKENS_PER_S]:.0f} tok/s"] if series.TOKENS_PER_S in latest else []
+    losses = loss_figures(latest)
+    figures = losses + ([f"epoch {figure(latest[series.EPOCH], 2)}"] if series.EPOCH in latest else [])
+    figures += [f"{figure(latest[series.TOKENS_PER_S], 0)} tok/s"] if series.TOKENS_PER_S in latest else []
     if figures:
-        rows.append(Text("  ".join(figures), no_wrap=True, overflow="ellipsis"))
+        diverged = any(f.rpartition(" ")[2] in NOT_FINITE_SHOWN for f in losses)
+        rows.append(Text("  ".join(figures), style="bold red" if diverged else "", no_wrap=True, overflow="ellipsis"))
     for prefix, label_text in ((series.ACC, f"{series.ACC}_k"), (series.VAL_ACC, series.VAL_ACC)):
         by_step = step_series(latest, prefix)
         if by_step:
@@ -197,7 +208,7 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
         table.add_row(safe(run["id"]), safe(run["name"]), state_text(run["status"]),
                       safe(",".join(run.get("hosts") or [])),
                       str(run["attempt"]), "" if p is None else f"{p * 100:.0f}%", duration(run.get("eta_seconds")),
-                      str(ttt_depth(run) or ""), "" if loss is None else f"{loss[1]:.4f}")
+                      str(ttt_depth(run) or ""), "" if loss is None else figure(loss[1]))
     return table
 
 

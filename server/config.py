@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     # Host headers the API answers to, comma-separated ("*": any); by default the loopback names and bind_host
     allowed_hosts: str | None = None
     max_body_bytes: int = 1024 * 1024
+    # the proxies in front of the API whose X-Forwarded-For and X-Forwarded-Proto are believed, comma-separated
+    # addresses or networks ("*": any), as uvicorn's --forwarded-allow-ips takes them; none by default, so that a
+    # client's own header cannot pass it off as another address (the token throttle counts failures per address)
+    forwarded_allow_ips: str = ""
     # worker behaviour
     poll_interval: float = 1.0
     lease_seconds: float = 30.0

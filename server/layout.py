@@ -26,8 +26,21 @@ SYSTEM_DIRECTORIES = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "
 PYTHON_UNFIT = "python: "
 
 
+# kernel file systems: their paths name processes, devices and kernel settings, not directories longrun may fill
+# (/proc/self/cwd is the directory of whichever process reads it: the server's own, or the host agent's)
+KERNEL_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def kernel_file_system(path: str) -> str | None:
+    """The kernel file system (/proc, /sys, /dev) that the normalised absolute `path` lies in, or None."""
+    return next((top for top in KERNEL_FILE_SYSTEMS if path == top or path.startswith(top + "/")), None)
+
+
 def workspace_refusal(workspace: str, real: str) -> str | None:
     """Why a workspace whose real path (its symlinks followed on its host) is `real` is refused, or None."""
+    if (top := kernel_file_system(real)) is not None:
+        return (f"workspace {workspace!r} leads to {real}, under {top}, a kernel file system whose paths name "
+                "processes and devices: give a directory of longrun's own, e.g. /srv/longrun")
     if real not in SYSTEM_DIRECTORIES:
         return None
     return (f"workspace {workspace!r} leads to {real} (its symlinks followed on the host): give a directory of "

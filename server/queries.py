@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from server import eta, hosts, pace, views
+from server import eta, hosts, log_reads, pace, views
 from server.advisor import CostModel, Drafting, advise
 from server.errors import Conflict, FieldError, NotFound
 from server.lifecycle import TERMINAL
-from server.models import Attempt, Event, LogChunk, MetricPoint, Run
+from server.models import Attempt, Event, MetricPoint, Run
 from server.retrain_time import retrain_seconds
 from server.schemas import RunAdvicePublic
 
@@ -287,26 +287,15 @@ def metric_page(session: Session, run_id: str, names: list[str] | None, attempt:
 
 
 def log_lines(session: Session, run_id: str, attempt: int | None, tail: int | None,
-              since_offset: int | None, node: int = 0) -> tuple[int, str | None, list[str], int, int]:
-    """Lines of an attempt's log as ingested from the host; returns (attempt, path, lines, next_offset, bytes
-    asked for that were dropped as the log outgrew what is kept)."""
+              since_offset: int | None, node: int = 0) -> tuple[int, str | None, log_reads.LogPage]:
+    """Lines of an attempt's log as ingested from the host, within a bound per answer (server/log_reads.py);
+    returns (attempt, path, page)."""
     run = get_run(session, run_id)
     number = attempt or run.attempt
     att = next((a for a in run.attempts if a.number == number), None)
     if att is None:
         raise NotFound(f"run {run_id} has no attempt {number}")
-    q = select(LogChunk).where(LogChunk.run_id == run_id, LogChunk.attempt == number, LogChunk.node == node)
-    if since_offset is not None:
-        q = q.where(LogChunk.offset >= since_offset)
-    chunks = list(session.scalars(q.order_by(LogChunk.offset)))
-    text = "".join(c.text for c in chunks)
-    end = chunks[-1].end if chunks else (since_offset or 0)
-    # the worker keeps a log's tail only (worker/ingest.py): what was asked for before it is gone
-    dropped = chunks[0].offset - (since_offset or 0) if chunks else 0
-    lines = text.splitlines()
-    if tail is not None:
-        lines = lines[-tail:] if tail > 0 else []
-    return number, att.log_path, lines, end, dropped
+    return number, att.log_path, log_reads.read_log(session, run_id, number, node, tail, since_offset)
 
 
 def events_after(session: Session, run_id: str, after: int, limit: int = 500) -> tuple[list[Event], str]:

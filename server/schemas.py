@@ -18,7 +18,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from server.advisor import Advice
+from server.layout import kernel_file_system
 from server.lifecycle import AttemptStatus, RunStatus
+from server.log_reads import ANSWER_BYTES, LINE_CHARS
 from server.series import SERVER_SERIES_DOC
 from server.spec import (
     RESTART_TOP_LEVEL,
@@ -51,6 +53,19 @@ Name = Annotated[str, AfterValidator(_name)]
 HostKind = Literal["direct", "slurm"]
 
 
+def _workspace(value: str) -> str:
+    """A workspace not under /proc, /sys or /dev as given (a symlink that leads there is refused once resolved)."""
+    if (top := kernel_file_system(normalized_path(value))) is not None:
+        raise ValueError(f"workspace {value!r} lies under {top}, a kernel file system whose paths name processes "
+                         "and devices, not a directory longrun may write and clean under (/proc/self/cwd is the "
+                         "directory of whichever process reads it); give a directory of longrun's own, e.g. "
+                         "/srv/longrun")
+    return value
+
+
+Workspace = Annotated[AbsPath, AfterValidator(_workspace)]
+
+
 class HostCreate(Strict):
     name: Name
     kind: HostKind = Field("direct", description="`direct`: runs start on the host itself; `slurm`: the host is a "
@@ -60,7 +75,7 @@ class HostCreate(Strict):
     port: int = Field(22, ge=1, le=65535)
     username: Identifier | None = None
     key_path: AbsPath | None = None
-    workspace: AbsPath = Field(description="absolute directory on the host that longrun may write and clean under")
+    workspace: Workspace = Field(description="absolute directory on the host that longrun may write and clean under")
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; else known_hosts")
     python: SafeStr = Field("python3", description="python on the host that has torch (and the trainer)")
 
@@ -79,7 +94,7 @@ class HostUpdate(Strict):
     port: int | None = Field(None, ge=1, le=65535)
     username: Identifier | None = None
     key_path: AbsPath | None = None
-    workspace: AbsPath | None = None
+    workspace: Workspace | None = None
     host_key: SafeStr | None = Field(None, description="OpenSSH public key line of the host; null: known_hosts")
     python: SafeStr | None = None
 
@@ -267,6 +282,10 @@ class AttemptPublic(BaseModel):
     predicted_duration_seconds: float | None
     actual_duration_seconds: float | None
     prediction_error: float | None = Field(None, description="(actual - predicted) / predicted, once the attempt finished")
+    metrics_skipped: int = Field(0, description="metric lines and values of the attempt not stored: lines too long or "
+                                 "wide, non-finite values (NaN, ±Infinity: shown in the run's `latest` as \"NaN\", "
+                                 "\"Infinity\", \"-Infinity\"), lines whose step is no whole number from 0 to "
+                                 "2^31-1; each reason said once in a `metrics_skipped` event")
 
 
 class InputBoundPublic(BaseModel):
@@ -333,8 +352,12 @@ class MetricsPublic(BaseModel):
 class LogsPublic(BaseModel):
     attempt: int
     log_path: str | None
-    lines: list[str]
-    next_offset: int = Field(description="pass as since_offset to follow the log")
+    lines: list[str] = Field(description=f"whole lines, at most {ANSWER_BYTES >> 20} MiB of the log's bytes an "
+                             "answer (server/log_reads.py), or one line longer than that; a line longer than "
+                             f"{LINE_CHARS:,} characters is cut there, a marker saying so after it")
+    next_offset: int = Field(description="pass as since_offset to follow the log, or to read on where `more`")
+    more: bool = Field(False, description="a read from since_offset stopped at the answer's bound: more of the "
+                       "log follows next_offset")
     dropped_bytes: int = Field(0, description="bytes of the log before `lines` that are no longer stored: longrun "
                                "keeps the last 64 MiB of each node's log per attempt (the file on the host is whole)")
 

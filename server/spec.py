@@ -8,6 +8,7 @@ worker import it from here; nothing outside this module reads a spec by its keys
 
 import posixpath
 import re
+import unicodedata
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -146,11 +147,25 @@ def _stored(info: ValidationInfo) -> bool:
 CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
+# Unicode's format characters (category Cf: zero-width spaces and joiners, bidi overrides and isolates, the BOM,
+# soft hyphens) and its line and paragraph separators: unseen, or reordering what follows, so that `train` and
+# `train` + U+200B are two names that look one, and U+202E shows `txt.exe` as `exe.txt` (UAX #31 keeps Cf out of
+# identifiers; Trojan Source, CVE-2021-42574)
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+
+
 def _identifier(value: str, info: ValidationInfo) -> str:
-    """A name or address: what the CLI and the page show and other requests name it by; no control characters
-    (one stored before this rule still reads)."""
-    if not _stored(info) and (found := CONTROL_CHARS.search(value)):
+    """A name or address: what the CLI and the page show and other requests name it by; no control characters nor
+    invisible format characters (one stored before these rules still reads)."""
+    if _stored(info):
+        return value
+    if found := CONTROL_CHARS.search(value):
         raise ValueError(f"must not hold control characters (U+{ord(found[0]):04X} at position {found.start()})")
+    for i, char in enumerate(value):
+        if unicodedata.category(char) in INVISIBLE_CATEGORIES:
+            raise ValueError(f"must not hold invisible format characters (U+{ord(char):04X} "
+                             f"{unicodedata.name(char, 'unnamed')} at position {i}): a name that holds one looks "
+                             "like another without it")
     return value
 
 

@@ -35,7 +35,7 @@ def attempt_public(a: Attempt) -> AttemptPublic:
                          exit_code=a.exit_code, message=a.message, log_path=a.log_path, nodes=a.nodes,
                          last_step=a.last_step, total_steps=a.total_steps, seconds_per_step=a.sec_per_step,
                          predicted_duration_seconds=a.predicted_duration_seconds,
-                         actual_duration_seconds=actual, prediction_error=error)
+                         actual_duration_seconds=actual, prediction_error=error, metrics_skipped=a.metrics_skipped or 0)
 
 
 def needs_pace_history(run: Run) -> bool:

@@ -107,3 +107,10 @@ def test_the_run_pages_charts_read_the_trainers_series_from_names_js() -> None:
     page = (WEB / "run-page.js").read_text()
     assert re.search(r"import \{[^}]*\bTRAINER_SERIES\b[^}]*\} from \"\./names\.js\"", page)
     assert literal_series(page) == []
+
+
+def test_the_markers_of_a_non_finite_value_are_the_ingests() -> None:
+    from worker.metric_values import NOT_FINITE_MARKERS
+
+    assert views.NOT_FINITE == NOT_FINITE_MARKERS
+    assert js_strings(js_constant((WEB / "names.js").read_text(), "NOT_FINITE")) == NOT_FINITE_MARKERS

@@ -356,7 +356,8 @@ class EagleDraft(nn.Module):
     """fc (3H -> H), one decoder layer, final norm, lm_head (H -> draft vocab).
 
     The token embedding is the verifier's, frozen, and kept out of the state dict; `d2t`
-    (draft id -> target id offsets) and `t2d` (target ids present in the draft vocab) travel with it.
+    (draft id -> target id offsets) and `t2d` (target ids present in the draft vocab) travel with it, except
+    where they are the identity mapping of a draft of the full vocabulary (`engine_state_dict`).
     """
 
     def __init__(self, config: DraftConfig, embed_weight: Tensor | None = None):
@@ -422,10 +423,26 @@ class EagleDraft(nn.Module):
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
+def identity_vocab_mapping(config: DraftConfig) -> dict[str, Tensor]:
+    """`d2t` and `t2d` of a draft of the full vocabulary: draft id i is target id i."""
+    return {"d2t": torch.zeros(config.draft_vocab_size, dtype=torch.long),
+            "t2d": torch.ones(config.vocab_size, dtype=torch.bool)}
+
+
+def is_identity_mapping(draft: EagleDraft) -> bool:
+    return draft.config.draft_vocab_size == draft.config.vocab_size and not bool(draft.d2t.any())
+
+
 def engine_state_dict(draft: EagleDraft) -> dict[str, Tensor]:
-    """The draft's weights under the names inference engines load (q/k/v over the 2H input)."""
+    """The draft's weights under the names inference engines load (q/k/v over the 2H input). A draft of the full
+    vocabulary mapped to itself carries no `d2t` / `t2d`, as the engines build it: vLLM 0.30.0's
+    llama_eagle3.py Eagle3LlamaForCausalLM.__init__ has no draft_id_to_target_id where the draft's vocabulary is
+    the target's, and its AutoWeightsLoader stops at a `d2t` there (longrun/draft_releases.py); speculators
+    0.9.0's model.py DraftVocabMixin._init_vocab registers both as None then."""
     attn = draft.midlayer.self_attn
-    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("midlayer.self_attn.qkv_")}
+    skip = ("d2t", "t2d") if is_identity_mapping(draft) else ()
+    state = {k: v for k, v in draft.state_dict().items()
+             if not k.startswith("midlayer.self_attn.qkv_") and k not in skip}
     token = attn.qkv_token.weight.detach().split(attn.qkv_sizes, dim=0)
     hidden = attn.qkv_hidden.weight.detach().split(attn.qkv_sizes, dim=0)
     for name, t, h in zip(_QKV, token, hidden, strict=True):
@@ -464,10 +481,14 @@ def read_draft_config(directory: str | Path) -> DraftConfig:
 
 
 def load_draft_weights(draft: EagleDraft, directory: str | Path) -> None:
-    """Load weights (and the vocab mapping) saved by `save_draft` into an existing draft."""
+    """Load weights (and the vocab mapping) saved by `save_draft` into an existing draft; a draft of the full
+    vocabulary without `d2t` / `t2d` maps each draft id to itself."""
     state = load_file(str(Path(directory) / "model.safetensors"))
     state = _from_engine_state_dict(state, draft.config.hidden_size)
     state.pop("embed_tokens.weight", None)  # some published drafts carry a copy of the embedding
+    if draft.config.draft_vocab_size == draft.config.vocab_size:
+        for name, tensor in identity_vocab_mapping(draft.config).items():
+            state.setdefault(name, tensor)
     own = draft.state_dict()
     unexpected = sorted(set(state) - set(own))
     missing = sorted(set(own) - set(state))

@@ -20,7 +20,8 @@ log = logging.getLogger("longrun.worker")
 
 
 class ConnectionWarmer:
-    def __init__(self, db: Database, transports: TransportPool, check: Callable[[Host], None] | None = None):
+    def __init__(self, db: Database, transports: TransportPool,
+                 check: Callable[[Host, HostError | None], None] | None = None):
         self.db, self.transports, self.check = db, transports, check
         self._lock = threading.Lock()
         # host name -> the settings it was last warmed with: each once, and again when they change
@@ -36,11 +37,13 @@ class ConnectionWarmer:
     def warm(self, host: Host) -> None:
         with self._lock:
             self._warmed[host.name] = reached_with(host)
+        failed = None
         try:
             self.transports.get(host).connect()
         except HostError as exc:
             # the host's first command tries again, and reports it on the run it is for
             log.info("host %s: not connected ahead of use: %s", host.name, exc)
+            failed = exc
         if self.check is not None and host.workspace_real is None:
-            self.check(host)
+            self.check(host, failed)
 

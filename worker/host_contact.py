@@ -1,6 +1,7 @@
 """The worker's line to its hosts: an agent per host that names the host in its errors and notes when it
 last answered, and the hosts table's record of reachability and GPU snapshots."""
 
+import logging
 import threading
 from collections.abc import Iterable
 from datetime import datetime
@@ -14,9 +15,11 @@ from server.layout import HostLayout
 from server.models import Host
 from worker.clock import Clock
 from worker.host_agent import HostAgent
-from worker.host_errors import HostError
+from worker.host_errors import CommandFailed, HostError, in_one_sentence
 from worker.protocol import GpuView, Request
 from worker.transport_pool import TransportPool
+
+log = logging.getLogger("longrun.worker")
 
 # how often a host's last_seen_at is refreshed while it keeps answering
 SEEN_REFRESH_SECONDS = 10.0
@@ -32,6 +35,14 @@ class _NamedAgent(HostAgent):
     def call(self, request: Request, timeout: float | None = None) -> Any:
         try:
             answer = super().call(request, timeout)
+        except CommandFailed as exc:
+            exc.host = exc.host or self.name
+            short = in_one_sentence(str(exc), self.name, self.layout.workspace)
+            if short is None:
+                raise
+            # a run's message is read in a terminal or a page: the traceback goes to the log, whole
+            log.warning("host %s: %s", self.name, exc)
+            raise type(exc)(short, exc.host) from exc
         except HostError as exc:
             exc.host = exc.host or self.name
             raise

@@ -40,3 +40,23 @@ class AuthRefused(HostError):
 
 class CommandFailed(HostError):
     """The host answered, but the action was refused or failed there."""
+
+
+# how a Python traceback a host's python printed begins (the agent's install, or the agent itself, raising)
+TRACEBACK = "Traceback (most recent call last):"
+# what an OSError's errno says of the host's file system, and what fixes it
+FILE_SYSTEM_FULL = {"[Errno 28]": "is full", "[Errno 122]": "is over its quota"}
+
+
+def in_one_sentence(message: str, host: str, workspace: str) -> str | None:
+    """A failure a host reported with a Python traceback in it, as its head and the exception's own line (a full
+    disk or quota named for what it is, with the workspace); None when it holds no traceback."""
+    head, found, tail = message.partition(TRACEBACK)
+    if not found:
+        return None
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")[:300]
+    why = next((words for errno, words in FILE_SYSTEM_FULL.items() if errno in last), None)
+    if why is not None:
+        last += (f": the file system of the workspace {workspace} on {host} {why}; make room there, or give the "
+                 f"host another workspace (longrun hosts update {host} --workspace DIR)")
+    return f"{head.strip()} {last} (the whole traceback is in the server's log)"

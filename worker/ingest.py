@@ -24,14 +24,13 @@ from server.models import Attempt, Event, LogChunk, MetricPoint, Run, utcnow
 from server.series import SERVER_SERIES
 from trainer import series
 from worker.log_metrics import PATTERN_SECONDS_PER_READ, LogMetricsConfig, read_log
+from worker.metric_values import LOSS_SERIES, NOT_FINITE_MARKERS, Skips, as_step, not_finite
 
 # progress fields, not series
 NOT_SERIES = frozenset({"step", "total_steps", "time"})
 # metric lines from this number on are records of the log; the metrics file's lines stay below it
 LOG_LINES_FROM = 1 << 30
 MAX_LINE = 2**31 - 1
-# a step or step count the database holds on every backend (INTEGER is 32-bit on PostgreSQL)
-MAX_STEP = 2**31 - 1
 # a metric line longer than this, or with more keys, is skipped and counted (what a job writes is untrusted)
 MAX_METRIC_LINE_BYTES = 64 * 1024
 MAX_KEYS_PER_LINE = 256
@@ -46,6 +45,10 @@ FILE_REWRITTEN = "file_rewritten"
 LOG_SKIPPED = "log_skipped"
 LOG_METRICS_PASSED = "log_metrics_passed"
 LAST_METRIC_LINE_INVALID = "last_metric_line_invalid"
+METRICS_SKIPPED = "metrics_skipped"
+LOSS_NOT_FINITE = "loss_not_finite"
+# what the run's message says while its loss is not finite
+DIVERGED = "the training has diverged"
 # a job's `time` is taken when it is a plausible Unix time in seconds (2000-01-01 .. 2100-01-01), else the
 # server's: a millisecond timestamp, a negative or far-off one would not even convert
 EARLIEST_TIME, LATEST_TIME = 946_684_800.0, 4_102_444_800.0
@@ -104,13 +107,6 @@ def _as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _as_step(value: Any) -> int | None:
-    """A step or step count: a non-negative integer the database holds, else none."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
-        return None
-    return value
-
-
 def _as_time(value: Any, now: datetime) -> datetime:
     """The job's timestamp when it is a plausible Unix time in seconds, else the server's."""
     t = _as_number(value)
@@ -119,9 +115,16 @@ def _as_time(value: Any, now: datetime) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
-def _is_series(name: str, value: Any) -> bool:
-    return (name not in NOT_SERIES and len(name) <= MAX_SERIES_NAME and not SERVER_SERIES.match(name)
-            and _as_number(value) is not None)
+def _plain_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_series_name(name: str) -> bool:
+    return name not in NOT_SERIES and len(name) <= MAX_SERIES_NAME and not SERVER_SERIES.match(name)
 
 
 def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
@@ -148,21 +151,23 @@ def store_metrics(session: Session, run: Run, attempt: Attempt, text: str, now: 
         _say_last_line_invalid(session, run, attempt, attempt.metrics_lines + len(parsed.records), unterminated)
     if attempt.metrics_lines == 0:
         _drop_log_metrics(session, run, attempt)
+    if parsed.skipped:
+        attempt.metrics_skipped += len(parsed.skipped)
+        attempt.message = (f"{attempt.metrics_skipped} metric line(s) or value(s) skipped, the last one "
+                           f"{parsed.skipped[-1]} (limits: {MAX_METRIC_LINE_BYTES} bytes, {MAX_KEYS_PER_LINE} keys)")
+    # after the lines' own count: a value's reason (a diverged loss) is the message that stays
     store_metric_records(session, run, attempt,
                          [(i, obj, None) for i, obj in enumerate(parsed.records, start=attempt.metrics_lines)], now)
     attempt.metrics_lines += len(parsed.records)
-    if parsed.skipped:
-        attempt.metrics_skipped += len(parsed.skipped)
-        attempt.message = (f"{attempt.metrics_skipped} metric line(s) skipped, the last one {parsed.skipped[-1]} "
-                           f"(limits: {MAX_METRIC_LINE_BYTES} bytes, {MAX_KEYS_PER_LINE} keys)")
     return len(parsed.records)
 
 
 def store_metric_records(session: Session, run: Run, attempt: Attempt,
                          records: list[tuple[int, dict[str, Any], float | None]], now: datetime | None = None) -> None:
     """Store metric records, each (line, record in the metrics-file vocabulary, the trainer's own seconds
-    per step or None); a line is the record's identity within the attempt. Every field is the job's word:
-    a value that is not a finite number, a step out of range or an implausible time is dropped or replaced."""
+    per step or None); a line is the record's identity within the attempt. Every field is the job's word: a
+    value that is not a finite number is shown as the run's latest but stored as no point, a line whose step is no
+    step (worker/metric_values.py) is not stored, both counted and said; an implausible time is replaced."""
     now = now or utcnow()
     rows: list[dict[str, Any]] = []
     # an older attempt drained after a restart must not overwrite the new attempt's figures
@@ -171,27 +176,41 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
     sec_per_step, last_step = attempt.sec_per_step, attempt.last_step
     last_time = attempt.last_metric_at.timestamp() if attempt.last_metric_at else None
     refused: list[str] = []
+    skips = Skips()
     # lines without the job's time all get this read's time: their step rate is measured once, over the read,
     # from the last step they reach (per line, each read's first line would count the whole read as one step)
     untimed_step, final = None, None
     for i, obj, step_seconds in records:
-        step = _as_step(obj.get("step"))
+        step, bad_step = as_step(obj.get("step"))
+        if bad_step:
+            skips.step(i, bad_step)
+            continue
         when = _as_time(obj.get("time"), now)
         timed = when is not now
         for name, value in obj.items():
-            if not _is_series(name, value):
+            v, marker = _as_number(value), not_finite(value)
+            if (v is None and marker is None) or not _is_series_name(name):
                 continue
             if name not in latest and len(latest) >= MAX_SERIES_PER_RUN:
                 refused.append(name)
                 continue
-            v = _as_number(value)
+            if marker is not None:
+                skips.value(i, name, marker, step)
+                latest[name] = marker
+                continue
             rows.append({"run_id": run.id, "attempt": attempt.number, "line": i, "name": name,
                          "step": step, "value": v, "time": when})
             latest[name] = v
         if isinstance(obj.get("evaluation"), dict):
-            # the trainer's acceptance report (trainer.evaluate), sent as one metrics line
-            attempt.evaluation = obj["evaluation"]
-        total_steps = _as_step(obj.get("total_steps"))
+            # the trainer's acceptance report (trainer.evaluate), sent as one metrics line; JSON without NaN, which
+            # PostgreSQL's json refuses
+            if _plain_json(obj["evaluation"]):
+                attempt.evaluation = obj["evaluation"]
+            else:
+                skips.evaluation(i)
+        total_steps, bad_total = as_step(obj.get("total_steps"))
+        if bad_total:
+            skips.total_steps(i, bad_total)
         if total_steps is not None:
             attempt.total_steps = total_steps
         if step is not None:
@@ -232,6 +251,47 @@ def store_metric_records(session: Session, run: Run, attempt: Attempt,
         proposal.after_validation_safely(session, run)
     if refused:
         _say_series_refused(session, run, attempt, refused)
+    if skips:
+        _say_skipped(session, run, attempt, skips)
+    if skips.loss is not None or (current and DIVERGED in (run.message or "")):
+        _say_diverged(session, run, attempt, skips, latest if current else None)
+
+
+def _say_skipped(session: Session, run: Run, attempt: Attempt, skips: Skips) -> None:
+    """Count what a read passed over on the attempt, with the last reason in its message; an event per reason the
+    first time in the attempt."""
+    attempt.metrics_skipped += sum(skips.counts.values())
+    said = {e.data.get("reason") for e in session.scalars(select(Event).where(
+        Event.run_id == run.id, Event.kind == METRICS_SKIPPED)) if e.data.get("attempt") == attempt.number}
+    for reason, words in skips.first.items():
+        if reason not in said:
+            session.add(Event(run_id=run.id, kind=METRICS_SKIPPED, data={
+                "attempt": attempt.number, "reason": reason, "count": skips.counts[reason],
+                "message": f"attempt {attempt.number}: {words}; the attempt counts what is skipped"}))
+    attempt.message = f"{attempt.metrics_skipped} metric line(s) or value(s) skipped, the last: {skips.last}"
+
+
+def _say_diverged(session: Session, run: Run, attempt: Attempt, skips: Skips, latest: dict[str, Any] | None) -> None:
+    """A non-finite loss: an event the first time in the attempt; while the run's latest (the current attempt's)
+    holds one, the run's message and the attempt's say it loudly, and once every loss is a number again the run's
+    says that."""
+    first = next((e.data for e in session.scalars(select(Event).where(
+        Event.run_id == run.id, Event.kind == LOSS_NOT_FINITE)) if e.data.get("attempt") == attempt.number), None)
+    if first is None and skips.loss is not None:
+        name, marker, step = skips.loss
+        first = {"attempt": attempt.number, "name": name, "value": marker, "step": step, "message": (
+            f"attempt {attempt.number}: {name} is {marker}{'' if step is None else f' at step {step}'}: {DIVERGED} "
+            "(too high a learning rate, an overflow in half precision, a bad batch?); its points stop until it is "
+            "finite again. Cancel it, or restart it from an earlier checkpoint")}
+        session.add(Event(run_id=run.id, kind=LOSS_NOT_FINITE, data=first))
+    if latest is None:
+        return
+    if any(LOSS_SERIES.match(k) and v in NOT_FINITE_MARKERS for k, v in latest.items()):
+        if first is not None:
+            attempt.message = f"{first['message']} ({attempt.metrics_skipped} metric line(s) or value(s) skipped)"
+            run.message = first["message"]
+    elif DIVERGED in (run.message or ""):
+        run.message = f"the loss is finite again at step {latest.get('step', '?')} (it was not: see the run's events)"
 
 
 def _say_series_refused(session: Session, run: Run, attempt: Attempt, names: list[str]) -> None:

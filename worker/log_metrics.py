@@ -21,6 +21,7 @@ import regex
 from server import log_patterns
 from server.log_patterns import FORMATS, FoundTotal, compile_pattern
 from server.spec import LogMetricsSpec, RunCreate
+from worker.metric_values import MAX_STEP
 from worker.protocol import TotalsQuery
 
 # a longer record is not a progress line (and would be slow to scan)
@@ -31,8 +32,6 @@ MAX_SERIES_PER_RECORD = 64
 # keep theirs
 PATTERN_SECONDS = 0.05
 PATTERN_SECONDS_PER_READ = 1.0
-# steps and totals are 32-bit columns in the database
-MAX_STEP = 2**31 - 1
 MAX_ABS_VALUE = 1e300
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 TOTAL_KEYS = ("total_steps", "max_steps", "num_steps")
@@ -135,21 +134,25 @@ def _number(text: str) -> float | None:
 
 
 def _value(value: Any) -> float | None:
+    """A series' value: a number, NaN and ±inf included (a diverged loss is shown, worker/metric_values.py)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return float(value) if abs(value) <= MAX_ABS_VALUE else None
-    if isinstance(value, float):
-        return value if math.isfinite(value) and abs(value) <= MAX_ABS_VALUE else None
     if isinstance(value, str) and len(value) < 64:
-        return _number(value.strip())
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, float):
+        return value if not math.isfinite(value) or abs(value) <= MAX_ABS_VALUE else None
     return None
 
 
 def _count(value: Any) -> int | None:
     """A step or total: a whole number within a 32-bit counter."""
     number = _value(value)
-    if number is None or number != int(number) or not 0 <= number <= MAX_STEP:
+    if number is None or not math.isfinite(number) or number != int(number) or not 0 <= number <= MAX_STEP:
         return None
     return int(number)
 
@@ -184,8 +187,8 @@ def _object_in(text: str) -> dict[str, Any] | None:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         try:
-            # Python's repr writes nan and inf bare; as names they would not be literals
-            obj = ast.literal_eval(re.sub(r"(?<![\w'\"])-?(?:nan|inf)(?![\w'\"])", "None", body))
+            # Python's repr writes nan and inf bare; as names they would not be literals, as strings they are read
+            obj = ast.literal_eval(re.sub(r"(?<![\w'\"])-?(?:nan|inf)(?![\w'\"])", lambda m: repr(m[0]), body))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return None
     if not isinstance(obj, dict):

@@ -48,6 +48,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from longrun.draft_releases import VLLM_EAGLE3, nearest_read, parse_version
 from server.advisor.cost import CostModel, check_number
 from server.advisor.tables import DEFAULT_DRAFT_VOCAB, DEFAULT_HBM_BYTES_PER_S
 
@@ -71,30 +72,37 @@ VLLM_V0_PLACEMENT = (
     "smaller_tp_proposer_worker.py (SmallerTpProposerWorker, vllm-project/vllm@0f79d54e130ad86876bbefa837bd09b2ae17eaf8)"
     "; unset, the target's tp (SpeculativeConfig._verify_and_get_draft_tp)")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?")
-# The target architectures vLLM serves an EAGLE-3 draft for, by release: `eagle3_target_supported` in
-# SpeculativeConfig's checks, a substring match on the target's hf_text_config.model_type; any other target is a
-# ValueError at start-up. Read from each release's wheel, vllm/config/speculative.py (0.11.0 line 540, 0.12.0 line
-# 620): kimi_k2 and deepseek_v3 are refused (vllm-project/vllm#31254, adding kimi_k2, is open).
-VLLM_EAGLE3_TARGETS = {(0, 11, 0): ("llama", "qwen", "minicpm", "gpt_oss"),
-                       (0, 12, 0): ("llama", "qwen", "minicpm", "gpt_oss")}
 
 
-def vllm_eagle3_refusal(engine_version: str | None, model_type: str) -> str | None:
-    """Why this vLLM release would refuse an EAGLE-3 draft for a target of `model_type`, or None. A release not read
-    is judged by the newest read one at or before it (the oldest read one before that), and says so."""
+def vllm_eagle3_refusal(engine_version: str | None, model_type: str, architecture: str = "") -> str | None:
+    """Why this vLLM release would refuse an EAGLE-3 draft for a target of `model_type` (its text config's) and
+    `architecture` (config.json's first `architectures`), or None: the facts of longrun/draft_releases.py
+    VLLM_EAGLE3, read from each minor release's wheel, 0.11.0 to 0.34.0, with the file and line of each check. A
+    release between two read ones follows the older. One outside them (newer than the newest read, or V0, older
+    than all) is unverified, not assumed: not priced, naming the release read to price it on; no version or "v1"
+    is the newest read. An architecture outside EAGLE3_CHECKED is judged by the model_type list alone."""
+    releases = tuple(VLLM_EAGLE3)
     text = (engine_version or "").strip().lower()
-    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text)
-    want = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else max(VLLM_EAGLE3_TARGETS)
-    read = sorted(VLLM_EAGLE3_TARGETS)
-    release = max((r for r in read if r <= want), default=read[0])
-    supported = VLLM_EAGLE3_TARGETS[release]
-    if any(name in model_type for name in supported):
-        return None
-    named = ".".join(map(str, release))
-    judged = "" if release == want else f" (vLLM {engine_version or 'unversioned'} judged by {named}, the release read)"
-    return (f"vLLM {named} refuses an EAGLE-3 draft for a {model_type!r} verifier: its vllm/config/speculative.py "
-            f"serves EAGLE-3 only for targets named {', '.join(supported)}{judged}; not priced. Serve it with "
-            "SGLang (deploy.engine: sglang) or a vLLM release that lists it")
+    version = releases[-1] if text in ("", "v1") else "0" if text == "v0" else text
+    release, outside = nearest_read(releases, version)
+    if outside:
+        edge = "newer than the newest" if outside > 0 else "older than the oldest"
+        return (f"vLLM {engine_version} is {edge} release read for EAGLE-3 targets ({release}): whether it serves "
+                f"an EAGLE-3 draft for a {model_type or architecture!r} verifier is unverified "
+                f"(longrun/draft_releases.py); not priced. Give deploy.engine_version {release} to price it on "
+                f"{release}'s rules")
+    facts = VLLM_EAGLE3[release]
+    judged = "" if parse_version(version) == parse_version(release) else f" ({engine_version} follows {release})"
+    where = f"vllm {release} {facts.source}"
+    if facts.model_types is not None and model_type and not any(name in model_type for name in facts.model_types):
+        return (f"vLLM {release} refuses an EAGLE-3 draft for a {model_type!r} verifier{judged}: "
+                f"eagle3_target_supported serves only targets whose model_type names {', '.join(facts.model_types)} "
+                f"({where}); not priced. Serve it with SGLang (deploy.engine: sglang) or a vLLM release that does")
+    if architecture in facts.without_interface:
+        return (f"vLLM {release} refuses an EAGLE-3 draft for a {architecture} verifier{judged}: its model class "
+                f"does not implement SupportsEagle3, and the model runner stops at load ({where}); not priced. "
+                "Serve it with SGLang (deploy.engine: sglang) or a vLLM release that does")
+    return None
 
 
 def vllm_generation(engine_version: str | None) -> str:

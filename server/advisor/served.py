@@ -82,4 +82,6 @@ def engine_refusal(session: Session, spec: RunCreate) -> str | None:
     if deploy.engine != "vllm":
         return None
     shape, _, _ = verifier_of(session, spec)
-    return vllm_eagle3_refusal(deploy.engine_version, shape.model_type) if shape and shape.model_type else None
+    if not shape or not (shape.model_type or shape.architecture):
+        return None
+    return vllm_eagle3_refusal(deploy.engine_version, shape.model_type, shape.architecture)

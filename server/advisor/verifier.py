@@ -160,12 +160,15 @@ class VerifierShape:
     v_head_dim: int = 0
     tied_embeddings: bool = False
     model_type: str = ""  # config.json's (its text_config's) model_type: what an engine checks a target by
+    architecture: str = ""  # config.json's first `architectures` (the outer one): the class vLLM builds
     bits: WeightBits = field(default_factory=lambda: WeightBits(16, 16, 16, 16, 16, "bfloat16 (16 bits)"))
 
     @classmethod
     def from_config(cls, config: dict, name: str = "verifier") -> VerifierShape:
         if not isinstance(config, dict):
             raise ValueError("config.json is not a JSON object")
+        architectures = config.get("architectures")
+        architecture = architectures[0] if isinstance(architectures, list) and architectures else ""
         text = config.get("text_config") or config.get("language_config")
         if isinstance(text, dict):
             config = {**config, **text}
@@ -205,7 +208,8 @@ class VerifierShape:
                    attention=attention, kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate,
                    dense_layers=dense_layers, moe_layers=layers - dense_layers,
                    tied_embeddings=bool(config.get("tie_word_embeddings")), bits=_weight_bits(config),
-                   model_type=str(config.get("model_type") or "")[:64], **fields_)
+                   model_type=str(config.get("model_type") or "")[:64], architecture=str(architecture)[:64],
+                   **fields_)
 
     # parameters, per layer and in all
 

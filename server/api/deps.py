@@ -39,11 +39,13 @@ AUTH_ADDRESSES, AUTH_LOG_EVERY_SECONDS = 10_000, 10.0
 
 
 class AuthThrottle:
-    """Failed authentications per client address: after `limit` of them within `window` seconds every request
-    from that address is refused (429, Retry-After) until the oldest of them has aged out, whatever token it
-    carries, so that a guess that happens to be right is not told apart from a wrong one while throttled; a
-    refused request adds no failure, so a throttle lasts at most `window`. Failures are logged at most once every
-    `log_every` seconds, a line counting the ones in between."""
+    """Failed authentications per client address: after `limit` of them within `window` seconds a request from
+    that address with a missing or wrong token is refused (429, Retry-After) until the oldest of them has aged out;
+    a refused request adds no failure, so a throttle lasts at most `window`. A right token is never refused: the
+    address is the TCP peer (or what a named proxy says), which clients behind one proxy or on one machine share,
+    and one of them guessing must not lock the others out; what keeps a guesser out is the token's length, the
+    throttle what keeps its flood from filling the log. Failures are logged at most once every `log_every`
+    seconds, a line counting the ones in between."""
 
     def __init__(self, limit: int = AUTH_FAILURES, window: float = AUTH_WINDOW_SECONDS,
                  clock: Callable[[], float] = time.monotonic, max_addresses: int = AUTH_ADDRESSES,
@@ -131,17 +133,21 @@ async def require_token(request: Request, settings: Annotated[Settings, Depends(
                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     if not settings.api_token:
         return
+    if credentials is not None and secrets.compare_digest(credentials.credentials.encode(),
+                                                          settings.api_token.encode()):
+        return  # a right token is never throttled: another client's failures from its address cannot lock it out
     throttle: AuthThrottle = request.app.state.auth_throttle
+    # the TCP peer, or what a proxy named in LONGRUN_FORWARDED_ALLOW_IPS said (longrun/processes.py): never a
+    # client's own X-Forwarded-For
     address = request.client.host if request.client else "unknown"
     if (wait := throttle.retry_after(address)) is not None:
         seconds = max(1, math.ceil(wait))
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             f"too many failed authentications from {address} ({throttle.limit} within "
                             f"{throttle.window:.0f}s): try again in {seconds}s", headers={"Retry-After": str(seconds)})
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
-        throttle.failed(address)
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token (LONGRUN_API_TOKEN)",
-                            headers={"WWW-Authenticate": "Bearer"})
+    throttle.failed(address)
+    raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token (LONGRUN_API_TOKEN)",
+                        headers={"WWW-Authenticate": "Bearer"})
 
 
 ReadSession = Annotated[Session, Depends(reading)]

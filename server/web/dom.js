@@ -1,5 +1,7 @@
 // DOM building with text nodes only: data from the server never goes through innerHTML.
 
+import { NOT_FINITE } from "./names.js";
+
 export function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
@@ -13,10 +15,17 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
+// Every string goes in isolated, in a <bdi> (dir=auto, unicode-bidi: isolate): a name or message holding a bidi
+// override (U+202E) or right-to-left text cannot reorder the text around it (Trojan Source, CVE-2021-42574). Where
+// an element takes text only (an option, a textarea), the text goes in as it is.
+const TEXT_ONLY = new Set(["OPTION", "TEXTAREA", "TITLE"]);
+
 export function append(node, children) {
   for (const child of children.flat()) {
     if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    if (child instanceof Node) node.append(child);
+    else if (TEXT_ONLY.has(node.tagName)) node.append(document.createTextNode(String(child)));
+    else node.append(Object.assign(document.createElement("bdi"), { textContent: String(child) }));
   }
   return node;
 }
@@ -37,6 +46,7 @@ export function duration(seconds) {
 }
 
 export function number(value, digits = 4) {
+  if (NOT_FINITE.has(value)) return value;  // the server's marker of a non-finite value, shown as it is
   if (value === null || value === undefined || !Number.isFinite(value)) return "—";
   return Math.abs(value) >= 1000 ? Math.round(value).toLocaleString("en") : Number(value.toPrecision(digits)).toString();
 }
@@ -57,3 +67,8 @@ export const statusBadge = (status) => el("span", { class: `badge status-${statu
 export const comparableLoss = (latest) => latest?.loss_0 ?? latest?.loss;
 
 export const tttDepth = (run) => run.spec?.trainer?.ttt_steps ?? run.latest?.ttt_steps ?? null;
+
+// a job's log line with its bidi controls shown (`<U+202E>`), as the command shows them (longrun/safe_text.py): in
+// the log's one text, an override would reorder the rest of its line
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+export const visibleControls = (line) => line.replace(BIDI_CONTROLS, (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}>`);

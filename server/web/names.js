@@ -11,3 +11,5 @@ export const TRAINER_SERIES = {"loss": "loss", "acc": "acc", "cond_acc": "cond_a
 // a series of `base` at step, position or depth k (`acc_2`), and a test for any k with k as its first group
 export const indexed = (base, k) => `${base}_${k}`;
 export const indexedPattern = (base) => new RegExp(`^${base}_(\\d+)$`);
+// the server's markers of a non-finite value in a run's latest (worker/metric_values.py): JSON has no NaN
+export const NOT_FINITE = new Set(["NaN", "Infinity", "-Infinity"]);

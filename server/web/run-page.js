@@ -2,8 +2,8 @@
 
 import { api, followEvents, runPath } from "./api.js";
 import { LineChart } from "./charts.js";
-import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, when } from "./dom.js";
-import { GPU_MEM_SERIES, GPU_UTIL_SERIES, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
+import { comparableLoss, duration, el, number, percent, progressBar, replace, statusBadge, tttDepth, visibleControls, when } from "./dom.js";
+import { GPU_MEM_SERIES, GPU_UTIL_SERIES, NOT_FINITE, TERMINAL, TRAINER_SERIES as S, indexed, indexedPattern } from "./names.js";
 
 const LOG_POLL_MS = 2000;
 const RUN_POLL_MS = 5000;
@@ -339,7 +339,8 @@ export function showRun(root, runId, signal) {
       ["Steps/s", number(stepRate, 3)],
       ["Attempt", el("span", { id: "attempt" }, run.attempt)],
       ["TTT depth", tttDepth(run) ?? "—"],
-      ["Last loss (TTT step 0)", el("span", { id: "last-loss" }, number(comparableLoss(run.latest)))],
+      ["Last loss (TTT step 0)", el("span", { id: "last-loss", class: NOT_FINITE.has(comparableLoss(run.latest)) ? "warn" : null },
+        number(comparableLoss(run.latest)))],
       ["Simulated τ at 16", el("span", { id: "sim-tau" }, number(run.latest?.[indexed(S.sim_tau, 16)], 3))],
       ["Host", run.host_reachable ? "reachable" : el("span", { class: "warn" }, "unreachable")],
     ];
@@ -584,7 +585,7 @@ export function showRun(root, runId, signal) {
     logOffset = answer.next_offset;
     if (answer.lines.length) {
       const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 20;
-      logBox.append(document.createTextNode(answer.lines.join("\n") + "\n"));
+      logBox.append(document.createTextNode(answer.lines.map(visibleControls).join("\n") + "\n"));
       while (logBox.childNodes.length > LOG_KEEP_READS) logBox.firstChild.remove();
       if (follow.checked && atBottom) logBox.scrollTop = logBox.scrollHeight;
     }

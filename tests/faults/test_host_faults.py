@@ -142,3 +142,25 @@ def test_disk_full_on_the_host_fails_the_run_saying_so(small_disk_service: Servi
     again = service.submit(toy_spec(steps=5, sleep=0.01, nproc=1))
     assert service.wait_status(again["id"], "succeeded", "failed")["status"] == "succeeded"
 
+
+
+def test_a_full_workspace_fails_the_launch_in_one_short_sentence(small_disk_service: Service) -> None:
+    service = small_disk_service
+    filler = service.workspace / "filler"
+    with open(filler, "wb") as f:  # the workspace full before the run starts
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    try:
+        run = service.submit(toy_spec(steps=5))
+        done = service.wait_status(run["id"], "failed", "succeeded", "cancelled", timeout=120)
+    finally:
+        filler.unlink()
+    assert done["status"] == "failed"
+    message = done["message"]
+    assert "Traceback" not in message and len(message) < 600, message
+    assert "is full" in message and str(service.workspace) in message, message
+    assert "Traceback" in (service.home / "server.log").read_text(), "the whole of it is in the server's log"

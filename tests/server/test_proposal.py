@@ -434,7 +434,17 @@ def test_a_vllm_release_that_refuses_the_verifier_for_eagle3_is_named_not_priced
     got = api.client.get(f"/v1/runs/{run_id}/proposal").json()
     assert got["action"] == "unavailable" and got["advice"] is None and got["frontier"] == []
     assert got["reason"].startswith("vLLM 0.11.0 refuses an EAGLE-3 draft for a 'kimi_k2' verifier")
-    assert "vllm/config/speculative.py" in got["reason"] and "deploy.engine: sglang" in got["reason"]
+    assert "vllm 0.11.0 config/speculative.py:540" in got["reason"] and "deploy.engine: sglang" in got["reason"]
+    # vLLM serves Kimi-K2.5 from 0.18.0 (KimiK25ForConditionalGeneration implements SupportsEagle3); a release newer
+    # than the newest read is not assumed to
+    for version, served in (("0.34.0", True), ("0.35.0", False)):
+        later = trainer_run(api, deploy={"host": "local", "engine": "vllm", "engine_version": version,
+                                         "verifier": kimi})
+        feed(api, later, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+        validate(api, later, 1, 100, SHALLOW)
+        answer = api.client.get(f"/v1/runs/{later}/proposal").json()
+        assert (answer["action"] != "unavailable") is served, answer
+        assert served or "newer than the newest release read for EAGLE-3 targets (0.34.0)" in answer["reason"]
     # SGLang serves it, and prices it as it runs it: dp-attention puts the draft on its own rank
     sglang = trainer_run(api, deploy={"host": "local", "engine": "sglang", "dp_attention": 2, "verifier": kimi})
     feed(api, sglang, 0, {"step": 100, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)

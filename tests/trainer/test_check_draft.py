@@ -175,6 +175,33 @@ def test_a_missing_d2t_is_refused(exports, tmp_path, capsys):
         assert refused and all("no d2t" in r for r in refused), refused
 
 
+def test_a_full_vocabulary_draft_is_exported_without_d2t_and_served_by_vllm_0_34(prepared_data, tiny_verifier,
+                                                                                   tmp_path, capsys):
+    """vLLM from 0.30.0 stops at a `d2t` in a draft of the verifier's whole vocabulary; the export leaves the
+    identity map out, and check-draft's smoke decode reads its absence as the engines do: draft id i is target i."""
+    from trainer.vocab import save_vocab_mapping
+
+    vocab = json.loads((tiny_verifier / "config.json").read_text())["vocab_size"]
+    mapping = save_vocab_mapping(tmp_path / "vocab_mapping", torch.zeros(vocab, dtype=torch.long),
+                                 torch.ones(vocab, dtype=torch.bool))
+    with one_cpu_thread():
+        assert train_main([
+            "--verifier-path", str(tiny_verifier), "--data-dir", str(prepared_data / "hidden_states"),
+            "--vocab-mapping-dir", str(mapping.parent), "--output-dir", str(tmp_path / "full"), "--epochs", "6",
+            "--lr", "3e-3", "--ttt-steps", "3", "--max-seq-len", "64", "--num-workers", "0", "--val-ratio", "0",
+            "--export-format", "engine,speculators",
+        ]) == 0
+    full = tmp_path / "full"
+    assert json.loads((full / "config.json").read_text())["draft_vocab_size"] == vocab
+    for directory in (full, full / "speculators"):
+        assert not {"d2t", "t2d"} & load_file(str(directory / "model.safetensors")).keys()
+    code, answer = check(capsys, full, "--engine", "vllm", "--engine-version", "0.34.0", "--verifier", tiny_verifier)
+    (reading,) = answer["engines"]
+    assert code == 0 and not reading["refused"] and reading["smoke_decode"]["passed"], reading
+    code, answer = check(capsys, full, "--verifier", tiny_verifier)  # SGLang and speculators too
+    assert code == 0 and answer["ok"], answer
+
+
 def test_eagle31_is_served_by_the_releases_that_read_it_and_refused_before(exports, capsys):
     code, answer = check(capsys, exports["eagle31"], "--verifier", exports["verifier"])
     assert code == 0 and answer["ok"], answer

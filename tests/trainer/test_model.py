@@ -245,12 +245,59 @@ def test_engine_format_round_trip(tmp_path):
     tensors = load_file(str(tmp_path / "model.safetensors"))
     assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)  # q over [embedding, hidden]
     assert tensors["midlayer.self_attn.k_proj.weight"].shape == (16, 64)
-    assert {"d2t", "t2d", "fc.weight", "lm_head.weight", "norm.weight"} <= tensors.keys()
+    assert {"d2t", "t2d", "fc.weight", "lm_head.weight", "norm.weight"} <= tensors.keys()  # 24 of 64 ids: kept
     assert not any("embed" in name for name in tensors)
 
     loaded = load_draft(tmp_path, draft.embed_weight)
     for name, tensor in engine_state_dict(draft).items():
         torch.testing.assert_close(engine_state_dict(loaded)[name], tensor, atol=0, rtol=0)
+
+
+def test_a_full_vocabulary_export_drops_the_identity_map_and_reads_back_as_identity(tmp_path):
+    """vLLM from 0.30.0 stops at a `d2t` in a draft of the full vocabulary (longrun/draft_releases.py): the
+    identity map is not written, and every reader of the export takes its absence as the identity."""
+    from safetensors.torch import load_file
+
+    from trainer.checkpoint import export_draft
+    from trainer.model import SPECULATORS_DIR, load_draft_weights
+
+    cfg = tiny_config(draft_vocab_size=64)
+    draft = tiny_draft(cfg)
+    draft.set_vocab_mapping(torch.zeros(64, dtype=torch.long), torch.ones(64, dtype=torch.bool))
+    export_draft(tmp_path, draft, ("engine", "speculators"))
+    for directory in (tmp_path, tmp_path / SPECULATORS_DIR):
+        tensors = load_file(str(directory / "model.safetensors"))
+        assert "lm_head.weight" in tensors and not {"d2t", "t2d"} & tensors.keys()
+    loaded = load_draft(tmp_path, draft.embed_weight)
+    assert not loaded.d2t.any() and loaded.t2d.all()
+    for name, tensor in engine_state_dict(draft).items():
+        torch.testing.assert_close(engine_state_dict(loaded)[name], tensor.to(torch.bfloat16).float(), atol=0, rtol=0)
+    # a draft holding another mapping gets the identity back (resume, --init-from)
+    other = tiny_draft(cfg, seed=1)
+    other.set_vocab_mapping(torch.full((64,), 5, dtype=torch.long), torch.zeros(64, dtype=torch.bool))
+    load_draft_weights(other, tmp_path)
+    assert not other.d2t.any() and other.t2d.all()
+
+    # a full vocabulary in another order is no identity: its map is written and read back
+    permuted = tiny_draft(cfg)
+    order = torch.randperm(64)
+    permuted.set_vocab_mapping(order - torch.arange(64), torch.ones(64, dtype=torch.bool))
+    save_draft(permuted, tmp_path / "permuted")
+    assert {"d2t", "t2d"} <= load_file(str(tmp_path / "permuted" / "model.safetensors")).keys()
+    assert torch.equal(load_draft(tmp_path / "permuted").d2t, order - torch.arange(64))
+
+
+def test_a_reduced_vocabulary_export_without_its_map_is_refused_on_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    draft = tiny_draft(tiny_config())
+    save_draft(draft, tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert state["d2t"].shape == (24,) and draft.d2t.any()
+    del state["d2t"], state["t2d"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing \['d2t', 't2d'\]"):
+        load_draft(tmp_path)
 
 
 def test_llama3_rope_scaling_changes_only_low_frequencies():

@@ -113,7 +113,7 @@ def test_metrics_logs_evaluation_advice_and_hosts(api: App, client: Client) -> N
             "by_depth": [{"depth": 1, "mean_accepted": 1.7}], "position_acceptance": [0.7, 0.5, 0.3, 0.2]}
     assert [p["step"] for p in client.metrics(run["id"], names=["loss"], since_step=1)["loss"]] == [2, 3]
     assert client.logs(run["id"], tail=5) == {"attempt": 1, "log_path": None, "lines": [], "next_offset": 0,
-                                              "dropped_bytes": 0}
+                                              "more": False, "dropped_bytes": 0}
     assert client.evaluation(run["id"])["by_depth"][0]["mean_accepted"] == 1.7
     advice = client.advice(run["id"], interconnect="pcie", tp=4)
     assert advice["tp"] == 4 and advice["retrain"]["trained_ttt"] == 3

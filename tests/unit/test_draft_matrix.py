@@ -97,6 +97,14 @@ def _prefix_model(state: dict) -> None:
             state["model." + name] = state.pop(name)
 
 
+def _identity_d2t(state: dict) -> None:
+    """The identity mapping written out, as longrun's exporter did for a draft of the full vocabulary."""
+    import torch
+
+    state["d2t"] = torch.zeros(VERIFIER["vocab_size"], dtype=torch.long)
+    state["t2d"] = torch.ones(VERIFIER["vocab_size"], dtype=torch.bool)
+
+
 def _ids(top: list[int], eagle: list[int]):
     def change(c: dict) -> None:
         c["eagle_aux_hidden_state_layer_ids"] = top
@@ -123,8 +131,7 @@ DRAFTS: dict[str, tuple[Callable[[Path, dict], Path], dict]] = {
         "sglang": lambda x: PASS if v(x) >= v("0.5.12") else REFUSE}),
     "longrun eagle3.1 speculators": (lambda r, b: b["eagle31"] / "speculators", {
         "vllm": lambda x: PASS if v(x) >= v("0.25.0") else REFUSE, "speculators": PASS}),
-    "longrun full vocab, no d2t": (lambda r, b: edit(b["full"], r / "full_no_d2t", tensors=lambda s: (
-        s.pop("d2t"), s.pop("t2d"))), {"vllm": PASS, "sglang": PASS}),
+    "longrun full vocab (no d2t)": (lambda r, b: b["full"], {"vllm": PASS, "sglang": PASS}),
     "SpecForge stock (to_sglang)": (lambda r, b: b["specforge"], {"vllm": PASS, "sglang": PASS}),
     "SpecForge stock (to_hf, embedding)": (lambda r, b: b["specforge_hf"], {"vllm": PASS, "sglang": PASS}),
     "SpecForge default ids in eagle_config": (lambda r, b: b["specforge_ids"], {
@@ -139,7 +146,7 @@ DRAFTS: dict[str, tuple[Callable[[Path, dict], Path], dict]] = {
     "tie_word_embeddings true": (lambda r, b: edit(b["eagle3"], r / "tied", config=lambda c: c.update(
         tie_word_embeddings=True)), {"vllm": PASS, "sglang": REFUSE}),
     # one defect each
-    "longrun full vocab with d2t": (lambda r, b: b["full"], {
+    "full vocab with d2t": (lambda r, b: edit(b["full"], r / "full_d2t", tensors=_identity_d2t), {
         "vllm": lambda x: REFUSE if v(x) >= v("0.30.0") else PASS, "sglang": PASS}),
     "SpecForge custom ids in eagle_config": (lambda r, b: b["specforge_custom"], {"vllm": REFUSE, "sglang": PASS}),
     "renamed q_proj": (lambda r, b: edit(b["eagle3"], r / "renamed", tensors=_rename(
@@ -247,7 +254,7 @@ def test_each_refusal_names_the_engine_code_it_follows(matrix):
 
 
 @pytest.mark.parametrize(("draft", "engine", "version", "words"), [
-    ("longrun full vocab with d2t", "vllm", "0.30.0", "There is no module or parameter named 'draft_id_to_target_id'"),
+    ("full vocab with d2t", "vllm", "0.30.0", "There is no module or parameter named 'draft_id_to_target_id'"),
     ("float d2t", "sglang", "0.5.23", "d2t is F32: SGLang adds it to arange() without a cast"),
     ("norm_before_residual true (engine)", "vllm", "0.34.0", "runs hidden_norm before the residual"),
     ("SpecForge default ids in eagle_config", "vllm", "0.22.0",

@@ -2,7 +2,6 @@
 it), a workspace whose real path the server may not read. Each is a 422 naming the field."""
 
 import json
-import os
 
 import pytest
 
@@ -45,17 +44,19 @@ def test_a_valid_value_beside_it_is_still_echoed_as_fastapi_does(api: App) -> No
 
 
 def test_a_workspace_the_server_may_not_resolve_is_a_422_naming_it(api: App, monkeypatch) -> None:
-    if os.geteuid() == 0:  # root reads /proc/1/root; a server of another user gets this from realpath
-        def refused(path: str, *args, **kwargs) -> str:
-            raise PermissionError(13, "Permission denied", "/proc/1/root")
-        monkeypatch.setattr("server.hosts.os.path.realpath", refused)
-    body = {"name": "proc", "address": "local", "workspace": "/proc/1/root"}
+    def refused(path: str, *args, **kwargs) -> str:  # a directory of another user's, under one the server may not read
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr("server.hosts.os.path.realpath", refused)
+    body = {"name": "locked", "address": "local", "workspace": "/srv/locked/ws"}
     r = send(api, "POST", "/v1/hosts", body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "workspace"]
     assert "Permission denied" in r.json()["detail"][0]["msg"]
-    r = send(api, "PATCH", "/v1/hosts/local", {"workspace": "/proc/1/root"})
+    r = send(api, "PATCH", "/v1/hosts/local", {"workspace": "/srv/locked/ws"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "workspace"], r.text
+    # /proc/1/root, which root may read: under a kernel file system, refused as given
+    r = send(api, "PATCH", "/v1/hosts/local", {"workspace": "/proc/1/root"})
+    assert r.status_code == 422 and "kernel file system" in r.text, r.text
 
 
 @pytest.mark.parametrize(("url", "loc"), [("/v1/hosts/a%00b", ["path"]), ("/v1/runs/ab%00cd/logs", ["path"]),

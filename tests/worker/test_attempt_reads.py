@@ -127,7 +127,8 @@ def test_a_log_far_longer_than_what_is_kept_is_read_from_its_kept_tail_once_the_
         chunks = s.query(LogChunk).order_by(LogChunk.offset).all()
         assert chunks[0].offset == size - handed and chunks[-1].end == size
         assert all(a.end == b.offset for a, b in zip(chunks, chunks[1:], strict=False)), "no gap in what is kept"
-        _, _, lines, end, dropped = log_lines(s, "r", 1, 2, 0)
+        _, _, page = log_lines(s, "r", 1, 2, 0)
+        lines, end, dropped = page.lines, page.next_offset, page.dropped
     assert lines[1] == "the last line" and lines[0].startswith(f"step {n - 1}/{n} ")
     assert end == size and dropped == size - handed
     with db.reading() as s:

@@ -63,14 +63,14 @@ def test_speculators_rich_log_lines_are_joined_into_one_record_per_step() -> Non
     assert [v["val/loss_epoch"] for _, v, _ in records if "val/loss_epoch" in v] == [2.5, 1.5]
 
 
-def test_specforge_dict_lines_give_steps_lists_and_skip_nan() -> None:
+def test_specforge_dict_lines_give_steps_lists_and_keep_nan() -> None:
     records = whole("specforge")
     assert [v["step"] for _, v, _ in records] == [1, 2, 3, 4, 5, 6, 6]
     first = records[0][1]
     assert first["loss"] == 6.0 and first["plosses/2"] == 8.0 and first["perf/optimizer_step_time_s"] == 0.02
     evaluation = records[-1][1]
     assert evaluation["eval/loss"] == 2.0 and evaluation["eval/plosses/0"] == 2.0
-    assert "eval/plosses/1" not in evaluation, "nan is not a value"
+    assert math.isnan(evaluation["eval/plosses/1"]), "a nan is read: the ingest shows it (worker/metric_values.py)"
 
 
 @pytest.mark.parametrize("name", ["plain_tqdm", "speculators", "specforge"])
@@ -90,7 +90,7 @@ def test_records_are_numbered_the_same_however_the_reads_cut_the_log(name: str) 
             chunk = read_log(text[start:end], index, midline, end == len(text), DEFAULT)
             got += [(r.index, r.values, r.step_seconds) for r in chunk.records]
             index, midline, start = index + chunk.consumed, chunk.midline, end
-        assert got == expected
+        assert repr(got) == repr(expected)  # repr: a nan equals no nan
 
 
 def test_a_read_that_ends_inside_a_record_skips_that_record_whole() -> None:
@@ -160,7 +160,9 @@ def test_hostile_output_never_raises_and_gives_only_sane_values() -> None:
                 if name in ("step", "total_steps"):
                     assert isinstance(value, int) and 0 <= value <= MAX_STEP
                 else:
-                    assert isinstance(value, float) and math.isfinite(value) and len(name) <= 128
+                    # a non-finite value is read (the ingest shows it), a finite one within what a column holds
+                    assert isinstance(value, float) and len(name) <= 128
+                    assert not math.isfinite(value) or abs(value) <= 1e300
             if record.step_seconds is not None:
                 assert math.isfinite(record.step_seconds) and record.step_seconds > 0
     assert parse_record(hostile[0], DEFAULT) == ({"step": 5, "loss": 1.5}, None)

@@ -25,7 +25,9 @@ router = APIRouter(prefix="/hosts", tags=["hosts"])
 
 # how often a waiting GPU request looks whether the worker has answered
 GPU_POLL_SECONDS = 0.2
-# how long a registration waits for a worker to resolve a remote host's workspace there
+# how long a registration waits for a worker to resolve a remote host's workspace there, past the worker's own
+# deadline for a connect (LONGRUN_SSH_CONNECT_TIMEOUT): a host the worker cannot reach (a closed port, or one that
+# accepts and stays silent until that deadline) is answered reachable: false, whichever it was
 WORKSPACE_WAIT_SECONDS = 20.0
 
 
@@ -93,7 +95,7 @@ async def _resolved_on_host(request: Request, db: Database, name: str, undo: dic
             return views.host_public(hosts.get_host(s, name))
 
     if pending and await run_in_threadpool(workers_listening, db.engine):
-        deadline = time.monotonic() + WORKSPACE_WAIT_SECONDS
+        deadline = time.monotonic() + request.app.state.settings.ssh_connect_timeout + WORKSPACE_WAIT_SECONDS
         while not await run_in_threadpool(resolved) and time.monotonic() < deadline:
             await asyncio.sleep(GPU_POLL_SECONDS)
         async with write_line(request.app):

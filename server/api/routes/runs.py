@@ -222,8 +222,9 @@ def get_metrics(run_id: RunRef, session: ReadSession, names: str | None = None, 
 def get_logs(run_id: RunRef, session: ReadSession, tail: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
              attempt: AttemptNumber = None, since_offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
              node: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0) -> LogsPublic:
-    number, path, lines, end, dropped = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
-    return LogsPublic(attempt=number, log_path=path, lines=lines, next_offset=end, dropped_bytes=dropped)
+    number, path, page = queries.log_lines(session, run_id, attempt, tail, since_offset, node)
+    return LogsPublic(attempt=number, log_path=path, lines=page.lines, next_offset=page.next_offset,
+                      dropped_bytes=page.dropped, more=page.more)
 
 
 @router.get("/{run_id}/traceback", responses={404: {"description": "no such run or attempt, or that rank did "
