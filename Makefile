@@ -52,6 +52,7 @@ $(VENV)/.installed: pyproject.toml | $(UV)
 	touch $@
 
 setup: $(VENV)/.installed
+	@echo "longrun is installed in $(VENV): 'source $(VENV)/bin/activate' puts it on PATH (or call $(BIN)/longrun)"
 
 # the SSH and network tests need OpenSSH's server and iproute2; the host matrix (tests/hostenv) the en_US.UTF-8
 # locale; the browser tests (tests/web) Chromium; the tests
@@ -113,8 +114,10 @@ test-integration:
 test-postgres:
 	$(PYTEST) -n $(TEST_PROCESSES) --dist loadgroup --stores postgres -m "not slurm" tests
 
+# the browser lane also takes the docs' screenshots from the page it tests (docs/screenshots/), so they show the page
+# as it is: commit them when they change
 test-browser:
-	$(PYTEST) tests/web
+	LONGRUN_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PYTEST) tests/web
 
 test-slurm:
 	$(PYTEST) -m slurm tests

@@ -13,7 +13,7 @@ from typer._click.exceptions import ClickException
 
 from longrun.client import APIError, ServerUnreachable
 from longrun.commands import advise, check_draft, config, export, hosts, runs, service
-from longrun.commands.common import OUTPUT, GlobalOptions, print_json
+from longrun.commands.common import OUTPUT, Declined, GlobalOptions, print_json
 from longrun.config import ConfigError, resolve
 from longrun.exit_codes import ExitCode, exit_codes_help
 from longrun.safe_text import clean
@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(ExitCode.UNREACHABLE, f"lost the server at {url}: {exc.__class__.__name__} {exc}")
     except APIError as exc:
         code = _fail(ExitCode.REFUSED, str(exc), exc.status_code)
-    except (KeyboardInterrupt, typer.Abort):  # Ctrl-C, or a no to a confirmation: nothing was sent
+    except Declined as exc:  # a no at a confirmation: nothing was sent
+        code = _fail(ExitCode.FAILED, str(exc))
+    except (KeyboardInterrupt, typer.Abort):  # Ctrl-C: nothing was sent
         code = ExitCode.INTERRUPTED
     if isinstance(code, int) and code != 0:
         raise SystemExit(int(code))

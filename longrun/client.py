@@ -149,16 +149,19 @@ class Client:
     # runs
 
     def submit(self, spec: Mapping[str, Any] | bytes, idempotency_key: str | None = None,
-               name_suffix: bool = False) -> dict[str, Any]:
+               name_suffix: bool = False, start: str | None = None) -> dict[str, Any]:
         """Submit a run (a spec as in docs/api.md, or its JSON as bytes); with the same idempotency key and body,
         the run submitted first comes back. A name a live run has is a Conflict naming that run; with
-        `name_suffix` the new run is named NAME-2 (the first NAME-N no run has) instead."""
+        `name_suffix` the new run is named NAME-2 (the first NAME-N no run has) instead. `start` ("resume" or
+        "fresh") says where a trainer run over another run's checkpoint starts."""
         headers = {"Content-Type": "application/json"}
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
         body = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-        params = {"name_suffix": "true"} if name_suffix else None
-        return self._call("POST", "/v1/runs", content=body, headers=headers, params=params)
+        params = {"name_suffix": "true"} if name_suffix else {}
+        if start:
+            params["start"] = start
+        return self._call("POST", "/v1/runs", content=body, headers=headers, params=params or None)
 
     def get(self, run_id: str) -> dict[str, Any]:
         """The run: status, attempt, progress, eta_seconds, latest metrics, every attempt."""

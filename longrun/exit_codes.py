@@ -15,7 +15,7 @@ class ExitCode(IntEnum):
 
 MEANINGS = {
     ExitCode.OK: "done; a command that waits on a run (watch, submit --watch, logs -f): it succeeded",
-    ExitCode.FAILED: "a command that waits on a run: the run failed",
+    ExitCode.FAILED: "a command that waits on a run: the run failed; any command: a no at its confirmation",
     ExitCode.USAGE: "the command line or an input file (spec, evaluation) is wrong; nothing was sent",
     ExitCode.CANCELLED: "a command that waits on a run: it was cancelled (`cancel --wait` exits 0 then)",
     ExitCode.UNREACHABLE: "the server cannot be reached (--url, LONGRUN_URL or the config file; `longrun serve`)",
@@ -31,5 +31,5 @@ def outcome_code(status: str) -> ExitCode:
 
 
 def exit_codes_help() -> str:
-    """The table of exit codes, as `longrun --help` and the README show it."""
+    """The table of exit codes, as `longrun --help` and docs/guide.md show it."""
     return "\n".join(f"{int(code):>3}  {MEANINGS[code]}" for code in ExitCode)

@@ -58,9 +58,10 @@ def resolve_paths(document: dict[str, Any], spec_file: str, workspace_of: Callab
     """Make the relative paths of a spec file's `document` (the mapping read, before the server types it) absolute,
     in place, and say what each became. A path the job writes
     (trainer.output_dir, trainer.tracking_dir, a command run's output_dir) is on the host: a relative one lies under
-    the host's workspace, so a clean restart may empty it. A path the trainer reads lies beside the spec file when the
-    host is `local` (this machine, where the file is), else under the host's workspace too. `~`, and `..` under a
-    workspace, are not resolved here: the server refuses what is not absolute, naming the field."""
+    the host's workspace, so a clean restart may empty it. A path the job reads (the trainer's inputs, an
+    `entrypoint` script) lies beside the spec file when the host is `local` (this machine, where the file is), else
+    under the host's workspace too. A path under the workspace whose `..` climbs out of it is refused (SpecError);
+    `~` is not resolved here: the server refuses what is not absolute, naming the field."""
     hosts = document.get("hosts") or ([document["host"]] if isinstance(document.get("host"), str) else [])
     host = hosts[0] if hosts and isinstance(hosts[0], str) else None
     base = Path(spec_file).resolve().parent if spec_file != "-" else Path.cwd()
@@ -79,14 +80,18 @@ def resolve_paths(document: dict[str, Any], spec_file: str, workspace_of: Callab
         value = section.get(key)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")):
             return
-        if not beside_file and ".." in Path(value).parts:
-            return  # not out of the workspace
         root = str(base) if beside_file else host_dir()
         if root is None:
             return
-        section[key] = os.path.normpath(Path(root) / value)
+        resolved = os.path.normpath(Path(root) / value)
+        if not beside_file and os.path.commonpath([resolved, root]) != root:
+            raise SpecError(f"{where}{key}: {value} climbs out of the workspace {root} of host {host} with '..' "
+                            f"(to {resolved}): longrun writes and cleans only inside it; give a path inside it, or "
+                            f"an absolute one for a file elsewhere")
+        section[key] = resolved
         said.append(f"{where}{key}: {value} -> {section[key]}")
 
+    resolve(document, "entrypoint", "", beside_file=host == LOCAL_HOST)  # a script the job reads, as the trainer's
     trainer = document.get("trainer")
     if isinstance(trainer, dict):
         for key in INPUT_PATHS:

@@ -3,6 +3,7 @@ interconnect probe or a verifier probe, and the measured all-reduce table the ad
 
 import os
 import sys
+import uuid
 from typing import Any
 
 from sqlalchemy import select
@@ -118,10 +119,16 @@ def delete_host(session: Session, name: str) -> None:
     session.delete(host)
 
 
+def unknown_host(name: str) -> str:
+    """What a host name no host has is told: the command that registers it, and the one that lists those there are."""
+    return (f"no host named {name!r}: register it with `longrun hosts add {name} --address ADDRESS --username USER "
+            "--key-path KEY --workspace DIR --python PYTHON` (POST /v1/hosts); `longrun hosts list` shows the hosts")
+
+
 def get_host(session: Session, name: str) -> Host:
     host = session.scalar(select(Host).where(Host.name == name))
     if host is None:
-        raise NotFound(f"no host named {name!r}")
+        raise NotFound(unknown_host(name))
     return host
 
 
@@ -249,3 +256,27 @@ def measured_allreduce(session: Session, name: str, tp: int | None) -> tuple[int
              f"links {measured.get('interconnect') or 'unknown (nvidia-smi topo -m unreadable)'}"
              + (f", with {measured['nccl_env']}" if measured.get("nccl_env") else ""))
     return tp, measured.get("interconnect"), table, basis
+
+
+# path checks a host holds at once (more are not asked: their submits go on unchecked, the launch finds out)
+MAX_PATH_CHECKS = 64
+
+
+def request_path_check(session: Session, name: str, paths: list[str]) -> str | None:
+    """Ask the worker what `paths` are on host `name` (all of a host's questions go in one call); the id to read the
+    answer by, or None for a host there is none of, a Slurm host (its compute nodes may see other files than its
+    login node) or one with too many questions pending."""
+    host = session.scalars(select(Host).where(Host.name == name).with_for_update()).first()
+    if host is None or host.kind == "slurm" or len(host.paths_wanted or {}) >= MAX_PATH_CHECKS:
+        return None
+    ident = uuid.uuid4().hex
+    host.paths_wanted = {**(host.paths_wanted or {}), ident: paths}
+    wake_workers(session)
+    return ident
+
+
+def path_check_answer(session: Session, name: str, ident: str) -> dict[str, Any] | None:
+    """{path: "dir" | "file" | None} as the host answered request `ident`, {"error": why}, or None until then."""
+    host = session.scalar(select(Host).where(Host.name == name))
+    found = (host.paths_found or {}).get(ident) if host is not None else None
+    return found if isinstance(found, dict) else None

@@ -325,6 +325,7 @@ def abandon_nodes(attempt: Attempt, indices: set[int] | None = None) -> None:
 
 def start_launching(session: Session, run: Run, now: datetime) -> None:
     if run.status == RunStatus.QUEUED:
+        run.clean_pending = False  # a fresh start's output directory is emptied (worker/run_driver.py _queue)
         transition(session, run, RunStatus.LAUNCHING, "launching", now=now)
 
 

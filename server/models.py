@@ -84,6 +84,10 @@ class Host(Base):
     verifier_error: Mapped[str | None] = mapped_column(Text)
     # where the worker last reached it: user@address:port, after its ~/.ssh/config (an alias's HostName and Port)
     reached: Mapped[str | None] = mapped_column(String(512))
+    # paths a submit asks about ({request id: [path, ...]}); the worker says which exist there in paths_found
+    # ({request id: {path: "dir" | "file" | None}, or {"error": why}}), in one call for all, and clears what it answered
+    paths_wanted: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    paths_found: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class TypedSpec:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from server.errors import FieldError
 from server.models import Run
-from server.spec import RunCreate
+from server.spec import RunCreate, TrainerSpec
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,11 @@ class StartPlan:
     why: str
     # it resumes a checkpoint trained at another TTT depth than the new attempt's: asked for explicitly (resume)
     other_depth: bool = False
+    # the steps the new attempt would train in all, when the checkpoint's attempt told it (None: unknown)
+    total_steps: int | None = None
 
 
-def _checkpoint_step(attempt_spec: RunCreate, last_step: int | None, total_steps: int | None) -> int:
+def checkpoint_step(attempt_spec: RunCreate, last_step: int | None, total_steps: int | None) -> int:
     """The last step at which the trainer of this attempt saved a checkpoint, 0 for none."""
     if not last_step:
         return 0
@@ -49,12 +51,20 @@ def start_plan(run: Run, new_spec: RunCreate, clean: bool, resume: bool = False)
     if clean and resume:
         raise FieldError(("resume",), "resume keeps the checkpoint that clean would delete: ask for one of the two")
     plan = _plan(run, new_spec, clean)
+    if plan.start == "resume" and plan.total_steps is not None and plan.from_step >= plan.total_steps:
+        new_ttt = new_spec.ttt_steps
+        raise FieldError(("resume",) if resume else ("clean",),
+                         f"the checkpoint at step {plan.from_step} in {new_spec.clean_dir} is the last step of its "
+                         f"training ({plan.from_step} of {plan.total_steps}): resuming it would train no step (the "
+                         f"attempt trained them all, and ended or is in its final evaluation). Say clean: true to "
+                         f"train TTT={new_ttt} from step 0 (longrun restart {run.name} --start fresh), or more "
+                         f"epochs (--set epochs=N) to train on from it")
     if plan.other_depth and not resume:
         new_ttt = new_spec.ttt_steps
         raise FieldError(("resume",), f"the checkpoint at step {plan.from_step} in {new_spec.clean_dir} "
                          f"was trained with {plan.trained_ttt} TTT steps and this attempt trains {new_ttt}: say "
                          f"resume: true to continue it at TTT={new_ttt} for its remaining steps only, or clean: "
-                         f"true to train TTT={new_ttt} from step 0 (longrun restart --resume / --fresh)")
+                         f"true to train TTT={new_ttt} from step 0 (longrun restart {run.name} --start resume / --start fresh)")
     return plan
 
 
@@ -65,14 +75,15 @@ def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
                          "no checkpoint): use clean to empty its output_dir first")
     if clean:
         return StartPlan("fresh", None, None, f"clean empties {trainer.output_dir} first: training starts at step 0")
-    step, ttt = 0, None
+    step, ttt, total = 0, None, None
     for a in run.attempts:
         past = a.typed_spec
         if past.trainer is None or past.trainer.output_dir != trainer.output_dir:
             continue
-        saved = _checkpoint_step(past, a.last_step, a.total_steps)
+        saved = checkpoint_step(past, a.last_step, a.total_steps)
         if saved and saved >= step:
             step, ttt = saved, past.trainer.ttt_steps
+            total = _steps_at(a.total_steps, past.trainer, trainer)
     if not step:
         return StartPlan("fresh", None, None, f"no checkpoint in {trainer.output_dir} yet: training starts at step 0")
     why = f"resumes the checkpoint at step {step} in {trainer.output_dir}"
@@ -81,4 +92,16 @@ def _plan(run: Run, new_spec: RunCreate, clean: bool) -> StartPlan:
     if other_depth:
         why += (f", trained with {ttt} TTT steps, continuing with {new_ttt} (its remaining steps only); "
                 f"clean starts a TTT={new_ttt} training from step 0")
-    return StartPlan("resume", step, ttt, why, other_depth)
+    return StartPlan("resume", step, ttt, why, other_depth, total)
+
+
+def _steps_at(total_steps: int | None, past: TrainerSpec, new: TrainerSpec) -> int | None:
+    """The steps the new attempt's training makes in all, from the attempt that made `total_steps` (the same data,
+    batch and ranks): its epochs scaled, capped by the new `max_steps`; None when unknown (that attempt never said
+    its total, or its own max_steps cut it short, as a probe's does)."""
+    if not total_steps:
+        return None
+    capped = past.max_steps is not None and total_steps >= past.max_steps
+    by_epochs = None if capped else total_steps * (new.epochs or 1) // (past.epochs or 1)
+    limits = [n for n in (by_epochs, new.max_steps) if n]
+    return min(limits) if limits else None

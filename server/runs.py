@@ -14,6 +14,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from server import eta, queries, resume
+from server import hosts as hosts_domain
 from server.errors import Conflict, FieldError
 from server.layout import HostLayout
 from server.lifecycle import (
@@ -25,7 +26,7 @@ from server.lifecycle import (
     restart_run,
     transition,
 )
-from server.models import Event, Host, LogChunk, MetricPoint, Run, utcnow
+from server.models import Attempt, Event, Host, LogChunk, MetricPoint, Run, utcnow
 from server.queries import get_run
 from server.schemas import DryRunPublic, RestartOverrides, RestartRequest
 from server.spec import (
@@ -59,7 +60,7 @@ def _check_hosts(session: Session, spec: RunCreate) -> list[Host]:
     for i, name in enumerate(names):
         if name not in hosts:
             loc = (field,) if field == "host" else (field, i)
-            raise FieldError(loc, f"unknown host {name!r}; register it with POST /v1/hosts first", name)
+            raise FieldError(loc, hosts_domain.unknown_host(name), name)
     if len(set(names)) != len(names):
         raise FieldError(("hosts",), "a host may appear only once in `hosts`", names)
     return [hosts[n] for n in names]
@@ -94,6 +95,35 @@ def _check_scheduler(spec: RunCreate, hosts: list[Host], loc: tuple[str, ...] = 
     if spec.slurm is not None and not slurm_hosts:
         raise FieldError((*loc, "slurm"), f"host {hosts[0].name} is not of kind `slurm`: its runs start directly "
                          "on it, without a batch job")
+
+
+# the trainer's inputs, checked on the host at submit (what the trainer reads before its first step)
+INPUT_FIELDS = ("verifier_path", "data_dir", "vocab_mapping_dir", "eval_corpus", "init_from")
+
+
+def input_paths(spec: RunCreate) -> dict[tuple[str, ...], str]:
+    """The trainer's input paths by field (loc), for the host to say whether they are there."""
+    if spec.trainer is None:
+        return {}
+    return {("trainer", f): path for f in INPUT_FIELDS if isinstance(path := getattr(spec.trainer, f, None), str)}
+
+
+def refuse_missing_inputs(spec: RunCreate, host: str, found: dict[str, str | None]) -> None:
+    """A 422 naming the first input field whose path the host says is not there, and what makes it."""
+    for loc, path in input_paths(spec).items():
+        if path in found and found[path] is None:
+            raise FieldError(loc, f"{path} is not on host {host} (looked for there just now): "
+                             f"{_what_makes(loc[-1], path)}", path)
+
+
+def _what_makes(field: str, path: str) -> str:
+    if "/.demo/" in path:
+        return "`make demo-quick` (or `make demo`) prepares .demo/verifier and .demo/data in the clone"
+    if field in ("data_dir", "vocab_mapping_dir"):
+        return ("`python -m trainer.prepare --verifier-path V --corpus FILE --output-dir D` writes D/hidden_states "
+                "and D/vocab_mapping there; or fix the path in the spec")
+    return ("fix the path in the spec, or copy it there (a spec file's relative paths are resolved by `longrun "
+            "submit`: beside the file on `local`, under the host's workspace elsewhere)")
 
 
 # a suffixed name tries NAME-2, NAME-3, ... this far before giving up (each a name some run already has)
@@ -135,10 +165,58 @@ def _run_name(session: Session, name: str, suffix: bool) -> str:
     raise Conflict(f"{name}-2 to {name}-{MAX_NAME_SUFFIX} are all taken: give the run a name of its own", live.status)
 
 
+def _checkpoint_left(session: Session, spec: RunCreate) -> tuple[Run, int, int | None] | None:
+    """(the run, its checkpoint's step, that step's TTT depth) of the newest checkpoint another run's trainer left in
+    this spec's output directory on one of its hosts, as the attempts' measured steps tell it (server/resume.py)."""
+    trainer = spec.trainer
+    if trainer is None:
+        return None
+    found: tuple[Run, int, int | None] | None = None
+    hosts = set(spec.host_names)
+    attempts = session.scalars(select(Attempt).where(Attempt.last_step > 0).order_by(Attempt.created_at))
+    for attempt in attempts:
+        past = attempt.typed_spec
+        if (past.trainer is None or normalized_path(past.trainer.output_dir) != normalized_path(trainer.output_dir)
+                or not hosts & set(past.host_names)):
+            continue
+        step = resume.checkpoint_step(past, attempt.last_step, attempt.total_steps)
+        if step:
+            found = (session.get(Run, attempt.run_id), step, past.trainer.ttt_steps)
+    return found
+
+
+def _check_start(session: Session, spec: RunCreate, hosts: list[Host], start: str | None) -> None:
+    """A trainer run whose output directory holds another run's checkpoint would quietly continue it (the trainer
+    resumes the newest checkpoint in its output directory): refused unless the request says where it starts
+    (`start`: resume it, or fresh, which empties the directory first) or the spec does (`trainer.no_resume`)."""
+    if spec.trainer is None:
+        return
+    target = spec.trainer.output_dir
+    if start == "fresh":
+        for host in hosts:
+            if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
+                raise FieldError(("trainer", "output_dir"), f"start=fresh empties {target}, which is outside the "
+                                 f"workspace {host.workspace} of host {host.name}: give an output_dir inside it", target)
+        return
+    if start == "resume" or spec.trainer.no_resume is not None:
+        return
+    left = _checkpoint_left(session, spec)
+    if left is None:
+        return
+    run, step, ttt = left
+    depth = f", trained with {ttt} TTT steps" if ttt else ""
+    raise FieldError(("trainer", "output_dir"), f"{target} holds the checkpoint at step {step} of run {run.name} "
+                     f"({run.id}, {run.status}){depth}: this run would continue it, not train from step 0. Say which: "
+                     f"continue from it (longrun submit SPEC --start resume; API ?start=resume), or start fresh, "
+                     f"emptying it first (longrun submit SPEC --start fresh; API ?start=fresh), or give another "
+                     f"output_dir", target)
+
+
 def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = None,
-               name_suffix: bool = False) -> tuple[Run, bool]:
+               name_suffix: bool = False, start: str | None = None) -> tuple[Run, bool]:
     """Create a queued run; with an idempotency key a repeat of the same request returns the first run. A name a
-    live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name)."""
+    live run has is refused (Conflict), or with `name_suffix` made NAME-N (_run_name). A trainer run over another
+    run's checkpoint says where it starts (`start`: "resume" or "fresh", or the spec's `trainer.no_resume`)."""
     body = spec_dict(spec)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     _lock_names(session)  # first: a repeat sent while the first is being written finds it once it is
@@ -148,9 +226,11 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
             if existing.request_hash != digest:
                 raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for a different request")
             return get_run(session, existing.id), False
-    _check_scheduler(spec, _check_hosts(session, spec))
+    hosts = _check_hosts(session, spec)
+    _check_scheduler(spec, hosts)
     _check_launch_size(body)
     _check_deploy(session, spec)
+    _check_start(session, spec, hosts, start)
     name = _run_name(session, spec.name, name_suffix)
     if name != spec.name:
         spec = spec.model_copy(update={"name": name})
@@ -158,6 +238,7 @@ def submit_run(session: Session, spec: RunCreate, idempotency_key: str | None = 
     run = Run(id=uuid.uuid4().hex[:12], name=name, spec=body,
               hosts=spec.host_names, max_retries=spec.max_retries, idempotency_key=idempotency_key,
               request_hash=digest, latest={}, attempts=[])
+    run.clean_pending = start == "fresh" and spec.trainer is not None  # the worker empties it before the launch
     session.add(run)
     open_attempt(session, run, body, 1)
     queue_new_run(session, run)
@@ -231,8 +312,11 @@ def _restart_spec(session: Session, run: Run, req: RestartRequest) -> RunCreate:
         for host in _check_hosts(session, spec):
             # a workspace registered before `//` was refused may still spell `/`: nothing is inside it
             if normalized_path(host.workspace) == "/" or not is_inside(target, host.workspace):
+                fix = (f"restart into a directory inside it (longrun restart {run.name} --set output_dir="
+                       f"{host.workspace.rstrip('/')}/{run.name} --start fresh)" if spec.trainer else
+                       "submit the run again with an output_dir inside it")
                 raise FieldError(("clean",), f"refusing to clean {target}: it is outside the workspace "
-                                 f"{host.workspace} of host {host.name}", target)
+                                 f"{host.workspace} of host {host.name}; {fix}", target)
     _check_scheduler(spec, _check_hosts(session, spec), ("overrides",))
     _check_launch_size(spec_dict(spec), ("overrides",))
     return spec

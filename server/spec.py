@@ -230,7 +230,7 @@ def _log_pattern(value: str, info: ValidationInfo) -> str:
 
 
 class LogMetricsSpec(Strict):
-    """How progress is read from an `entrypoint` run's log (README: "Progress from your own trainer")."""
+    """How progress is read from an `entrypoint` run's log (docs/guide.md: "Progress from your own trainer")."""
 
     formats: list[Literal["tqdm", "key_value", "json"]] = Field(
         default_factory=lambda: list(LOG_FORMATS), description="built-in formats recognised; [] for none")

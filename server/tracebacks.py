@@ -134,7 +134,7 @@ def _summary_start(text: str) -> int:
     return end
 
 
-def _last_traceback(lines: list[str]) -> str | None:
+def last_traceback(lines: list[str]) -> str | None:
     """The last `Traceback (most recent call last):` block in `lines`: its frames (indented) and the exception line."""
     starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK_START)]
     for start in reversed(starts):
@@ -164,10 +164,10 @@ def traceback_in_log(text: str, failure: RankFailure) -> tuple[str, str] | None:
         kind, number = prefix.group(1), int(prefix.group(2))
         if (number == failure.local_rank) if kind == "default" else (number == failure.rank):
             own.append(line[prefix.end() :])
-    trace = _last_traceback(own)
+    trace = last_traceback(own)
     if trace is not None:
         return trace, "its own lines, by their rank prefix"
-    trace = _last_traceback([line for line in lines if not _PREFIX.match(line)])
+    trace = last_traceback([line for line in lines if not _PREFIX.match(line)])
     if trace is None:
         return None
     how = "the last traceback before torchrun's summary; its lines carry no rank"

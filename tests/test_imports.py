@@ -56,7 +56,9 @@ PACKAGES = ("server", "worker", "trainer", "longrun")
 WORKER_USES = {"server.lifecycle", "server.models", "server.db", "server.layout", "server.config", "server.eta",
                "server.log_patterns", "server.series", "server.wakeup", "server.proposal", "server.spec",
                # a verifier probe's answer read into what is stored beside the all-reduce table (no web framework)
-               "server.advisor.verifier", "server.advisor.tables"}
+               "server.advisor.verifier", "server.advisor.tables",
+               # a crash's cause read from a log without @record as `logs --rank` reads it (no web framework)
+               "server.tracebacks"}
 # The only modules of longrun that reach into the other packages, and what each may reach.
 LONGRUN_REACHES = {
     "longrun.processes": ("server", "worker"),

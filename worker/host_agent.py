@@ -127,6 +127,18 @@ RESOLVE = (
     "            answer['missing'] = name\n"
     "sys.stdout.write(json.dumps(answer) + '\\n')\n"
 )
+# what each path given is on the host: "dir", "file" or None (absent, or not to be read by this user); nothing is
+# opened, only stat'ed
+STAT = (
+    "import json, os, stat, sys\n"
+    "def kind(p):\n"
+    "    try:\n"
+    "        mode = os.stat(os.fsencode(p)).st_mode\n"
+    "    except (OSError, ValueError):\n"
+    "        return None\n"
+    "    return 'dir' if stat.S_ISDIR(mode) else 'file'\n"
+    "sys.stdout.write(json.dumps([kind(p) for p in sys.argv[1:]]) + '\\n')\n"
+)
 # the oldest python the agent runs on (docs/reliability.md's host matrix runs it there)
 HOST_PYTHON_FLOOR = (3, 8)
 
@@ -219,6 +231,19 @@ class HostAgent:
         if not isinstance(real, str) or not real.startswith("/"):
             raise CommandFailed(f"workspace: the host's answer is not a path: {result.stdout.strip()[:200]!r}")
         return real[:4096]
+
+    def path_kinds(self, paths: list[str]) -> list[str | None]:
+        """What each of `paths` is on the host ("dir", "file", or None where it is not there), in one call."""
+        result = self.transport.exec(shlex.join([self.python, "-c", STAT, *paths]), timeout=self.timeout)
+        try:
+            kinds = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            kinds = None
+        if (result.returncode != 0 or not isinstance(kinds, list) or len(kinds) != len(paths)
+                or any(k not in ("dir", "file", None) for k in kinds)):
+            raise CommandFailed(f"paths: the host's answer is not of the expected shape (exit {result.returncode}): "
+                                f"{(result.stdout or result.stderr).strip()[:200]!r}")
+        return kinds
 
     def gpus(self, tokens: list[str]) -> GpuView:
         answer: GpusAnswer = self.call(GpusRequest(tokens))

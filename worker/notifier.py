@@ -54,7 +54,7 @@ class Notification:
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
-    """X-Longrun-Signature, as the README has documented it from the start: `sha256=<hex>` of
+    """X-Longrun-Signature, as the docs have documented it from the start: `sha256=<hex>` of
     HMAC-SHA256(secret, "<timestamp>.<body>"); the timestamp is signed so a replay shows."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     return f"sha256={mac.hexdigest()}"

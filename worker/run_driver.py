@@ -170,6 +170,8 @@ class RunDriver:
     # one handler per state
 
     def _queue(self, run: Run, hosts: dict[str, Host]) -> bool:
+        if run.clean_pending:  # submitted to start fresh over a checkpoint in its output directory: emptied first
+            self._clean(run, hosts)
         with fresh_run(self.db, run.id) as (s, fresh):
             start_launching(s, fresh, self.clock.now())
             return fresh.status == RunStatus.LAUNCHING
@@ -270,7 +272,7 @@ class RunDriver:
             bad = failed[0] if failed else None
             failure = (NodeFailure(nodes[bad.index].host, bad.answer.state, bad.answer.exit_code, bad.answer.note,
                                    time_limit=bad.answer.queue is not None and bad.answer.queue.ended_at_time_limit,
-                                   cause=failure_cause.cause(bad.answer.failure))
+                                   cause=failure_cause.cause(bad.answer.failure, run.name))
                        if bad else None)
             attempt_finished(s, fresh, failure, self.clock.now())
             return fresh.status == RunStatus.LAUNCHING  # a retry

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from longrun.client import TERMINAL, APIError, Client
 from longrun.commands.common import begin, connect, emit
 from longrun.exit_codes import ExitCode
 from longrun.views import duration
@@ -78,6 +79,35 @@ def proposal_view(p: dict) -> Group:
                 f"{row['tokens_per_second']:.1f}")))
         parts.append(table)
     return Group(*parts)
+
+
+def ended_run_answer(client: Client, run: dict, proposal: dict) -> dict:
+    """An ended run has no attempt to restart, so no live proposal: its full answer is the advisor's on its evaluated
+    draft, priced on its `deploy` box as the proposal would be (GET /v1/runs/{id}/advice), with the deeper TTTs
+    worth a new run. The proposal's answer as it is for a live run, or an ended one never evaluated."""
+    if run["status"] not in TERMINAL:
+        return proposal
+    deploy = (run.get("spec") or {}).get("deploy") or {}
+    engine = deploy.get("engine") if deploy.get("engine") in ("sglang", "vllm") else None
+    try:
+        advice = client.advice(run["id"], tp=deploy.get("tp"), deploy_host=deploy.get("host"), engine=engine,
+                               topk=deploy.get("topk") if engine else None)
+    except APIError as exc:
+        return {**proposal, "summary": f"the run has {run['status']}: no attempt to restart, and no advice on its "
+                f"draft: {exc}"}
+    retrain = advice.get("retrain") or {}
+    ttt = retrain.get("trained_ttt")
+    summary = (f"the run has {run['status']} (attempt {advice['attempt']}, TTT={ttt}): no attempt to restart. Its "
+               f"draft serves best at depth {advice['recommended_depth']}: {advice['tokens_per_second']:.1f} tokens/s "
+               f"({advice['speedup_vs_no_speculation']:.2f}x without speculation) on {advice['interconnect']}, "
+               f"tp={advice['tp']}")
+    pick = retrain.get("suggested_ttt_steps")
+    summary += (f"; a new run at TTT={pick} would serve {retrain.get('tokens_per_second_after') or 0:.1f} tokens/s at "
+                f"depth {retrain.get('depth_after')} ({retrain.get('gain') or 0:+.1%}): {retrain.get('reason', '')}"
+                if pick else f"; {retrain.get('reason') or 'no deeper TTT pays off'}")
+    return {"run_id": run["id"], "attempt": advice["attempt"], "action": "ended", "summary": summary,
+            "reason": retrain.get("reason"), "frontier": retrain.get("frontier") or [], "advice": advice,
+            "objective": retrain.get("objective"), "allreduce_source": advice.get("allreduce_source")}
 
 
 def one_verdict(p: dict) -> str:
@@ -182,6 +212,8 @@ def advise(
             if probe:
                 client.take_probe(run_id)
                 answer = client.proposal(run_id)
+            if answer.get("action") == "unavailable":
+                answer = ended_run_answer(client, client.get(run_id), answer)
         emit(answer, as_json, proposal_view(answer))
         return ExitCode.OK
     from server.advisor import CostModel, Drafting, compare_interconnects, load_allreduce_table

@@ -82,9 +82,22 @@ def emit(obj: Any, as_json: bool, human: RenderableType | str) -> None:
         stdout().print(human)
 
 
+def asked(question: str, yes: bool, default: bool = True) -> bool | None:
+    """The answer to `question` on a terminal; None where nobody can answer (a script, a pipe) or --yes was given."""
+    if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return None
+    return typer.confirm(clean(question), default=default)
+
+
 def confirm(question: str, yes: bool) -> None:
     """Ask `question` when stdin and stdout are a terminal and --yes was not given; a no stops the command
     (exit 1). Scripts and pipes are not asked: they go on, as they always have."""
     if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
         return
-    typer.confirm(clean(question), abort=True)
+    # a no exits 1, as apt's and click's own aborts do; Ctrl-C at the question stays 130 (typer.Abort)
+    if not typer.confirm(clean(question)):
+        raise Declined("not confirmed: nothing was done (--yes skips the question)")
+
+
+class Declined(Exception):
+    """A no at a confirmation: the command did nothing and exits 1."""

@@ -2,6 +2,7 @@
 
 import sys
 import time
+from enum import StrEnum
 from typing import Annotated, Any
 
 import httpx
@@ -14,6 +15,7 @@ from longrun.client import TERMINAL, Client, LongrunError
 from longrun.commands.common import (
     JsonFlag,
     YesFlag,
+    asked,
     begin,
     confirm,
     connect,
@@ -47,6 +49,39 @@ def complete_run_id(incomplete: str) -> list[tuple[str, str]]:
 RunId = Annotated[str, typer.Argument(help="The run's id, a unique prefix of it, or its name: its live run, "
                                       "else its newest ended one (`longrun status` lists them).",
                                       autocompletion=complete_run_id)]
+
+
+class Start(StrEnum):
+    """Where a restart's new attempt starts (`restart --start`): the one way to say it."""
+
+    FRESH = "fresh"
+    RESUME = "resume"
+    WARM = "warm"
+
+
+class SubmitStart(StrEnum):
+    """Where a submitted trainer run starts over another run's checkpoint (`submit --start`)."""
+
+    FRESH = "fresh"
+    RESUME = "resume"
+
+
+def start_flags(start: Start | None, clean: bool, resume: bool, init_from_last: bool) -> tuple[bool, bool, bool]:
+    """(clean, resume, init_from_last) of the API's restart, from --start or its older spellings (one of them)."""
+    aliases = [s for s, given in ((Start.FRESH, clean), (Start.RESUME, resume)) if given]
+    if init_from_last:
+        aliases.append(Start.WARM)
+    if start is not None:
+        aliases = [start, *[a for a in aliases if a != start]]
+    if len(aliases) > 1:
+        raise typer.BadParameter(f"say one start: {' or '.join(a.value for a in aliases)}", param_hint="--start")
+    if not aliases:
+        return clean, resume, init_from_last
+    chosen = aliases[0]
+    # a warm start trains from step 0 (clean), from the draft the last attempt exported (kept aside first)
+    return chosen in (Start.FRESH, Start.WARM), chosen == Start.RESUME, chosen == Start.WARM
+
+
 Interval = Annotated[float, typer.Option(help="Seconds between looks at the run.", min=0.05)]
 Every = Annotated[float, typer.Option(help="Seconds between progress lines when the output is not a terminal.",
                                       min=0)]
@@ -120,12 +155,15 @@ def _print_lines(client: Client, run_id: str, interval: float, every: float) -> 
 def submit(
     ctx: typer.Context,
     spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="The run spec: a YAML or JSON file, or - for "
-                                             "standard input (fields as in the README).")],
+                                             "standard input (fields as in docs/api.md).")],
     idempotency_key: Annotated[str | None, typer.Option(help="Submitting again with the same key and spec returns "
                                                         "the run submitted first instead of a second run.")] = None,
     name_suffix: Annotated[bool, typer.Option("--name-suffix", help="When a live run has the spec's name, name this "
                                               "one NAME-2 (the first NAME-N no run has) instead of refusing it: a "
                                               "name is unique among live runs.")] = False,
+    start: Annotated[SubmitStart | None, typer.Option(help="Trainer runs whose output_dir holds another run's "
+                                                      "checkpoint (refused without it): resume continues it, fresh "
+                                                      "empties the directory first.", case_sensitive=False)] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it ends; the exit code says "
                                         "how it ended.")] = False,
     interval: Interval = 1.0,
@@ -138,7 +176,8 @@ def submit(
     with connect(ctx) as client:
         for line in resolve_paths(spec, spec_file, lambda host: client.host(host)["workspace"]):
             stderr().print(Text(f"resolved {line}"), soft_wrap=True)
-        run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix)
+        run = client.submit(spec, idempotency_key=idempotency_key, name_suffix=name_suffix,
+                            start=start.value if start else None)
         if as_json:
             print_json(run, lines=watch)
         else:
@@ -238,14 +277,17 @@ def restart(
                                                    "ttt_steps=5, args='[\"--steps\",\"10\"]'.")] = None,
     ttt_steps: Annotated[int | None, typer.Option(help="Trainer runs: the new TTT depth (as --set ttt_steps=N).",
                                                   min=1)] = None,
-    clean: Annotated[bool, typer.Option("--clean", "--fresh", help="Empty the output directory first: the "
-                                        "trainer starts at step 0 instead of resuming its newest checkpoint "
-                                        "(--dry-run says which it would do).")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Trainer runs: resume the newest checkpoint even when it "
-                                         "was trained at another TTT depth (a depth change over a checkpoint is "
-                                         "refused without --resume or --fresh).")] = False,
-    init_from_last: Annotated[bool, typer.Option("--init-from-last", help="Trainer runs: warm start from the last "
-                                                 "exported draft.")] = False,
+    start: Annotated[Start | None, typer.Option(help="Trainer runs: where the new attempt starts. fresh: empty the "
+                                                "output directory, train from step 0; resume: continue the newest "
+                                                "checkpoint (at the new depth, its remaining steps only); warm: "
+                                                "train from step 0 from the last exported draft's weights. Without "
+                                                "it the newest checkpoint is resumed, and a depth change over one "
+                                                "is refused.", case_sensitive=False)] = None,
+    # the earlier spellings, kept working and documented once (README, "Restarting deeper"): --fresh and --clean
+    # are --start fresh, --resume --start resume, --init-from-last --start warm
+    clean: Annotated[bool, typer.Option("--clean", "--fresh", hidden=True, help="--start fresh.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", hidden=True, help="--start resume.")] = False,
+    init_from_last: Annotated[bool, typer.Option("--init-from-last", hidden=True, help="--start warm.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change, whether it resumes a "
                                           "checkpoint, and the new attempt's duration; nothing changes.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before stopping a live attempt (asked on a "
@@ -260,6 +302,7 @@ def restart(
     overrides = parse_assignments(set_ or [])
     if ttt_steps is not None:
         overrides["ttt_steps"] = ttt_steps
+    clean, resume, init_from_last = start_flags(start, clean, resume, init_from_last)
     with connect(ctx) as client:
         run = client.get(run_id)
 
@@ -270,8 +313,11 @@ def restart(
         if not dry_run and run["status"] in LIVE:
             # its dry run first: a restart the server refuses is refused before anyone is asked to stop an attempt
             plan = ask_server(True)
-            confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it "
-                    f"({plan.get('start', 'unknown')}: {plan.get('start_reason', '')})?", yes)
+            if run["status"] == "running" and (run.get("progress") or 0) >= 1:
+                run = _after_final_evaluation(client, run, yes, interval)
+            else:
+                confirm(f"Stop attempt {run['attempt']} of {run['name']} ({run['status']}) and relaunch it "
+                        f"({plan.get('start', 'unknown')}: {plan.get('start_reason', '')})?", yes)
         answer = ask_server(dry_run)
         if as_json:
             print_json(answer, lines=watch and not dry_run)
@@ -288,6 +334,21 @@ def restart(
         if watch and not dry_run:
             return follow_run(client, run_id, interval, every, as_json)
     return ExitCode.OK
+
+
+def _after_final_evaluation(client: Client, run: dict[str, Any], yes: bool, interval: float) -> dict[str, Any]:
+    """An attempt that has trained its last step is in its final validation, evaluation and export: a restart waits
+    for them to end (asked on a terminal whether to stop them instead), so that what they measure is kept."""
+    wait = asked(f"Attempt {run['attempt']} of {run['name']} has trained all its steps and is in its final "
+                 "evaluation. Wait for it to end before restarting? (no: stop it now)", yes)
+    if wait is False:
+        return run
+    stderr().print(Text(f"waiting for attempt {run['attempt']} of {run['name']} to end its final evaluation "
+                        "(Ctrl-C stops waiting; the run goes on)"), soft_wrap=True)
+    while run["status"] in LIVE:
+        time.sleep(interval)
+        run = client.get(run["id"])
+    return run
 
 
 @app.command()

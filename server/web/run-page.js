@@ -391,9 +391,8 @@ export function showRun(root, runId, signal) {
         "separated by spaces; arguments that contain spaces go in Other overrides as JSON"),
       input("restart-nproc", "Processes per node", { type: "number", min: 1, value: String(spec.nproc_per_node) }),
       input("restart-retries", "Retries", { type: "number", min: 0, value: String(spec.max_retries) }),
-      input("restart-clean", "Clean", { type: "checkbox", checked: Boolean(prefill?.clean) }, "empty the output directory first (a trainer's draft is kept aside)"),
-      trainer ? input("restart-resume", "Resume", { type: "checkbox" }, "continue the output directory's checkpoint even when it was trained at another TTT depth (else such a restart is refused: clean starts at step 0)") : null,
-      trainer ? input("restart-init", "Warm start", { type: "checkbox" }, "start from the last attempt's draft") : null,
+      // where the new attempt starts: one choice, as `longrun restart --start` (README, "Restarting deeper")
+      startChoice(trainer, prefill?.clean ? "fresh" : ""),
     ];
     const extra = el("textarea", { id: "restart-overrides", rows: 2, placeholder: '{"lr": 0.0001}' });
     fields.push(extra);
@@ -402,6 +401,18 @@ export function showRun(root, runId, signal) {
     let request = null;
 
     const value = (id) => fields.find((f) => f.id === id);
+    function startChoice(forTrainer, chosen) {
+      const options = forTrainer ? [
+        ["", "as the trainer does: its newest checkpoint (refused over another TTT depth's)"],
+        ["fresh", "fresh: empty the output directory, train from step 0"],
+        ["resume", "resume: continue the checkpoint at the new depth, its remaining steps only"],
+        ["warm", "warm: train from step 0 from the last exported draft's weights"],
+      ] : [["", "as the script does with its output directory"], ["fresh", "fresh: empty the output directory first"]];
+      const select = el("select", { id: "restart-start-from" },
+        options.map(([v, label]) => el("option", { value: v, ...(v === chosen ? { selected: true } : {}) }, label)));
+      fields.push(select);
+      return el("label", { class: "field" }, el("span", {}, "Start"), select);
+    }
     function build() {
       const overrides = {};
       if (trainer) {
@@ -419,8 +430,9 @@ export function showRun(root, runId, signal) {
         if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("Other overrides must be a JSON object");
         Object.assign(overrides, parsed);
       }
-      const body = { overrides, clean: value("restart-clean").checked, init_from_last: Boolean(value("restart-init")?.checked) };
-      if (value("restart-resume")?.checked) body.resume = true;
+      const start = value("restart-start-from").value;
+      const body = { overrides, clean: start === "fresh" || start === "warm", init_from_last: start === "warm" };
+      if (start === "resume") body.resume = true;
       return body;
     }
 
@@ -441,7 +453,11 @@ export function showRun(root, runId, signal) {
             el("p", { class: "muted small" }, dry.basis),
             el("p", { id: "restart-start" }, `Start: ${dry.start}${dry.start_reason ? `: ${dry.start_reason}` : ""}`),
             el("ul", { class: "changes" }, changes.length ? changes.map((c) => el("li", {}, c)) : el("li", {}, "no setting changes")),
-            body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null);
+            body.clean ? el("p", { class: "warn" }, "The output directory will be emptied.") : null,
+            // the attempt has trained its last step: its final validation, evaluation and export run now
+            run.status === "running" && (run.progress ?? 0) >= 1
+              ? el("p", { id: "restart-evaluating", class: "warn" }, `Attempt ${run.attempt} has trained all its steps and is in its final evaluation: restarting now stops it and loses what it measures. Wait for it to end, or confirm to stop it.`)
+              : null);
           request = body;
           confirmButton.disabled = false;
         } catch (error) {

@@ -8,6 +8,7 @@ import pytest
 
 from longrun.cli import main
 from longrun.exit_codes import ExitCode
+from server.lifecycle import RunStatus as S
 from tests.inprocess import App
 from tests.server.test_api_routes import EVALUATION, evaluated_run
 from tests.server.test_interconnect_api import fake_host_env, probe, responder  # noqa: F401 - fixtures
@@ -68,3 +69,21 @@ def test_advise_evaluation_with_an_engine_shows_each_depths_terms(tmp_path: Path
     with pytest.raises(SystemExit):
         main(["advise", "--evaluation", str(path), "--engine", "sglang"])
     assert "pick --interconnect" in capsys.readouterr().err
+
+
+def test_advise_on_an_ended_run_gives_the_advisors_full_answer_on_its_draft(cli: App,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """An ended run has no attempt to restart, so no live proposal: `advise` answers with the advisor on its evaluated
+    draft (depth, tokens/s, the frontier of deeper TTTs, each depth's terms), not one line."""
+    run_id = evaluated_run(cli, EVALUATION)
+    cli.move(run_id, S.LAUNCHING, S.RUNNING, S.SUCCEEDED)
+    assert main(["advise", run_id, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["action"] == "ended" and answer["advice"]["by_depth"], answer
+    assert answer["summary"].startswith("the run has succeeded (attempt 1, TTT=1): no attempt to restart. Its draft "
+                                        f"serves best at depth {answer['advice']['recommended_depth']}")
+    assert main(["advise", run_id]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("the run has succeeded") and "tokens/s" in text
+    assert len(text.splitlines()) > 5 and "mean_accepted" not in text, "the depths as a table"
+    assert "nvlink, tp=8" in text

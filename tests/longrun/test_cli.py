@@ -80,7 +80,7 @@ def test_shell_completion_offers_commands_and_options() -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
     assert complete("longrun hosts ", nowhere) == ["list", "add", "update", "remove", "show", "gpus", "probe-interconnect",
                                                    "probe-verifier"]
-    assert complete("longrun restart x --c", nowhere) == ["--clean"]
+    assert complete("longrun restart x --st", nowhere) == ["--start"]  # its older spellings are not offered
     assert complete("longrun watch ", nowhere) == []  # run ids come from the server: none without one
 
 

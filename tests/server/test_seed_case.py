@@ -74,8 +74,11 @@ def test_the_seeds_case_gets_a_priced_probe_that_decides_and_the_run_continues(s
     (standin / "trainer" / "__init__.py").write_text("")
     (standin / "trainer" / "train.py").write_text(STANDIN)
     deploy = {"host": "pcie-box", "tp": 8, "engine": "sglang", "verifier": str(KIMI)}
+    for inputs in ("d", "v"):  # a submit looks for a trainer's inputs on its host (the stand-in reads none)
+        (tmp_path / inputs).mkdir()
     spec = {"name": "kimi-eagle3", "host": "local", "cwd": str(standin),
-            "trainer": {"verifier_path": str(KIMI), "data_dir": "/d", "vocab_mapping_dir": "/v", "ttt_steps": 3,
+            "trainer": {"verifier_path": str(KIMI), "data_dir": str(tmp_path / "d"),
+                        "vocab_mapping_dir": str(tmp_path / "v"), "ttt_steps": 3,
                         "output_dir": str(svc.workspace / "out"), "max_steps": 6000}, "deploy": deploy}
     refused = c.post("/v1/runs", json=spec)
     assert refused.status_code == 422 and "probe-interconnect pcie-box --tp 8" in refused.text, "no table yet"

@@ -219,8 +219,8 @@ def test_speculators_data_trains_with_the_seed_flags_then_restarts_from_ttt_3_to
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # what vLLM captures
 
 
-def test_the_readme_run_spec_validates_and_reaches_the_trainer_as_the_seed_command():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_documented_run_spec_validates_and_reaches_the_trainer_as_the_seed_command():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()
     section = readme[readme.index("## Bring your own data and model"):]
     start = section.index("```json") + len("```json")
     spec = RunCreate.model_validate(json.loads(section[start : section.index("```", start)]))

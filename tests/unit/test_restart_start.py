@@ -51,3 +51,40 @@ def test_a_ttt_change_over_a_checkpoint_is_refused_unless_resume_or_clean_and_th
     assert other["start"] == "fresh"
     restarted = api.client.post(url, json={"overrides": {"ttt_steps": 5}, "resume": True}).json()
     assert "resumes the checkpoint at step 500" in restarted["message"], restarted["message"]
+
+
+def test_a_restart_that_would_resume_the_last_step_is_refused_saying_why(api: App) -> None:
+    """A run that trained all its steps (ended, or in its final evaluation): resuming its checkpoint would train
+    nothing, and `succeeded ... TTT 5` would be a draft trained at TTT=3. Refused, naming the fresh start."""
+    out = str(api.workspace / "out")
+    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": out,
+               "ttt_steps": 3, "save_every": 100, "epochs": 2}
+    run = api.submit(entrypoint=None, trainer=trainer, name="done")
+    api.move(run["id"], S.LAUNCHING, S.RUNNING)
+    with api.session() as s:
+        a = s.get(Attempt, s.query(Attempt.id).filter_by(run_id=run["id"]).scalar())
+        a.last_step, a.total_steps, a.sec_per_step = 456, 456, 0.5  # every step trained: it is evaluating
+    url = f"/v1/runs/{run['id']}/restart"
+    for params in ({"dry_run": True}, {}):
+        for body, field in (({"overrides": {"ttt_steps": 5}, "resume": True}, "resume"), ({}, "clean")):
+            refused = api.client.post(url, params=params, json=body)
+            assert refused.status_code == 422, refused.text
+            [error] = refused.json()["detail"]
+            assert error["loc"] == ["body", field]
+            assert "checkpoint at step 456" in error["msg"] and "resuming it would train no step" in error["msg"]
+            assert "longrun restart done --start fresh" in error["msg"], error["msg"]
+    assert api.client.get(f"/v1/runs/{run['id']}").json()["attempt"] == 1, "the refusal stopped nothing"
+    more = api.client.post(url, params={"dry_run": True}, json={"overrides": {"epochs": 3}}).json()
+    assert (more["start"], more["resumes_from_step"]) == ("resume", 456), "more epochs train on from it"
+    fresh = api.client.post(url, params={"dry_run": True}, json={"overrides": {"ttt_steps": 5}, "clean": True}).json()
+    assert fresh["start"] == "fresh"
+
+
+def test_a_fresh_restart_outside_the_workspace_names_the_restart_that_goes_inside(api: App) -> None:
+    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/etc/out"}
+    run = api.submit(entrypoint=None, trainer=trainer, name="outside")
+    refused = api.client.post(f"/v1/runs/{run['id']}/restart", json={"clean": True})
+    assert refused.status_code == 422
+    said = refused.json()["detail"][0]["msg"]
+    assert said.startswith(f"refusing to clean /etc/out: it is outside the workspace {api.workspace}"), said
+    assert f"longrun restart outside --set output_dir={api.workspace}/outside --start fresh" in said

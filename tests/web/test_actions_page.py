@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow  # a real server, torchrun and Chromium
 
 
 def screenshot(locator, name: str) -> None:
-    """A picture of what the test saw, in LONGRUN_SCREENSHOTS when it is set."""
-    if os.environ.get("LONGRUN_SCREENSHOTS"):
-        locator.screenshot(path=str(Path(os.environ["LONGRUN_SCREENSHOTS"]) / name))
+    """A picture of what the test saw, in LONGRUN_TEST_PICTURES when it is set (LONGRUN_SCREENSHOTS is the docs'
+    folder, which tests/web/test_trainer_page.py fills)."""
+    if os.environ.get("LONGRUN_TEST_PICTURES"):
+        locator.screenshot(path=str(Path(os.environ["LONGRUN_TEST_PICTURES"]) / name))
 
 
 def test_a_fresh_attempt_is_drawn_from_step_0_and_an_ended_run_is_deleted_from_the_page(web: Service, page: Page) -> None:

@@ -78,7 +78,7 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
 
     expect(page.locator("#restart-form")).to_have_attribute("open", "")
     expect(page.locator("#restart-ttt")).to_have_value(str(ttt))
-    expect(page.locator("#restart-clean")).to_be_checked()
+    expect(page.locator("#restart-start-from")).to_have_value("fresh")
     expect(page.locator("#predicted-duration")).to_have_text(re.compile(r"^\d+(s|m \d+s|h \d+m)$"))
     expect(page.locator("#predicted-duration")).to_have_text(page.locator("#proposal-duration").inner_text())
     expect(page.locator("#restart-prediction")).to_contain_text(f"trainer.ttt_steps: 3 → {ttt}")
@@ -86,15 +86,16 @@ def test_the_proposals_button_opens_the_restart_form_pre_filled_with_its_dry_run
     expect(page.locator("#restart-confirm")).to_be_enabled()
     assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "the button and its dry run change nothing"
 
-    # with a TTT=3 checkpoint in the output dir (an epoch's end), unticking clean is refused until Resume says so
+    # with a TTT=3 checkpoint in the output dir (mid-epoch), the trainer's own start is refused until resume is chosen
     with api.session() as s:
         attempt = s.query(Attempt).filter_by(run_id=run_id).one()
-        attempt.last_step = attempt.total_steps = 1000
-    page.uncheck("#restart-clean")
+        attempt.last_step, attempt.total_steps = 1000, 2000
+        attempt.spec = {**attempt.spec, "trainer": {**attempt.spec["trainer"], "save_every": 500}}
+    page.select_option("#restart-start-from", "")
     page.click("#restart-preview")
     expect(page.locator("#restart-prediction .error")).to_contain_text("was trained with 3 TTT steps")
     expect(page.locator("#restart-confirm")).to_be_disabled()
-    page.check("#restart-resume")
+    page.select_option("#restart-start-from", "resume")
     page.click("#restart-preview")
     expect(page.locator("#restart-start")).to_contain_text("Start: resume: resumes the checkpoint at step 1000")
     expect(page.locator("#restart-confirm")).to_be_enabled()
@@ -139,6 +140,23 @@ def test_the_page_says_the_proposals_one_verdict_with_the_evidence_that_decided_
     expect(verdict).to_contain_text("(the run's proposal, decided by decoding")
     expect(page.locator("#advice .advice").first).to_contain_text("Serve at depth")
     expect(page.locator("#evaluation-card")).not_to_contain_text("pays off")
+    assert page.errors == []  # type: ignore[attr-defined]
+
+
+def test_the_restart_form_says_when_the_attempt_is_in_its_final_evaluation(
+        api: App, served: SimpleNamespace, page: Page) -> None:
+    """Its last step trained, the attempt evaluates: the form's dry run says a restart now stops that, before the
+    confirm (the command waits for it, or asks)."""
+    run_id = trainer_run(api)
+    feed(api, run_id, 0, {"step": 1000, "total_steps": 1000, "loss": 2.0}, step_seconds=3.0)
+    sign_in(page, served, f"#/runs/{run_id}")
+    page.click("#restart-form summary")
+    page.fill("#restart-ttt", "5")
+    page.select_option("#restart-start-from", "fresh")
+    page.click("#restart-preview")
+    expect(page.locator("#restart-evaluating")).to_contain_text("is in its final evaluation: restarting now stops it")
+    expect(page.locator("#restart-confirm")).to_be_enabled()
+    assert api.client.get(f"/v1/runs/{run_id}").json()["attempt"] == 1, "nothing stopped before the confirm"
     assert page.errors == []  # type: ignore[attr-defined]
 
 

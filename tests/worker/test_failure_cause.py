@@ -30,7 +30,17 @@ def failed_run(service: Service, name: str, job: Path) -> tuple[dict, dict]:
 def test_logs_rank_shows_the_traceback_a_rank_without_record_printed(service: Service) -> None:
     """A user's own script whose main is not @record'ed: torchrun's summary holds only torch's placeholder link; the
     rank's own traceback is shown from its log, with where it came from and how to record it."""
-    failed_run(service, "unrecorded", UNRECORDED_JOB)
+    run, done = failed_run(service, "unrecorded", UNRECORDED_JOB)
+    # the run's message (the API, `status`, the page) says what raised, where, and where the whole traceback is
+    for message in (done["message"], done["attempts"][0]["message"]):
+        assert message.startswith("attempt 1 exited with code 1 on local: rank 1 raised ValueError: shard 1: 3 "
+                                  "columns, expected 4 at "), message
+        assert "job_raises_unrecorded.py:11 in load_shard" in message
+        assert "`longrun logs unrecorded --rank 1` has the whole traceback" in message, message
+    status = subprocess.run([sys.executable, "-m", "longrun.cli", "status", "unrecorded"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "LONGRUN_URL": service.url, "COLUMNS": "400"})
+    assert "rank 1 raised ValueError: shard 1: 3 columns, expected 4" in status.stdout, status.stdout
     shown = subprocess.run([sys.executable, "-m", "longrun.cli", "logs", "unrecorded", "--rank", "1"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60, env={**os.environ, "LONGRUN_URL": service.url})
     assert shown.returncode == 0, shown.stderr
@@ -124,3 +134,35 @@ def test_a_cause_is_read_only_from_what_torch_elastic_wrote() -> None:
     assert failure_cause.cause(None) is None
     long = failure_cause.cause({"error_file": error.replace("bad", "b" * 2000), "log_tail": tail})
     assert len(long) <= len("rank 3 raised ") + failure_cause.MAX_CHARS
+
+
+LOGS = Path(__file__).parents[1] / "fixtures" / "torchrun_logs"
+
+
+@pytest.mark.parametrize("log", ["unrecorded_plain", "unrecorded_group", "unrecorded_tee"])
+def test_without_record_the_cause_is_the_failing_ranks_last_traceback_lines_from_its_log(log: str) -> None:
+    """torchrun's summary says only "To enable traceback see: ..." for a main not wrapped in @record: the cause comes
+    from the rank's own lines in the log (by prefix, or the last traceback before the summary)."""
+    tail = (LOGS / f"{log}.log").read_text()
+    said = failure_cause.cause({"error_file": None, "log_tail": tail}, "my-run")
+    assert said.startswith("rank 1 raised ValueError: shard 1: 3 columns, expected 4 at "), said
+    assert 'job_raises_unrecorded.py:11 in load_shard: raise ValueError(f"shard {rank}: 3 columns, expected 4")' in said
+    assert said.endswith("[from its log: wrap main in @record for torchrun to record it; `longrun logs my-run "
+                         "--rank 1` has the whole traceback]"), said
+    assert "errors.html" not in said and "ChildFailedError" not in said, "torchrun's own words are not the cause"
+
+
+def test_a_job_without_torchrun_or_a_traceback_gets_its_own_or_none() -> None:
+    one = ("step 1\nTraceback (most recent call last):\n  File \"job.py\", line 3, in <module>\n"
+           "    batch['labels']\nKeyError: 'labels'\n")
+    assert failure_cause.cause({"error_file": None, "log_tail": one}, "r") == (
+        "the job raised KeyError: 'labels' at job.py:3 in <module>: batch['labels'] [from its log: `longrun logs r` "
+        "has the whole traceback]")
+    assert failure_cause.cause({"error_file": None, "log_tail": "step 1\nKilled\n"}, "r") is None
+    signalled = FIXTURE_SUMMARY.replace("RANK", "1").replace("OTHER", "0").replace("ERROR", "x").replace(
+        "Traceback (most recent call last):\n    File \"train.py\", line 3, in main\n      raise ValueError('shard 7')",
+        "Signal 9 (SIGKILL) received by PID 42")
+    assert failure_cause.cause({"error_file": None, "log_tail": signalled}, "r") is None
+    huge = one.replace("'labels'", "'" + "l" * 3000 + "'")
+    said = failure_cause.cause({"error_file": None, "log_tail": huge}, "r")
+    assert len(said) <= failure_cause.MAX_CHARS and said.endswith("has the whole traceback]")

@@ -160,6 +160,19 @@ def test_a_clean_restart_empties_the_output_keeping_the_draft_it_starts_from(rig
     assert rig.run(run_id).status == "running" and rig.run(run_id).clean_pending is False
 
 
+def test_a_run_submitted_to_start_fresh_has_its_output_emptied_before_its_first_launch(rig: Rig) -> None:
+    trainer = {"verifier_path": "/ws/v", "data_dir": "/ws/d", "vocab_mapping_dir": "/ws/m", "output_dir": "/ws/out"}
+    run_id = rig.submit(entrypoint=None, trainer=trainer)
+    with rig.db.writing() as s:
+        s.get(Run, run_id).clean_pending = True  # as POST /v1/runs?start=fresh sets it
+    host = rig.hosts["a"]
+    host.files |= {"/ws/out/checkpoints/step_456/state.pt", "/ws/out/model.safetensors"}
+    rig.step(run_id, 2)
+    assert host.verbs().index("clean") < host.verbs().index("launch"), host.verbs()
+    assert not any(f.startswith("/ws/out/") for f in host.files), "another run's checkpoint is gone before launch"
+    assert rig.run(run_id).status == "running" and rig.run(run_id).clean_pending is False
+
+
 def test_a_refused_clean_fails_the_run_with_the_hosts_words(rig: Rig) -> None:
     run_id = rig.submit(output_dir="/ws/.longrun/x")
     rig.step(run_id, 2)

@@ -99,8 +99,11 @@ def test_probe_interconnect_over_ssh_measures_stores_and_feeds_the_advice(svc: S
 
 def evaluated_run(svc: Service) -> str:
     """A trainer run with an evaluation report, written where the worker writes one."""
-    trainer = {"verifier_path": "/m/v", "data_dir": "/d", "vocab_mapping_dir": "/v", "output_dir": "/o",
-               "ttt_steps": 2}
+    inputs = svc.home / "inputs"  # there: a submit looks for a trainer's inputs on its host
+    for d in ("v", "d", "m"):
+        (inputs / d).mkdir(parents=True, exist_ok=True)
+    trainer = {"verifier_path": str(inputs / "v"), "data_dir": str(inputs / "d"), "vocab_mapping_dir": str(inputs / "m"),
+               "output_dir": "/o", "ttt_steps": 2}
     r = svc.client.post("/v1/runs", json={"name": "t", "host": "local", "trainer": trainer})
     assert r.status_code == 201, r.text
     db = Database(f"sqlite:///{svc.home / 'longrun.db'}")

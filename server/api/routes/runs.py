@@ -1,5 +1,7 @@
 import asyncio
+import time
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -8,7 +10,7 @@ from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from server import feeds, proposal, queries, runs, tracebacks, views
+from server import feeds, hosts, proposal, queries, runs, tracebacks, views
 from server.api.deps import DB, ReadSession
 from server.api.run_ref import NOTE_HEADER, RUN_ID_PATH, RunRef, noted
 from server.db import WRITE_WAIT_SECONDS, Database
@@ -27,9 +29,13 @@ from server.schemas import (
     RunPublic,
     TracebackPublic,
 )
+from server.wakeup import workers_listening
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 T = TypeVar("T")
+# how long a submit waits for a worker to say whether a trainer's inputs are on the host, and how often it looks
+PATHS_WAIT_SECONDS = 10.0
+PATHS_POLL_SECONDS = 0.05
 
 NOT_FOUND = {404: {"description": "no such run"}}
 
@@ -55,16 +61,46 @@ def _public(session: Session, run: Run) -> RunPublic:
 async def submit_run(body: RunCreate, db: DB, idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
                      name_suffix: Annotated[bool, Query(description="when a live run has the name: name this one "
                                                         "NAME-2 (the first NAME-N no run has) instead of a 409")]
-                     = False) -> RunPublic:
+                     = False,
+                     start: Annotated[Literal["fresh", "resume"] | None, Query(
+                         description="trainer runs whose output_dir holds another run's checkpoint (else a 422): "
+                         "resume it, or fresh, emptying the directory before the first attempt")] = None) -> RunPublic:
     """Queue a run. Its name is unique among live runs: a name a live run has is a 409 naming that run, unless
     `name_suffix`; an ended run's name may be given again (a name then resolves to its live run, else its newest)."""
+    await _inputs_on_hosts(db, body)
+
     def submit(session: Session) -> tuple[str, bool]:
-        run, created = runs.submit_run(session, body, idempotency_key, name_suffix)
+        run, created = runs.submit_run(session, body, idempotency_key, name_suffix, start)
         return _public(session, run).model_dump_json(), created
 
     text, created = await _write(db, submit)
     return Response(text, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                     media_type="application/json")
+
+
+async def _inputs_on_hosts(db: Database, spec: RunCreate) -> None:
+    """A trainer run's input paths, looked for on each of its hosts in one call (a worker answers): one that is not
+    there is a 422 naming the field. Where no worker listens or none answers within PATHS_WAIT_SECONDS (a host away),
+    the submit goes on, and the launch finds out."""
+    paths = sorted(set(runs.input_paths(spec).values()))
+    if not paths or not await run_in_threadpool(workers_listening, db.engine):
+        return
+    for name in dict.fromkeys(spec.host_names):
+        ident = await _write(db, partial(hosts.request_path_check, name=name, paths=paths))
+        if ident is None:
+            continue
+        deadline = time.monotonic() + PATHS_WAIT_SECONDS
+        while (found := await run_in_threadpool(_path_answer, db, name, ident)) is None:
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(PATHS_POLL_SECONDS)
+        if "error" not in found:
+            runs.refuse_missing_inputs(spec, name, found)
+
+
+def _path_answer(db: Database, name: str, ident: str) -> dict | None:
+    with db.reading() as s:
+        return hosts.path_check_answer(s, name, ident)
 
 
 async def _write(db: Database, work: Callable[[Session], T]) -> T:
