@@ -65,6 +65,7 @@ LONGRUN_REACHES = {
     "longrun.commands.advise": ("server.advisor",),
     "longrun.tensorboard_export": ("trainer.trackers",),
     "longrun.draft_smoke": ("trainer.evaluate", "trainer.model"),  # check-draft's smoke decode
+    "longrun.draft_releases": ("server.advisor.releases",),  # the release lookup the advisor's vLLM table uses
     "longrun.views": (TRAINER_SERIES,),
 }
 

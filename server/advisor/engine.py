@@ -48,8 +48,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from longrun.draft_releases import VLLM_EAGLE3, nearest_read, parse_version
 from server.advisor.cost import CostModel, check_number
+from server.advisor.releases import VLLM_EAGLE3, nearest_read, parse_version
 from server.advisor.tables import DEFAULT_DRAFT_VOCAB, DEFAULT_HBM_BYTES_PER_S
 
 SGLANG_PLACEMENT = (

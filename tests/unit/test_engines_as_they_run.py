@@ -5,9 +5,9 @@ verifier.py)."""
 
 import pytest
 
-from longrun.draft_releases import VLLM_EAGLE3
 from server.advisor import CostModel, Drafting, EngineCost
 from server.advisor.engine import vllm_eagle3_refusal
+from server.advisor.releases import VLLM_EAGLE3
 from server.advisor.tables import DEFAULT_HBM_BYTES_PER_S, pcie_allreduce_us
 from server.advisor.verifier import Parallelism, VerifierShape, read_config, verifier_cost
 from tests.unit.test_verifier_cost import KIMI, LLAMA
@@ -18,7 +18,7 @@ def _minor_releases(first: str, last: str) -> list[str]:
 
 
 def test_vllm_refuses_an_eagle3_draft_for_kimi_and_deepseek_until_0_18_and_serves_them_from_it() -> None:
-    """vLLM's wheels, every minor release 0.11.0 to 0.34.0 (longrun/draft_releases.py VLLM_EAGLE3): up to 0.16.0
+    """vLLM's wheels, every minor release 0.11.0 to 0.34.0 (server/advisor/releases.py VLLM_EAGLE3): up to 0.16.0
     config/speculative.py eagle3_target_supported refuses a kimi_k2 / deepseek_v3 model_type; 0.17.0 drops that list
     but DeepseekV3ForCausalLM and KimiK25ForConditionalGeneration lack SupportsEagle3 (the model runner stops at
     load); from 0.18.0 both implement it."""
