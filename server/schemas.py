@@ -23,12 +23,14 @@ from server.lifecycle import AttemptStatus, RunStatus
 from server.log_reads import ANSWER_BYTES, LINE_CHARS
 from server.series import SERVER_SERIES_DOC
 from server.spec import (
+    MAX_STR,
     RESTART_TOP_LEVEL,
     TRAINER_FIELDS,
     AbsPath,
     Identifier,
     SafeStr,
     Strict,
+    _absolute_path,
     normalized_path,
 )
 from server.spec import RunCreate as RunCreate
@@ -54,7 +56,9 @@ HostKind = Literal["direct", "slurm"]
 
 
 def _workspace(value: str) -> str:
-    """A workspace not under /proc, /sys or /dev as given (a symlink that leads there is refused once resolved)."""
+    """An absolute path not under /proc, /sys or /dev as given (a symlink that leads there is refused once resolved).
+    One validator, not a second one after AbsPath's: pydantic 2.6 (the floor) kept only the last of the two."""
+    value = _absolute_path(value)
     if (top := kernel_file_system(normalized_path(value))) is not None:
         raise ValueError(f"workspace {value!r} lies under {top}, a kernel file system whose paths name processes "
                          "and devices, not a directory longrun may write and clean under (/proc/self/cwd is the "
@@ -63,7 +67,7 @@ def _workspace(value: str) -> str:
     return value
 
 
-Workspace = Annotated[AbsPath, AfterValidator(_workspace)]
+Workspace = Annotated[str, Field(max_length=MAX_STR), AfterValidator(_workspace)]
 
 
 class HostCreate(Strict):
