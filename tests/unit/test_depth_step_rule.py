@@ -5,16 +5,7 @@ import pytest
 
 from server.advisor import rule_record
 from server.advisor.depth import improved_positions, lifted_positions
-from server.advisor.evidence import wilson
-
-
-def products(conditional: list[float]) -> list[float]:
-    out, running = [], 1.0
-    for a in conditional:
-        running *= a
-        out.append(running)
-    return out
-
+from server.advisor.evidence import products, wilson
 
 # the survivor-biased conditional rates climb past TTT=3; the rule on them sees nothing to lift
 BIASED = products([0.9, 0.85, 0.84, 0.88, 0.87, 0.86])
